@@ -1,0 +1,97 @@
+//! Retry delays for a parked flight (B17).
+//!
+//! After the k-th retryable failure the flight waits `d_k * (1 + U[0, jitter))`
+//! with `d_1 = interval` and `d_{k+1} = d_k * factor`. There is deliberately no
+//! cap and no attempt limit: only the budget ends retries, so a cap would only
+//! change how densely the last part of the budget is probed.
+
+use std::time::Duration;
+
+/// The retry schedule's parameters, already normalised by config (B38).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct BackoffPolicy {
+    pub interval: Duration,
+    pub factor: f64,
+    pub jitter: f64,
+}
+
+/// One flight's position in its retry schedule.
+#[derive(Clone, Debug)]
+pub struct Backoff {
+    policy: BackoffPolicy,
+    next_base: Duration,
+}
+
+impl Backoff {
+    /// A schedule whose first delay is `policy.interval`.
+    pub fn new(policy: BackoffPolicy) -> Backoff {
+        Backoff { policy, next_base: policy.interval }
+    }
+
+    /// The delay before the next attempt, given a uniform sample in `[0, 1)`.
+    /// The sample is a parameter so tests can pin it.
+    pub fn next_delay(&mut self, unit_sample: f64) -> Duration {
+        let base = self.next_base;
+        self.next_base = base.mul_f64(self.policy.factor.max(1.0)).min(MAX_DELAY);
+        base.mul_f64(1.0 + self.policy.jitter * unit_sample).min(MAX_DELAY)
+    }
+
+    /// The delay before the next attempt with a fresh random sample.
+    pub fn next_random_delay(&mut self) -> Duration {
+        self.next_delay(fastrand::f64())
+    }
+}
+
+/// Keeps the arithmetic finite: no budget comes near a day, so a delay this
+/// long only ever means "after the deadline".
+const MAX_DELAY: Duration = Duration::from_secs(86_400);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn policy(interval_ms: u64, factor: f64, jitter: f64) -> BackoffPolicy {
+        BackoffPolicy { interval: Duration::from_millis(interval_ms), factor, jitter }
+    }
+
+    #[test]
+    fn b17_zero_jitter_gives_exact_geometric_delays() {
+        let mut b = Backoff::new(policy(100, 2.0, 0.0));
+        let got: Vec<u128> = (0..5).map(|_| b.next_delay(0.7).as_millis()).collect();
+        assert_eq!(got, vec![100, 200, 400, 800, 1600]);
+    }
+
+    #[test]
+    fn b17_default_factor() {
+        let mut b = Backoff::new(policy(100, 1.1, 0.0));
+        let d: Vec<Duration> = (0..3).map(|_| b.next_delay(0.0)).collect();
+        assert_eq!(d[0], Duration::from_millis(100));
+        assert_eq!(d[1], Duration::from_millis(110));
+        assert_eq!(d[2].as_micros(), 121_000);
+    }
+
+    #[test]
+    fn b17_jitter_scales_within_bounds() {
+        let mut b = Backoff::new(policy(100, 1.0, 0.5));
+        assert_eq!(b.next_delay(0.0), Duration::from_millis(100));
+        assert_eq!(b.next_delay(0.5), Duration::from_millis(125));
+        let top = b.next_delay(0.999_999);
+        assert!(top < Duration::from_millis(150) && top > Duration::from_millis(149));
+        for _ in 0..1000 {
+            let d = b.next_random_delay();
+            assert!(d >= Duration::from_millis(100) && d < Duration::from_millis(150));
+        }
+    }
+
+    #[test]
+    fn b17_no_cap_no_attempt_limit() {
+        let mut b = Backoff::new(policy(1, 10.0, 0.0));
+        let mut last = Duration::ZERO;
+        for _ in 0..8 {
+            let d = b.next_delay(0.0);
+            assert!(d > last);
+            last = d;
+        }
+        assert_eq!(last, Duration::from_secs(10_000));
+    }
+}

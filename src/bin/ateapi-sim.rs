@@ -1,0 +1,135 @@
+//! `ateapi-sim`: a simulated ateapi control plane for development, demos and
+//! tests. See `atenet_router::sim` for the model.
+
+use std::net::SocketAddr;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use argh::FromArgs;
+use atenet_router::godur;
+use atenet_router::sim::{Sim, SimConfig};
+use signal_hook::consts::{SIGINT, SIGTERM};
+use signal_hook::iterator::Signals;
+
+#[derive(FromArgs)]
+/// Simulated ateapi control plane: serves /ateapi.Control/ResumeActor over a
+/// worker-pool model, with fault injection.
+struct Args {
+    /// listen address
+    #[argh(option, default = "String::from(\"127.0.0.1:50061\")")]
+    listen: String,
+    /// number of workers in the pool
+    #[argh(option, default = "4")]
+    workers: usize,
+    /// number of actors (named <atespace>/actor-0 ...)
+    #[argh(option, default = "64")]
+    actors: usize,
+    /// atespace of the simulated actors
+    #[argh(option, default = "String::from(\"demo\")")]
+    atespace: String,
+    /// time a restore takes (Go duration)
+    #[argh(option, default = "String::from(\"300ms\")")]
+    restore_latency: String,
+    /// restore latency varies by up to this fraction either way
+    #[argh(option, default = "0.2")]
+    restore_jitter: f64,
+    /// a running actor is suspended this long after its last resume
+    #[argh(option, default = "String::from(\"30s\")")]
+    idle_suspend: String,
+    /// fraction of calls answered Unavailable
+    #[argh(option, default = "0.0")]
+    unavailable_rate: f64,
+    /// fraction of calls answered Aborted
+    #[argh(option, default = "0.0")]
+    aborted_rate: f64,
+    /// period of simulated rolling restarts (0 disables)
+    #[argh(option, default = "String::from(\"0\")")]
+    outage_every: String,
+    /// how long each simulated restart answers Unavailable
+    #[argh(option, default = "String::from(\"2s\")")]
+    outage_duration: String,
+    /// file of scripted answers per actor (see atenet_router::sim::parse_script)
+    #[argh(option)]
+    script: Option<String>,
+}
+
+fn duration(flag: &str, text: &str) -> Result<Duration, String> {
+    let d = godur::parse(text).map_err(|e| format!("{flag}: {e}"))?;
+    if d.negative {
+        return Err(format!("{flag} must not be negative"));
+    }
+    Ok(d.magnitude)
+}
+
+fn rate(flag: &str, value: f64) -> Result<f64, String> {
+    if (0.0..=1.0).contains(&value) {
+        Ok(value)
+    } else {
+        Err(format!("{flag} must be in [0, 1], got {value}"))
+    }
+}
+
+fn config(args: &Args) -> Result<SimConfig, String> {
+    let listen: SocketAddr =
+        args.listen.parse().map_err(|_| format!("--listen must be ip:port, got {:?}", args.listen))?;
+    if !(0.0..1.0).contains(&args.restore_jitter) {
+        return Err(format!("--restore-jitter must be in [0, 1), got {}", args.restore_jitter));
+    }
+    Ok(SimConfig {
+        listen,
+        workers: args.workers,
+        actors: args.actors,
+        atespace: args.atespace.clone(),
+        restore_latency: duration("--restore-latency", &args.restore_latency)?,
+        restore_jitter: args.restore_jitter,
+        idle_suspend: duration("--idle-suspend", &args.idle_suspend)?,
+        unavailable_rate: rate("--unavailable-rate", args.unavailable_rate)?,
+        aborted_rate: rate("--aborted-rate", args.aborted_rate)?,
+        outage_every: duration("--outage-every", &args.outage_every)?,
+        outage_for: duration("--outage-duration", &args.outage_duration)?,
+    })
+}
+
+fn read_script(path: &str) -> Result<Vec<(String, atenet_router::sim::Answer)>, String> {
+    let text = std::fs::read_to_string(path).map_err(|e| format!("{path}: {e}"))?;
+    atenet_router::sim::parse_script(&text)
+}
+
+fn main() -> ExitCode {
+    let args: Args = argh::from_env();
+    let config = match config(&args) {
+        Ok(config) => config,
+        Err(e) => {
+            eprintln!("invalid sim configuration: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let script = match args.script.as_deref().map(read_script).transpose() {
+        Ok(script) => script.unwrap_or_default(),
+        Err(e) => {
+            eprintln!("invalid sim configuration: --script: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let mut signals = Signals::new([SIGTERM, SIGINT]).expect("installing signal handlers");
+    let sim = match Sim::start(config.clone()) {
+        Ok(sim) => sim,
+        Err(e) => {
+            eprintln!("ateapi-sim: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    sim.script_all(script);
+    eprintln!(
+        "ateapi-sim listening on {} ({} workers, {} actors {}/actor-0..{}, restore {})",
+        sim.addr(),
+        config.workers,
+        config.actors,
+        config.atespace,
+        config.actors.saturating_sub(1),
+        godur::format(config.restore_latency)
+    );
+    signals.forever().next();
+    sim.stop();
+    ExitCode::SUCCESS
+}

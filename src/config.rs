@@ -1,0 +1,482 @@
+//! Flags, validation and the values derived from them (B37-B40, B46).
+//!
+//! Every flag is validated and normalised here, once, before any socket
+//! opens; the rest of the router reads only the effective [`Config`]. A bad
+//! value is an error naming the flag, printed as
+//! `invalid router configuration: ...`, never a panic.
+
+use std::fmt;
+use std::net::{SocketAddr, ToSocketAddrs};
+use std::path::PathBuf;
+use std::time::Duration;
+
+use argh::FromArgs;
+
+use crate::backoff::BackoffPolicy;
+use crate::godur;
+
+/// The resume budget when parking is disabled: long enough to ride out
+/// concurrent-resume conflicts (B18, B22).
+pub const UNPARKED_BUDGET: Duration = Duration::from_secs(15);
+
+/// The `serve` subcommand's flags, as typed by an operator.
+#[derive(FromArgs, Clone, Debug, PartialEq)]
+#[argh(subcommand, name = "serve")]
+/// Run the router: the ext_proc server Envoy calls for every request.
+pub struct ServeArgs {
+    /// ateapi control-plane address, host:port
+    #[argh(option, default = "String::from(\"api.ate-system.svc:443\")")]
+    pub ateapi_address: String,
+    /// PEM file of CAs that verify ateapi's server certificate
+    #[argh(option, default = "String::new()")]
+    pub ateapi_ca_file: String,
+    /// PEM bundle (certificate chain + PKCS#8 key) for mTLS to ateapi
+    #[argh(option, default = "String::new()")]
+    pub ateapi_client_cert: String,
+    /// TLS server name to expect from ateapi (default: the address's host)
+    #[argh(option, default = "String::new()")]
+    pub ateapi_server_name: String,
+    /// talk to ateapi in plaintext (development only; no TLS flag allowed)
+    #[argh(switch)]
+    pub ateapi_insecure: bool,
+    /// address the ext_proc gRPC server binds
+    #[argh(option, default = "String::from(\"127.0.0.1\")")]
+    pub extproc_address: String,
+    /// port of the ext_proc gRPC server
+    #[argh(option, default = "50051")]
+    pub port_extproc: i64,
+    /// listen address of /metrics, /healthz and /readyz ([host]:port)
+    #[argh(option, default = "String::from(\":9090\")")]
+    pub metrics_listen_addr: String,
+    /// port of the /statusz page (<= 0 disables)
+    #[argh(option, default = "4040")]
+    pub status_port: i64,
+    /// how long a resume flight may keep retrying (Go duration)
+    #[argh(option, default = "String::from(\"5s\")")]
+    pub parked_request_budget: String,
+    /// lot size: max concurrent parked requests (<= 0 disables parking)
+    #[argh(option, default = "1024")]
+    pub parked_request_max: i64,
+    /// delay before a parked flight's first retry (Go duration)
+    #[argh(option, default = "String::from(\"100ms\")")]
+    pub parked_request_retry_interval: String,
+    /// multiplier applied to the retry delay after each retry (>= 1)
+    #[argh(option, default = "1.1")]
+    pub parked_request_retry_factor: f64,
+    /// random fraction in [0, 1) added to each retry delay
+    #[argh(option, default = "0.1")]
+    pub parked_request_retry_jitter: f64,
+    /// circuit breaker of the ext_proc cluster in Envoy (0 derives it)
+    #[argh(option, default = "0")]
+    pub extproc_max_requests: i64,
+    /// port the workers serve on
+    #[argh(option, default = "443")]
+    pub worker_port: i64,
+    /// drain: wait this long after readiness flips (Go duration)
+    #[argh(option, default = "String::from(\"13s\")")]
+    pub drain_delay: String,
+    /// drain: max wait for in-flight ext_proc streams (0 derives it)
+    #[argh(option, default = "String::from(\"0\")")]
+    pub drain_timeout: String,
+    /// address of the Envoy admin API used during drain (empty disables)
+    #[argh(option, default = "String::from(\"localhost:9901\")")]
+    pub envoy_admin_address: String,
+    /// file written when the drain completes (empty disables)
+    #[argh(option, default = "String::from(\"/var/run/atenet/drain-complete\")")]
+    pub drain_complete_file: String,
+    /// route timeout Envoy applies to proxied requests (Go duration)
+    #[argh(option, default = "String::from(\"5m\")")]
+    pub route_timeout: String,
+    /// log level: error, warn, info, debug or trace
+    #[argh(option, default = "String::from(\"info\")")]
+    pub log_level: String,
+}
+
+/// A flag value the router refuses.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ConfigError(pub String);
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "invalid router configuration: {}", self.0)
+    }
+}
+
+impl std::error::Error for ConfigError {}
+
+fn invalid(message: impl Into<String>) -> ConfigError {
+    ConfigError(message.into())
+}
+
+/// How the router reaches ateapi.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum AteapiTransport {
+    /// Plaintext (`--ateapi-insecure`).
+    Insecure,
+    /// TLS verified against `ca_file`, optionally with a client bundle.
+    Tls { ca_file: PathBuf, client_cert: Option<PathBuf>, server_name: Option<String> },
+}
+
+/// Parking settings after normalisation (B38).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Parking {
+    /// False when `--parked-request-max` <= 0 (B22).
+    pub enabled: bool,
+    /// Lot size; 0 when disabled.
+    pub max: usize,
+    /// The flight budget: the flag when enabled, 15 s when disabled (B18).
+    pub budget: Duration,
+    /// The flag value after normalisation, shown on the status page.
+    pub configured_budget: Duration,
+    pub backoff: BackoffPolicy,
+}
+
+/// The effective configuration every component reads.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Config {
+    pub ateapi_address: String,
+    pub ateapi_transport: AteapiTransport,
+    pub extproc_addr: SocketAddr,
+    pub metrics_addr: SocketAddr,
+    pub status_addr: Option<SocketAddr>,
+    pub parking: Parking,
+    /// Effective Envoy circuit breaker for the ext_proc cluster (B39).
+    pub extproc_max_requests: u64,
+    pub worker_port: u16,
+    pub drain_delay: Duration,
+    /// Effective ext_proc drain timeout (B40).
+    pub drain_timeout: Duration,
+    pub envoy_admin_address: Option<String>,
+    pub drain_complete_file: Option<PathBuf>,
+    pub route_timeout: Duration,
+    pub log_level: crate::log::Level,
+}
+
+impl Config {
+    /// Validates and normalises `args` (B37-B40, B46).
+    pub fn from_args(args: &ServeArgs) -> Result<Config, ConfigError> {
+        let parking_max = args.parked_request_max.max(0) as usize;
+        let enabled = parking_max > 0;
+
+        let budget_flag = duration("--parked-request-budget", &args.parked_request_budget)?;
+        let configured_budget = budget_flag.positive().unwrap_or(Duration::from_secs(5));
+        let interval = duration("--parked-request-retry-interval", &args.parked_request_retry_interval)?
+            .positive()
+            .unwrap_or(Duration::from_millis(100));
+        let factor = match args.parked_request_retry_factor {
+            0.0 => 1.1,
+            f if f.is_finite() && f >= 1.0 => f,
+            f => return Err(invalid(format!("--parked-request-retry-factor must be >= 1, got {f}"))),
+        };
+        let jitter = args.parked_request_retry_jitter;
+        if !(jitter.is_finite() && (0.0..1.0).contains(&jitter)) {
+            return Err(invalid(format!("--parked-request-retry-jitter must be in [0, 1), got {jitter}")));
+        }
+        let budget = if enabled { configured_budget } else { UNPARKED_BUDGET };
+
+        if args.extproc_max_requests < 0 {
+            return Err(invalid(format!(
+                "--extproc-max-requests must not be negative, got {}",
+                args.extproc_max_requests
+            )));
+        }
+        let explicit_breaker = args.extproc_max_requests as u64;
+        if enabled && explicit_breaker > 0 && explicit_breaker < parking_max as u64 {
+            return Err(invalid(format!(
+                "--extproc-max-requests ({explicit_breaker}) is below --parked-request-max ({parking_max}): \
+                 Envoy would shed parked requests with its own 503s before they reach the lot"
+            )));
+        }
+        let extproc_max_requests =
+            if explicit_breaker > 0 { explicit_breaker } else { (2 * parking_max as u64).max(1024) };
+
+        let drain_delay = non_negative("--drain-delay", &args.drain_delay)?;
+        let drain_timeout_flag = non_negative("--drain-timeout", &args.drain_timeout)?;
+        if enabled && !drain_timeout_flag.is_zero() && drain_timeout_flag < budget {
+            return Err(invalid(format!(
+                "--drain-timeout ({}) is below --parked-request-budget ({}): parked requests would be cut off",
+                godur::format(drain_timeout_flag),
+                godur::format(budget)
+            )));
+        }
+        let drain_timeout =
+            if drain_timeout_flag.is_zero() { budget + Duration::from_secs(15) } else { drain_timeout_flag };
+        let route_timeout = non_negative("--route-timeout", &args.route_timeout)?;
+
+        let ateapi_transport = transport(args)?;
+        if args.ateapi_address.trim().is_empty() {
+            return Err(invalid("--ateapi-address must not be empty"));
+        }
+        let extproc_port = listen_port("--port-extproc", args.port_extproc)?;
+        let extproc_addr = socket_addr("--extproc-address", &args.extproc_address, extproc_port)?;
+        let metrics_addr = listen_addr("--metrics-listen-addr", &args.metrics_listen_addr)?;
+        let status_addr = if args.status_port <= 0 {
+            None
+        } else {
+            let p = port("--status-port", args.status_port)?;
+            Some(SocketAddr::new(metrics_addr.ip(), p))
+        };
+        let worker_port = port("--worker-port", args.worker_port)?;
+        let log_level = args.log_level.parse().map_err(|_| {
+            invalid(format!(
+                "--log-level must be error, warn, info, debug or trace, got {:?}",
+                args.log_level
+            ))
+        })?;
+
+        Ok(Config {
+            ateapi_address: args.ateapi_address.trim().to_string(),
+            ateapi_transport,
+            extproc_addr,
+            metrics_addr,
+            status_addr,
+            parking: Parking {
+                enabled,
+                max: parking_max,
+                budget,
+                configured_budget,
+                backoff: BackoffPolicy { interval, factor, jitter },
+            },
+            extproc_max_requests,
+            worker_port,
+            drain_delay,
+            drain_timeout,
+            envoy_admin_address: non_empty(&args.envoy_admin_address),
+            drain_complete_file: non_empty(&args.drain_complete_file).map(PathBuf::from),
+            route_timeout,
+            log_level,
+        })
+    }
+}
+
+fn non_empty(s: &str) -> Option<String> {
+    let s = s.trim();
+    (!s.is_empty()).then(|| s.to_string())
+}
+
+fn duration(flag: &str, value: &str) -> Result<godur::SignedDuration, ConfigError> {
+    godur::parse(value.trim()).map_err(|e| invalid(format!("{flag}: {e}")))
+}
+
+fn non_negative(flag: &str, value: &str) -> Result<Duration, ConfigError> {
+    let d = duration(flag, value)?;
+    if d.negative {
+        return Err(invalid(format!("{flag} must not be negative, got {value}")));
+    }
+    Ok(d.magnitude)
+}
+
+fn port(flag: &str, value: i64) -> Result<u16, ConfigError> {
+    u16::try_from(value)
+        .ok()
+        .filter(|&p| p != 0)
+        .ok_or_else(|| invalid(format!("{flag} must be a port in 1..=65535, got {value}")))
+}
+
+/// A port to listen on: 0 asks the kernel for a free one (used by tests and
+/// `make run`-style sandboxes; the real port is logged at startup).
+fn listen_port(flag: &str, value: i64) -> Result<u16, ConfigError> {
+    u16::try_from(value).map_err(|_| invalid(format!("{flag} must be a port in 0..=65535, got {value}")))
+}
+
+fn socket_addr(flag: &str, host: &str, port: u16) -> Result<SocketAddr, ConfigError> {
+    let host = host.trim().trim_start_matches('[').trim_end_matches(']');
+    if host.is_empty() {
+        return Err(invalid(format!("{flag} must not be empty")));
+    }
+    if let Ok(ip) = host.parse() {
+        return Ok(SocketAddr::new(ip, port));
+    }
+    (host, port)
+        .to_socket_addrs()
+        .ok()
+        .and_then(|mut addrs| addrs.next())
+        .ok_or_else(|| invalid(format!("{flag}: cannot resolve {host:?}")))
+}
+
+/// `[host]:port` as Go's net.Listen takes it; an empty host means every
+/// interface.
+fn listen_addr(flag: &str, value: &str) -> Result<SocketAddr, ConfigError> {
+    let value = value.trim();
+    let (host, port_text) = value
+        .rsplit_once(':')
+        .ok_or_else(|| invalid(format!("{flag} must be [host]:port, got {value:?}")))?;
+    let port_number = port_text
+        .parse::<i64>()
+        .map_err(|_| invalid(format!("{flag} must be [host]:port, got {value:?}")))?;
+    let port = listen_port(flag, port_number)?;
+    if host.is_empty() {
+        return Ok(SocketAddr::from(([0, 0, 0, 0], port)));
+    }
+    socket_addr(flag, host, port)
+}
+
+fn transport(args: &ServeArgs) -> Result<AteapiTransport, ConfigError> {
+    let tls_flags: Vec<&str> = [
+        ("--ateapi-ca-file", &args.ateapi_ca_file),
+        ("--ateapi-client-cert", &args.ateapi_client_cert),
+        ("--ateapi-server-name", &args.ateapi_server_name),
+    ]
+    .into_iter()
+    .filter(|(_, v)| !v.trim().is_empty())
+    .map(|(flag, _)| flag)
+    .collect();
+    if args.ateapi_insecure {
+        if !tls_flags.is_empty() {
+            return Err(invalid(format!(
+                "--ateapi-insecure cannot be combined with {}",
+                tls_flags.join(", ")
+            )));
+        }
+        return Ok(AteapiTransport::Insecure);
+    }
+    let ca_file = non_empty(&args.ateapi_ca_file).ok_or_else(|| {
+        invalid("--ateapi-ca-file is required to verify ateapi (or pass --ateapi-insecure for plaintext)")
+    })?;
+    Ok(AteapiTransport::Tls {
+        ca_file: PathBuf::from(ca_file),
+        client_cert: non_empty(&args.ateapi_client_cert).map(PathBuf::from),
+        server_name: non_empty(&args.ateapi_server_name),
+    })
+}
+
+/// Parses `serve`'s flags from an argument list (without the program name
+/// and subcommand), for tests and tools that build a config from strings.
+pub fn parse_serve_args(args: &[&str]) -> Result<Config, ConfigError> {
+    let parsed =
+        ServeArgs::from_args(&["serve"], args).map_err(|exit| invalid(exit.output.trim().to_string()))?;
+    Config::from_args(&parsed)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(extra: &[&str]) -> Result<Config, ConfigError> {
+        let mut args = vec!["--ateapi-insecure"];
+        args.extend_from_slice(extra);
+        parse_serve_args(&args)
+    }
+
+    fn error(extra: &[&str]) -> String {
+        parse(extra).unwrap_err().to_string()
+    }
+
+    #[test]
+    fn defaults() {
+        let c = parse(&[]).unwrap();
+        assert_eq!(c.ateapi_address, "api.ate-system.svc:443");
+        assert_eq!(c.extproc_addr, "127.0.0.1:50051".parse().unwrap());
+        assert_eq!(c.metrics_addr, "0.0.0.0:9090".parse().unwrap());
+        assert_eq!(c.status_addr, Some("0.0.0.0:4040".parse().unwrap()));
+        assert!(c.parking.enabled);
+        assert_eq!(c.parking.max, 1024);
+        assert_eq!(c.parking.budget, Duration::from_secs(5));
+        assert_eq!(c.parking.backoff.interval, Duration::from_millis(100));
+        assert_eq!(c.parking.backoff.factor, 1.1);
+        assert_eq!(c.parking.backoff.jitter, 0.1);
+        assert_eq!(c.extproc_max_requests, 2048, "B39: 2 x 1024");
+        assert_eq!(c.worker_port, 443);
+        assert_eq!(c.drain_delay, Duration::from_secs(13));
+        assert_eq!(c.drain_timeout, Duration::from_secs(20), "B40: 5s + 10s + 5s");
+        assert_eq!(c.envoy_admin_address.as_deref(), Some("localhost:9901"));
+        assert_eq!(c.drain_complete_file, Some(PathBuf::from("/var/run/atenet/drain-complete")));
+        assert_eq!(c.route_timeout, Duration::from_secs(300));
+    }
+
+    #[test]
+    fn b37_rejections_name_the_flag() {
+        let cases: &[(&[&str], &str)] = &[
+            (&["--parked-request-retry-factor", "0.5"], "--parked-request-retry-factor"),
+            (&["--parked-request-retry-factor", "-1"], "--parked-request-retry-factor"),
+            (&["--parked-request-retry-jitter", "1"], "--parked-request-retry-jitter"),
+            (&["--parked-request-retry-jitter", "-0.1"], "--parked-request-retry-jitter"),
+            (&["--extproc-max-requests", "-1"], "--extproc-max-requests"),
+            (&["--extproc-max-requests", "100", "--parked-request-max", "200"], "--extproc-max-requests"),
+            (&["--drain-delay", "-1s"], "--drain-delay"),
+            (&["--drain-timeout", "-1s"], "--drain-timeout"),
+            (&["--drain-timeout", "3s"], "--drain-timeout"),
+            (&["--parked-request-budget", "soon"], "--parked-request-budget"),
+            (&["--port-extproc", "70000"], "--port-extproc"),
+            (&["--port-extproc", "x"], "--port-extproc"),
+            (&["--worker-port", "0"], "--worker-port"),
+            (&["--metrics-listen-addr", "9090"], "--metrics-listen-addr"),
+            (&["--log-level", "loud"], "--log-level"),
+            (&["--ateapi-ca-file", "/ca.pem"], "--ateapi-insecure"),
+            (&["--no-such-flag"], "--no-such-flag"),
+        ];
+        for (args, flag) in cases {
+            let message = error(args);
+            assert!(message.starts_with("invalid router configuration: "), "{message}");
+            assert!(message.contains(flag), "{args:?}: {message}");
+        }
+    }
+
+    #[test]
+    fn tls_required_without_insecure() {
+        let message = parse_serve_args(&[]).unwrap_err().to_string();
+        assert!(message.contains("--ateapi-ca-file"), "{message}");
+        let c = parse_serve_args(&[
+            "--ateapi-ca-file",
+            "/etc/ca.pem",
+            "--ateapi-client-cert",
+            "/etc/client.pem",
+            "--ateapi-server-name",
+            "api",
+        ])
+        .unwrap();
+        assert_eq!(
+            c.ateapi_transport,
+            AteapiTransport::Tls {
+                ca_file: "/etc/ca.pem".into(),
+                client_cert: Some("/etc/client.pem".into()),
+                server_name: Some("api".into()),
+            }
+        );
+    }
+
+    #[test]
+    fn b38_normalisation() {
+        let c = parse(&[
+            "--parked-request-budget",
+            "0",
+            "--parked-request-retry-interval",
+            "-5ms",
+            "--parked-request-retry-factor",
+            "0",
+        ])
+        .unwrap();
+        assert_eq!(c.parking.budget, Duration::from_secs(5));
+        assert_eq!(c.parking.backoff.interval, Duration::from_millis(100));
+        assert_eq!(c.parking.backoff.factor, 1.1);
+    }
+
+    #[test]
+    fn b39_b40_derivations() {
+        let c = parse(&["--parked-request-max", "4000"]).unwrap();
+        assert_eq!(c.extproc_max_requests, 8000);
+        let c = parse(&["--parked-request-max", "10", "--extproc-max-requests", "10"]).unwrap();
+        assert_eq!(c.extproc_max_requests, 10);
+        let c = parse(&["--parked-request-budget", "30s"]).unwrap();
+        assert_eq!(c.drain_timeout, Duration::from_secs(45));
+        let c = parse(&["--parked-request-budget", "30s", "--drain-timeout", "31s"]).unwrap();
+        assert_eq!(c.drain_timeout, Duration::from_secs(31));
+    }
+
+    #[test]
+    fn b46_parking_off_accepts_any_breaker_and_short_drain() {
+        let c = parse(&["--parked-request-max", "0", "--extproc-max-requests", "1", "--drain-timeout", "1s"])
+            .unwrap();
+        assert!(!c.parking.enabled);
+        assert_eq!(c.parking.budget, UNPARKED_BUDGET, "B18: 15 s when disabled");
+        assert_eq!(c.extproc_max_requests, 1);
+        assert_eq!(c.drain_timeout, Duration::from_secs(1));
+        assert!(!parse(&["--parked-request-max", "-3"]).unwrap().parking.enabled);
+    }
+
+    #[test]
+    fn status_port_disable() {
+        assert_eq!(parse(&["--status-port", "0"]).unwrap().status_addr, None);
+        assert_eq!(parse(&["--status-port", "-1"]).unwrap().status_addr, None);
+    }
+}

@@ -1,0 +1,628 @@
+//! The flight table: one in-progress resume per actor (B14-B20).
+//!
+//! A [`Flight`] is created by the first request for an actor that has none
+//! (its leader) and joined by every later one until it finishes. It runs
+//! attempts through a [`Resumer`], retries retryable codes on the
+//! [`Scheduler`] with [`Backoff`] delays inside its budget, and ends with one
+//! [`FlightOutcome`] shared by all its callers.
+//!
+//! Attempts are never cancelled (B15): a cancelled restore would strand the
+//! worker the control plane already claimed for it. So the budget stops new
+//! attempts, but a running one is always awaited (B19).
+//!
+//! The table is sharded by actor id so that unrelated actors never contend on
+//! one mutex; a shard lock is held only to look up, insert or remove.
+
+use std::collections::hash_map::DefaultHasher;
+use std::collections::HashMap;
+use std::future::Future;
+use std::hash::{Hash, Hasher};
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll, Waker};
+use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
+
+use crate::backoff::{Backoff, BackoffPolicy};
+use crate::clock::Clock;
+use crate::resume::{AttemptResult, Code, ResumeError, Resumed, Resumer};
+use crate::target::ActorId;
+use crate::timer::Scheduler;
+
+/// How flights behave; derived once from the configuration.
+#[derive(Clone, Copy, Debug)]
+pub struct FlightPolicy {
+    /// How long a flight may keep starting attempts (B18).
+    pub budget: Duration,
+    pub backoff: BackoffPolicy,
+    /// Whether the capacity and availability codes are retried (B16).
+    pub parking_enabled: bool,
+}
+
+/// How a flight ended (B20).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum FlightOutcome {
+    /// An attempt succeeded.
+    Resumed(Resumed),
+    /// The budget ended while the actor was still blocked on a retryable
+    /// condition; wraps the last retryable error.
+    BudgetExhausted(ResumeError),
+    /// A terminal error; always wins over earlier retryable ones.
+    Failed(ResumeError),
+}
+
+/// Whether a caller created the flight or joined it (B21).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Role {
+    Leader,
+    Joiner,
+}
+
+/// What a waiting caller learns (B23).
+#[derive(Clone, Debug)]
+pub enum FlightEvent {
+    /// The flight had its first retryable failure: the park transition.
+    Parked,
+    /// The flight finished.
+    Done(Arc<FlightOutcome>),
+}
+
+/// One in-progress resume of one actor.
+pub struct Flight {
+    actor: ActorId,
+    started: Instant,
+    deadline: Instant,
+    state: Mutex<FlightState>,
+}
+
+struct FlightState {
+    attempts: u32,
+    attempt_running: bool,
+    parked: bool,
+    last_code: Option<Code>,
+    last_retryable: Option<ResumeError>,
+    outcome: Option<Arc<FlightOutcome>>,
+    backoff: Backoff,
+    waiters: HashMap<u64, Waker>,
+    next_waiter: u64,
+    /// Callers holding a lot slot on this flight (for the status page).
+    parked_callers: usize,
+}
+
+impl Flight {
+    /// The actor this flight resumes.
+    pub fn actor(&self) -> &ActorId {
+        &self.actor
+    }
+
+    /// The finished outcome, if any (B24's re-check).
+    pub fn outcome(&self) -> Option<Arc<FlightOutcome>> {
+        self.state.lock().outcome.clone()
+    }
+
+    /// Waits until the flight is parked or done (`until_done = false`), or
+    /// only until it is done.
+    pub fn wait(self: &Arc<Self>, until_done: bool) -> FlightWait {
+        FlightWait { flight: Arc::clone(self), until_done, key: None }
+    }
+
+    /// Records that a caller took (`true`) or released (`false`) a lot slot.
+    pub fn note_parked_caller(&self, parked: bool) {
+        let mut state = self.state.lock();
+        if parked {
+            state.parked_callers += 1;
+        } else {
+            state.parked_callers = state.parked_callers.saturating_sub(1);
+        }
+    }
+
+    /// A point-in-time view for the status page.
+    pub fn snapshot(&self, now: Instant) -> FlightSnapshot {
+        let state = self.state.lock();
+        FlightSnapshot {
+            actor: self.actor.clone(),
+            age: now.saturating_duration_since(self.started),
+            budget_left: self.deadline.saturating_duration_since(now),
+            attempts: state.attempts,
+            attempt_running: state.attempt_running,
+            parked: state.parked,
+            parked_callers: state.parked_callers,
+            waiters: state.waiters.len(),
+            last_code: state.last_code,
+        }
+    }
+}
+
+/// A view of one flight.
+#[derive(Clone, Debug)]
+pub struct FlightSnapshot {
+    pub actor: ActorId,
+    pub age: Duration,
+    pub budget_left: Duration,
+    pub attempts: u32,
+    pub attempt_running: bool,
+    pub parked: bool,
+    pub parked_callers: usize,
+    /// Callers currently waiting on this flight, parked or not.
+    pub waiters: usize,
+    pub last_code: Option<Code>,
+}
+
+/// A future for a flight event; dropping it unregisters the waiter.
+pub struct FlightWait {
+    flight: Arc<Flight>,
+    until_done: bool,
+    key: Option<u64>,
+}
+
+impl Future for FlightWait {
+    type Output = FlightEvent;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<FlightEvent> {
+        let this = &mut *self;
+        let mut state = this.flight.state.lock();
+        if let Some(outcome) = &state.outcome {
+            let outcome = Arc::clone(outcome);
+            if let Some(key) = this.key.take() {
+                state.waiters.remove(&key);
+            }
+            return Poll::Ready(FlightEvent::Done(outcome));
+        }
+        if state.parked && !this.until_done {
+            if let Some(key) = this.key.take() {
+                state.waiters.remove(&key);
+            }
+            return Poll::Ready(FlightEvent::Parked);
+        }
+        let key = *this.key.get_or_insert_with(|| {
+            state.next_waiter += 1;
+            state.next_waiter
+        });
+        state.waiters.insert(key, cx.waker().clone());
+        Poll::Pending
+    }
+}
+
+impl Drop for FlightWait {
+    fn drop(&mut self) {
+        if let Some(key) = self.key.take() {
+            self.flight.state.lock().waiters.remove(&key);
+        }
+    }
+}
+
+/// The table of flights, keyed by canonical actor id.
+#[derive(Clone)]
+pub struct FlightTable {
+    inner: Arc<Inner>,
+}
+
+/// One slice of the table.
+type Shard = Mutex<HashMap<ActorId, Arc<Flight>>>;
+
+struct Inner {
+    shards: Box<[Shard]>,
+    clock: Arc<dyn Clock>,
+    scheduler: Arc<dyn Scheduler>,
+    resumer: Arc<dyn Resumer>,
+    policy: FlightPolicy,
+}
+
+const SHARDS: usize = 64;
+
+impl FlightTable {
+    pub fn new(
+        policy: FlightPolicy,
+        clock: Arc<dyn Clock>,
+        scheduler: Arc<dyn Scheduler>,
+        resumer: Arc<dyn Resumer>,
+    ) -> FlightTable {
+        let shards = (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect();
+        FlightTable { inner: Arc::new(Inner { shards, clock, scheduler, resumer, policy }) }
+    }
+
+    /// The policy flights run under.
+    pub fn policy(&self) -> FlightPolicy {
+        self.inner.policy
+    }
+
+    /// Joins the actor's flight, or creates it and starts its first attempt
+    /// at once (B14, B15).
+    pub fn join(&self, actor: &ActorId) -> (Arc<Flight>, Role) {
+        let created = {
+            let mut shard = self.inner.shard(actor).lock();
+            if let Some(flight) = shard.get(actor) {
+                return (Arc::clone(flight), Role::Joiner);
+            }
+            let now = self.inner.clock.now();
+            let flight = Arc::new(Flight {
+                actor: actor.clone(),
+                started: now,
+                deadline: now + self.inner.policy.budget,
+                state: Mutex::new(FlightState {
+                    attempts: 0,
+                    attempt_running: false,
+                    parked: false,
+                    last_code: None,
+                    last_retryable: None,
+                    outcome: None,
+                    backoff: Backoff::new(self.inner.policy.backoff),
+                    waiters: HashMap::new(),
+                    next_waiter: 0,
+                    parked_callers: 0,
+                }),
+            });
+            shard.insert(actor.clone(), Arc::clone(&flight));
+            flight
+        };
+        Inner::start_attempt(&self.inner, &created);
+        (created, Role::Leader)
+    }
+
+    /// How many flights are in progress.
+    pub fn len(&self) -> usize {
+        self.inner.shards.iter().map(|s| s.lock().len()).sum()
+    }
+
+    /// True when no flight is in progress (B30).
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Views of every flight, oldest first.
+    pub fn snapshot(&self) -> Vec<FlightSnapshot> {
+        let now = self.inner.clock.now();
+        let flights: Vec<Arc<Flight>> =
+            self.inner.shards.iter().flat_map(|s| s.lock().values().cloned().collect::<Vec<_>>()).collect();
+        let mut views: Vec<FlightSnapshot> = flights.iter().map(|f| f.snapshot(now)).collect();
+        views.sort_by_key(|v| std::cmp::Reverse(v.age));
+        views
+    }
+}
+
+impl Inner {
+    fn shard(&self, actor: &ActorId) -> &Shard {
+        let mut hasher = DefaultHasher::new();
+        actor.hash(&mut hasher);
+        &self.shards[(hasher.finish() as usize) % self.shards.len()]
+    }
+
+    fn start_attempt(inner: &Arc<Inner>, flight: &Arc<Flight>) {
+        {
+            let mut state = flight.state.lock();
+            state.attempts += 1;
+            state.attempt_running = true;
+        }
+        let (inner_done, flight_done) = (Arc::clone(inner), Arc::clone(flight));
+        inner.resumer.start(
+            &flight.actor,
+            Box::new(move |result| Inner::on_attempt(&inner_done, &flight_done, result)),
+        );
+    }
+
+    fn on_attempt(inner: &Arc<Inner>, flight: &Arc<Flight>, result: AttemptResult) {
+        let error = match result {
+            Ok(resumed) => {
+                flight.state.lock().last_code = Some(Code::Ok);
+                return inner.finish(flight, FlightOutcome::Resumed(resumed));
+            }
+            Err(error) => error,
+        };
+        if !error.code.is_retryable(inner.policy.parking_enabled) {
+            flight.state.lock().last_code = Some(error.code);
+            return inner.finish(flight, FlightOutcome::Failed(error));
+        }
+        let now = inner.clock.now();
+        let (wake, next) = {
+            let mut state = flight.state.lock();
+            state.attempt_running = false;
+            state.last_code = Some(error.code);
+            state.last_retryable = Some(error.clone());
+            let first = !state.parked;
+            state.parked = true;
+            let wake: Vec<Waker> =
+                if first { state.waiters.drain().map(|(_, w)| w).collect() } else { Vec::new() };
+            let next = (now < flight.deadline).then(|| now + state.backoff.next_random_delay());
+            (wake, next)
+        };
+        // Waiters re-register when they are polled again, if they still wait.
+        wake.into_iter().for_each(Waker::wake);
+        match next {
+            None => inner.finish(flight, FlightOutcome::BudgetExhausted(error)),
+            Some(at) => {
+                // A retry due at or after the deadline would never start
+                // (B19), so wake at the deadline instead and end there.
+                let (at, retry) = if at < flight.deadline { (at, true) } else { (flight.deadline, false) };
+                let (inner2, flight2) = (Arc::clone(inner), Arc::clone(flight));
+                inner.scheduler.schedule(at, Box::new(move || inner2.on_timer(&flight2, retry)));
+            }
+        }
+    }
+
+    fn on_timer(self: &Arc<Self>, flight: &Arc<Flight>, retry: bool) {
+        if retry && self.clock.now() < flight.deadline {
+            return Inner::start_attempt(self, flight);
+        }
+        let last = flight.state.lock().last_retryable.clone();
+        let error = last.unwrap_or_else(|| ResumeError::new(Code::Unknown, "budget exhausted"));
+        self.finish(flight, FlightOutcome::BudgetExhausted(error));
+    }
+
+    /// Ends a flight: remove it from the table first, then publish the
+    /// outcome and wake its callers (B14's order), so a request arriving
+    /// after this point starts a fresh flight instead of reading a result.
+    fn finish(&self, flight: &Arc<Flight>, outcome: FlightOutcome) {
+        {
+            let mut shard = self.shard(&flight.actor).lock();
+            if shard.get(&flight.actor).is_some_and(|f| Arc::ptr_eq(f, flight)) {
+                shard.remove(&flight.actor);
+            }
+        }
+        let wake: Vec<Waker> = {
+            let mut state = flight.state.lock();
+            state.attempt_running = false;
+            if state.outcome.is_some() {
+                return;
+            }
+            state.outcome = Some(Arc::new(outcome));
+            state.waiters.drain().map(|(_, w)| w).collect()
+        };
+        wake.into_iter().for_each(Waker::wake);
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+    use crate::clock::ManualClock;
+    use crate::timer::ManualScheduler;
+    use futures::task::noop_waker;
+
+    /// A control plane that records attempts and lets the test answer them.
+    #[derive(Default)]
+    pub(crate) struct ScriptedResumer {
+        pending: Mutex<Vec<(ActorId, crate::resume::AttemptDone)>>,
+        pub(crate) calls: Mutex<HashMap<ActorId, u32>>,
+    }
+
+    impl ScriptedResumer {
+        pub(crate) fn calls(&self, actor: &ActorId) -> u32 {
+            self.calls.lock().get(actor).copied().unwrap_or(0)
+        }
+
+        pub(crate) fn running(&self) -> usize {
+            self.pending.lock().len()
+        }
+
+        /// Answers the oldest running attempt for `actor`.
+        pub(crate) fn answer(&self, actor: &ActorId, result: AttemptResult) {
+            let done = {
+                let mut pending = self.pending.lock();
+                let index = pending.iter().position(|(a, _)| a == actor).expect("no attempt running");
+                pending.remove(index).1
+            };
+            done(result);
+        }
+    }
+
+    impl Resumer for ScriptedResumer {
+        fn start(&self, actor: &ActorId, done: crate::resume::AttemptDone) {
+            *self.calls.lock().entry(actor.clone()).or_default() += 1;
+            self.pending.lock().push((actor.clone(), done));
+        }
+    }
+
+    pub(crate) struct Harness {
+        pub(crate) clock: ManualClock,
+        pub(crate) scheduler: ManualScheduler,
+        pub(crate) resumer: Arc<ScriptedResumer>,
+        pub(crate) table: FlightTable,
+    }
+
+    pub(crate) fn harness(budget_ms: u64, interval_ms: u64, parking_enabled: bool) -> Harness {
+        let clock = ManualClock::new();
+        let scheduler = ManualScheduler::new(clock.clone());
+        let resumer = Arc::new(ScriptedResumer::default());
+        let policy = FlightPolicy {
+            budget: Duration::from_millis(budget_ms),
+            backoff: BackoffPolicy { interval: Duration::from_millis(interval_ms), factor: 2.0, jitter: 0.0 },
+            parking_enabled,
+        };
+        let table = FlightTable::new(
+            policy,
+            Arc::new(clock.clone()),
+            Arc::new(scheduler.clone()),
+            Arc::clone(&resumer) as Arc<dyn Resumer>,
+        );
+        Harness { clock, scheduler, resumer, table }
+    }
+
+    pub(crate) fn actor(name: &str) -> ActorId {
+        ActorId::parse(&format!("demo/{name}")).unwrap()
+    }
+
+    pub(crate) fn ok(resumed: bool) -> AttemptResult {
+        Ok(Resumed { resumed, worker_ips: vec!["10.0.0.7".into()] })
+    }
+
+    pub(crate) fn err(code: Code, message: &str) -> AttemptResult {
+        Err(ResumeError::new(code, message))
+    }
+
+    fn poll(wait: &mut FlightWait) -> Poll<FlightEvent> {
+        let waker = noop_waker();
+        Pin::new(wait).poll(&mut Context::from_waker(&waker))
+    }
+
+    fn done(wait: &mut FlightWait) -> FlightOutcome {
+        match poll(wait) {
+            Poll::Ready(FlightEvent::Done(outcome)) => (*outcome).clone(),
+            other => panic!("expected done, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn b14_leader_then_joiners_share_one_attempt_and_table_empties_before_wake() {
+        let h = harness(1000, 100, true);
+        let a = actor("a");
+        let (leader, role) = h.table.join(&a);
+        assert_eq!(role, Role::Leader);
+        let (joiner, role) = h.table.join(&a);
+        assert_eq!(role, Role::Joiner);
+        assert!(Arc::ptr_eq(&leader, &joiner));
+        assert_eq!(h.resumer.calls(&a), 1, "B15: first attempt starts at once, once");
+        let mut wait = joiner.wait(true);
+        assert!(poll(&mut wait).is_pending());
+        h.resumer.answer(&a, ok(true));
+        assert!(h.table.is_empty(), "B14: finished flight removed");
+        assert!(matches!(done(&mut wait), FlightOutcome::Resumed(r) if r.resumed));
+        let (_, role) = h.table.join(&a);
+        assert_eq!(role, Role::Leader, "B14: no caching; a new flight starts");
+        assert_eq!(h.resumer.calls(&a), 2);
+    }
+
+    #[test]
+    fn b16_b17_retries_on_schedule_then_succeeds() {
+        let h = harness(5000, 100, true);
+        let a = actor("a");
+        let (flight, _) = h.table.join(&a);
+        let mut wait = flight.wait(false);
+        h.resumer.answer(&a, err(Code::ResourceExhausted, "no free workers available"));
+        assert!(matches!(poll(&mut wait), Poll::Ready(FlightEvent::Parked)), "B23 park transition");
+        h.scheduler.advance(Duration::from_millis(99));
+        assert_eq!(h.resumer.calls(&a), 1);
+        h.scheduler.advance(Duration::from_millis(1));
+        assert_eq!(h.resumer.calls(&a), 2, "d1 = interval");
+        h.resumer.answer(&a, err(Code::Unavailable, "restarting"));
+        h.scheduler.advance(Duration::from_millis(199));
+        assert_eq!(h.resumer.calls(&a), 2);
+        h.scheduler.advance(Duration::from_millis(1));
+        assert_eq!(h.resumer.calls(&a), 3, "d2 = interval * factor");
+        h.resumer.answer(&a, err(Code::FailedPrecondition, "suspending"));
+        h.scheduler.advance(Duration::from_millis(400));
+        assert_eq!(h.resumer.calls(&a), 4);
+        h.resumer.answer(&a, ok(true));
+        let mut wait = flight.wait(true);
+        assert!(matches!(done(&mut wait), FlightOutcome::Resumed(_)));
+        assert!(h.table.is_empty());
+    }
+
+    #[test]
+    fn b19_budget_ends_retries_with_no_attempt_at_deadline() {
+        let h = harness(250, 100, true);
+        let a = actor("a");
+        let (flight, _) = h.table.join(&a);
+        h.resumer.answer(&a, err(Code::ResourceExhausted, "no free workers available"));
+        h.scheduler.advance(Duration::from_millis(100));
+        h.resumer.answer(&a, err(Code::ResourceExhausted, "still none"));
+        // Next retry would be at 100 + 200 = 300 ms, past the 250 ms deadline.
+        h.scheduler.advance(Duration::from_millis(149));
+        assert!(flight.outcome().is_none());
+        h.scheduler.advance(Duration::from_millis(1));
+        assert_eq!(h.resumer.calls(&a), 2, "B19: no attempt at or after the deadline");
+        assert_eq!(
+            *flight.outcome().unwrap(),
+            FlightOutcome::BudgetExhausted(ResumeError::new(Code::ResourceExhausted, "still none")),
+            "B12/B20: wraps the last retryable error"
+        );
+        assert!(h.table.is_empty());
+        assert_eq!(h.scheduler.pending(), 0);
+    }
+
+    #[test]
+    fn b19_attempt_running_at_deadline_is_awaited_late_success_served() {
+        let h = harness(250, 100, true);
+        let a = actor("a");
+        let (flight, _) = h.table.join(&a);
+        h.resumer.answer(&a, err(Code::ResourceExhausted, "full"));
+        h.scheduler.advance(Duration::from_millis(100));
+        assert_eq!(h.resumer.running(), 1);
+        h.scheduler.advance(Duration::from_secs(10));
+        assert!(flight.outcome().is_none(), "B15: a running attempt is never abandoned");
+        h.resumer.answer(&a, ok(true));
+        assert!(matches!(*flight.outcome().unwrap(), FlightOutcome::Resumed(_)));
+    }
+
+    #[test]
+    fn b19_late_retryable_error_is_budget_exhausted() {
+        let h = harness(250, 100, true);
+        let a = actor("a");
+        let (flight, _) = h.table.join(&a);
+        h.resumer.answer(&a, err(Code::Aborted, "busy"));
+        h.scheduler.advance(Duration::from_millis(100));
+        h.scheduler.advance(Duration::from_secs(1));
+        h.resumer.answer(&a, err(Code::Unavailable, "gone"));
+        assert_eq!(
+            *flight.outcome().unwrap(),
+            FlightOutcome::BudgetExhausted(ResumeError::new(Code::Unavailable, "gone"))
+        );
+        assert_eq!(h.resumer.calls(&a), 2);
+    }
+
+    #[test]
+    fn b20_late_terminal_error_wins() {
+        let h = harness(250, 100, true);
+        let a = actor("a");
+        let (flight, _) = h.table.join(&a);
+        h.resumer.answer(&a, err(Code::ResourceExhausted, "full"));
+        h.scheduler.advance(Duration::from_millis(100));
+        h.scheduler.advance(Duration::from_secs(1));
+        h.resumer.answer(&a, err(Code::NotFound, "actor deleted"));
+        assert_eq!(
+            *flight.outcome().unwrap(),
+            FlightOutcome::Failed(ResumeError::new(Code::NotFound, "actor deleted"))
+        );
+    }
+
+    #[test]
+    fn b22_parking_disabled_only_aborted_retries() {
+        let h = harness(15_000, 100, false);
+        let (a, b) = (actor("a"), actor("b"));
+        let (fa, _) = h.table.join(&a);
+        h.resumer.answer(&a, err(Code::ResourceExhausted, "full"));
+        assert_eq!(
+            *fa.outcome().unwrap(),
+            FlightOutcome::Failed(ResumeError::new(Code::ResourceExhausted, "full"))
+        );
+        assert_eq!(h.resumer.calls(&a), 1, "B22: exactly one attempt");
+        let (fb, _) = h.table.join(&b);
+        h.resumer.answer(&b, err(Code::Aborted, "conflict"));
+        h.scheduler.advance(Duration::from_millis(100));
+        assert_eq!(h.resumer.calls(&b), 2, "B22: Aborted still retried");
+        h.resumer.answer(&b, ok(false));
+        assert!(matches!(*fb.outcome().unwrap(), FlightOutcome::Resumed(ref r) if !r.resumed));
+    }
+
+    #[test]
+    fn b18_budget_starts_with_leader_and_joiners_share_it() {
+        let h = harness(300, 100, true);
+        let a = actor("a");
+        let (flight, _) = h.table.join(&a);
+        h.resumer.answer(&a, err(Code::ResourceExhausted, "full"));
+        h.scheduler.advance(Duration::from_millis(100));
+        h.resumer.answer(&a, err(Code::ResourceExhausted, "full"));
+        h.scheduler.advance(Duration::from_millis(150));
+        let (joined, role) = h.table.join(&a);
+        assert_eq!(role, Role::Joiner);
+        let mut wait = joined.wait(false);
+        assert!(matches!(poll(&mut wait), Poll::Ready(FlightEvent::Parked)), "B23: joins past park");
+        h.scheduler.advance(Duration::from_millis(50));
+        assert!(matches!(*flight.outcome().unwrap(), FlightOutcome::BudgetExhausted(_)));
+        let snapshot_free = h.table.snapshot();
+        assert!(snapshot_free.is_empty());
+    }
+
+    #[test]
+    fn dropped_waiter_unregisters() {
+        let h = harness(300, 100, true);
+        let a = actor("a");
+        let (flight, _) = h.table.join(&a);
+        let mut wait = flight.wait(true);
+        assert!(poll(&mut wait).is_pending());
+        assert_eq!(flight.state.lock().waiters.len(), 1);
+        drop(wait);
+        assert_eq!(flight.state.lock().waiters.len(), 0);
+        h.resumer.answer(&a, ok(true));
+    }
+}

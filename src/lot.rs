@@ -1,0 +1,139 @@
+//! The parking lot: a fixed number of slots for parked requests (B23-B30).
+//!
+//! Admission is a compare-and-swap on one counter, so with max K and any
+//! number of callers racing, exactly K are admitted (B29) without a lock.
+//! A [`Slot`] is a guard: it releases exactly once, on its explicit
+//! [`Slot::release`] or on drop, and records that caller's own parked time
+//! (B27, B32).
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+use crate::clock::Clock;
+use crate::metrics::{Metrics, WaitOutcome};
+
+/// The bounded set of parked requests.
+pub struct ParkingLot {
+    max: usize,
+    active: AtomicUsize,
+    clock: Arc<dyn Clock>,
+    metrics: Metrics,
+}
+
+impl ParkingLot {
+    /// A lot of `max` slots (`max` > 0; a zero lot means parking is off and
+    /// no lot exists at all, B22).
+    pub fn new(max: usize, clock: Arc<dyn Clock>, metrics: Metrics) -> Arc<ParkingLot> {
+        Arc::new(ParkingLot { max, active: AtomicUsize::new(0), clock, metrics })
+    }
+
+    /// Slots held now.
+    pub fn active(&self) -> usize {
+        self.active.load(Ordering::Acquire)
+    }
+
+    /// The capacity.
+    pub fn max(&self) -> usize {
+        self.max
+    }
+
+    /// Takes a slot, or counts a rejection and returns `None` when the lot is
+    /// full (B26).
+    pub fn try_admit(self: &Arc<Self>) -> Option<Slot> {
+        let admitted = self
+            .active
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| (n < self.max).then_some(n + 1))
+            .is_ok();
+        if !admitted {
+            self.metrics.parking_rejected.inc();
+            return None;
+        }
+        self.metrics.parking_active.inc();
+        Some(Slot { lot: Arc::clone(self), taken: self.clock.now(), released: false })
+    }
+}
+
+/// One caller's place in the lot.
+pub struct Slot {
+    lot: Arc<ParkingLot>,
+    taken: Instant,
+    released: bool,
+}
+
+impl Slot {
+    /// Releases the slot and records the wait with `outcome` (B32, B33).
+    /// Later releases, including the one on drop, do nothing.
+    pub fn release(&mut self, outcome: WaitOutcome) {
+        if std::mem::replace(&mut self.released, true) {
+            return;
+        }
+        let waited = self.lot.clock.now().saturating_duration_since(self.taken);
+        // The counter cannot go below zero: each admission adds exactly one.
+        self.lot.active.fetch_sub(1, Ordering::AcqRel);
+        self.lot.metrics.parking_active.dec();
+        self.lot.metrics.wait(outcome).observe(waited.as_secs_f64());
+    }
+}
+
+impl Drop for Slot {
+    /// A slot dropped without a result belongs to a caller whose stream went
+    /// away (B27, B28).
+    fn drop(&mut self) {
+        self.release(WaitOutcome::Canceled);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::clock::ManualClock;
+    use std::time::Duration;
+
+    #[test]
+    fn b26_b27_admission_release_once_and_wait_sample() {
+        let clock = ManualClock::new();
+        let metrics = Metrics::new();
+        let lot = ParkingLot::new(2, Arc::new(clock.clone()), metrics.clone());
+        let mut a = lot.try_admit().unwrap();
+        let b = lot.try_admit().unwrap();
+        assert!(lot.try_admit().is_none(), "B26: full lot sheds");
+        assert_eq!(metrics.parking_rejected.get(), 1);
+        assert_eq!(metrics.parking_active.get(), 2);
+        clock.advance(Duration::from_millis(250));
+        a.release(WaitOutcome::Served);
+        a.release(WaitOutcome::Error);
+        drop(a);
+        assert_eq!(lot.active(), 1, "B27: double release is a no-op");
+        let served = metrics.wait(WaitOutcome::Served);
+        assert_eq!(served.get_sample_count(), 1);
+        assert!((served.get_sample_sum() - 0.25).abs() < 1e-9, "own parked time");
+        assert_eq!(metrics.wait(WaitOutcome::Error).get_sample_count(), 0);
+        drop(b);
+        assert_eq!(lot.active(), 0);
+        assert_eq!(metrics.parking_active.get(), 0);
+        assert_eq!(metrics.wait(WaitOutcome::Canceled).get_sample_count(), 1, "B28: dropped = canceled");
+    }
+
+    #[test]
+    fn b29_exact_admission_under_concurrency() {
+        let metrics = Metrics::new();
+        let lot = ParkingLot::new(100, Arc::new(crate::clock::SystemClock), metrics.clone());
+        let barrier = Arc::new(std::sync::Barrier::new(8));
+        let handles: Vec<_> = (0..8)
+            .map(|_| {
+                let (lot, barrier) = (Arc::clone(&lot), Arc::clone(&barrier));
+                std::thread::spawn(move || {
+                    barrier.wait();
+                    (0..50).filter_map(|_| lot.try_admit()).collect::<Vec<_>>()
+                })
+            })
+            .collect();
+        let slots: Vec<Slot> = handles.into_iter().flat_map(|h| h.join().unwrap()).collect();
+        assert_eq!(slots.len(), 100, "exactly K of N > K admitted");
+        assert_eq!(metrics.parking_rejected.get(), 300);
+        drop(slots);
+        assert_eq!(lot.active(), 0);
+        assert_eq!(metrics.parking_active.get(), 0);
+    }
+}

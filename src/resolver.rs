@@ -1,0 +1,415 @@
+//! One caller's way from an actor id to a [`ResumeOutcome`]: join the
+//! actor's flight, wait, park, and be served or shed (B21, B23-B28).
+//!
+//! The wait has two phases. Phase 1 lasts until the flight is done or hits
+//! its first retryable failure (the park transition). Only then does the
+//! caller take a lot slot, so a request resolved on the first attempt never
+//! competes for one and a full lot never slows traffic to running actors
+//! (B24). Phase 2 holds the slot until the flight is done.
+//!
+//! A caller is a future, not a thread: a parked request costs a waker in its
+//! flight and a slot counter, whatever the number of parked requests.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use crate::flight::{Flight, FlightEvent, FlightOutcome, FlightTable, Role};
+use crate::lot::{ParkingLot, Slot};
+use crate::metrics::WaitOutcome;
+use crate::resume::{ResumeError, Resumed};
+use crate::target::ActorId;
+
+/// B21's per-caller `resume` label.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ResumeLabel {
+    /// The flight failed (or the caller never got a result).
+    Unknown,
+    /// The actor was already running.
+    None,
+    /// This caller led a flight that resumed the actor.
+    Triggered,
+    /// This caller joined a flight that resumed the actor.
+    Joined,
+}
+
+impl ResumeLabel {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ResumeLabel::Unknown => "unknown",
+            ResumeLabel::None => "none",
+            ResumeLabel::Triggered => "triggered",
+            ResumeLabel::Joined => "joined",
+        }
+    }
+}
+
+/// Why a caller gets no route.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ResolveError {
+    /// A terminal resume error.
+    Failed(ResumeError),
+    /// The flight's budget ended on a retryable error (B12).
+    BudgetExhausted(ResumeError),
+    /// The lot was full at this caller's park transition (B26).
+    LotFull,
+}
+
+/// What one caller learns.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ResumeOutcome {
+    pub result: Result<Resumed, ResolveError>,
+    pub resume: ResumeLabel,
+    /// Whether this caller held a lot slot.
+    pub parked: bool,
+}
+
+/// Why a caller stopped waiting before its flight was done.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Abandon {
+    /// The client went away (B33 `canceled`).
+    Canceled,
+    /// The caller's own deadline passed (B33 `timeout`).
+    Timeout,
+}
+
+/// Resolves actors for callers, sharing one flight table and one lot.
+#[derive(Clone)]
+pub struct Resolver {
+    flights: FlightTable,
+    /// `None` when parking is disabled (B22): no lot, no parking metrics.
+    lot: Option<Arc<ParkingLot>>,
+}
+
+impl Resolver {
+    pub fn new(flights: FlightTable, lot: Option<Arc<ParkingLot>>) -> Resolver {
+        Resolver { flights, lot }
+    }
+
+    /// The flight table.
+    pub fn flights(&self) -> &FlightTable {
+        &self.flights
+    }
+
+    /// The lot, when parking is enabled.
+    pub fn lot(&self) -> Option<&Arc<ParkingLot>> {
+        self.lot.as_ref()
+    }
+
+    /// Starts resolving `actor` for one caller. Dropping the returned future
+    /// abandons the wait as [`Abandon::Canceled`].
+    pub fn resolve(&self, actor: &ActorId) -> Resolve {
+        let exit = Arc::new(AtomicU8::new(Abandon::Canceled as u8));
+        let (flight, role) = self.flights.join(actor);
+        let body = wait(flight, role, self.lot.clone(), Arc::clone(&exit));
+        Resolve { body: Box::pin(body), exit }
+    }
+}
+
+/// A caller's pending resolution.
+pub struct Resolve {
+    body: Pin<Box<dyn Future<Output = ResumeOutcome> + Send>>,
+    exit: Arc<AtomicU8>,
+}
+
+impl Resolve {
+    /// Stops waiting, recording `reason` for a held slot (B27, B33).
+    pub fn abandon(self, reason: Abandon) {
+        self.exit.store(reason as u8, Ordering::Release);
+    }
+}
+
+impl Future for Resolve {
+    type Output = ResumeOutcome;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<ResumeOutcome> {
+        self.body.as_mut().poll(cx)
+    }
+}
+
+async fn wait(
+    flight: Arc<Flight>,
+    role: Role,
+    lot: Option<Arc<ParkingLot>>,
+    exit: Arc<AtomicU8>,
+) -> ResumeOutcome {
+    let served = |outcome: &FlightOutcome, parked: bool| outcome_for(outcome, role, parked);
+    if let FlightEvent::Done(outcome) = flight.wait(false).await {
+        return served(&outcome, false);
+    }
+    let Some(lot) = lot else {
+        // Parking disabled: a retried Aborted waits without a slot (B22).
+        return served(&*done(&flight).await, false);
+    };
+    // B24: the flight may have finished between the transition and now.
+    if let Some(outcome) = flight.outcome() {
+        return served(&outcome, false);
+    }
+    let Some(slot) = lot.try_admit() else {
+        return ResumeOutcome {
+            result: Err(ResolveError::LotFull),
+            resume: ResumeLabel::Unknown,
+            parked: false,
+        };
+    };
+    let mut parked = ParkedCaller::new(slot, &flight, exit);
+    let outcome = done(&flight).await;
+    parked.release(wait_outcome(&outcome));
+    served(&outcome, true)
+}
+
+async fn done(flight: &Arc<Flight>) -> Arc<FlightOutcome> {
+    match flight.wait(true).await {
+        FlightEvent::Done(outcome) => outcome,
+        FlightEvent::Parked => unreachable!("a wait until done only ends when done"),
+    }
+}
+
+fn outcome_for(outcome: &FlightOutcome, role: Role, parked: bool) -> ResumeOutcome {
+    let (result, resume) = match outcome {
+        FlightOutcome::Resumed(r) => {
+            let label = match (r.resumed, role) {
+                (false, _) => ResumeLabel::None,
+                (true, Role::Leader) => ResumeLabel::Triggered,
+                (true, Role::Joiner) => ResumeLabel::Joined,
+            };
+            (Ok(r.clone()), label)
+        }
+        FlightOutcome::BudgetExhausted(e) => {
+            (Err(ResolveError::BudgetExhausted(e.clone())), ResumeLabel::Unknown)
+        }
+        FlightOutcome::Failed(e) => (Err(ResolveError::Failed(e.clone())), ResumeLabel::Unknown),
+    };
+    ResumeOutcome { result, resume, parked }
+}
+
+fn wait_outcome(outcome: &FlightOutcome) -> WaitOutcome {
+    match outcome {
+        FlightOutcome::Resumed(_) => WaitOutcome::Served,
+        FlightOutcome::BudgetExhausted(_) => WaitOutcome::BudgetExhausted,
+        FlightOutcome::Failed(_) => WaitOutcome::Error,
+    }
+}
+
+/// A caller holding a slot; releases it exactly once, with the abandon
+/// reason when the wait is cut short.
+struct ParkedCaller {
+    slot: Slot,
+    flight: Arc<Flight>,
+    exit: Arc<AtomicU8>,
+    released: bool,
+}
+
+impl ParkedCaller {
+    fn new(slot: Slot, flight: &Arc<Flight>, exit: Arc<AtomicU8>) -> ParkedCaller {
+        flight.note_parked_caller(true);
+        ParkedCaller { slot, flight: Arc::clone(flight), exit, released: false }
+    }
+
+    fn release(&mut self, outcome: WaitOutcome) {
+        if !std::mem::replace(&mut self.released, true) {
+            self.flight.note_parked_caller(false);
+            self.slot.release(outcome);
+        }
+    }
+}
+
+impl Drop for ParkedCaller {
+    fn drop(&mut self) {
+        let reason = if self.exit.load(Ordering::Acquire) == Abandon::Timeout as u8 {
+            WaitOutcome::Timeout
+        } else {
+            WaitOutcome::Canceled
+        };
+        self.release(reason);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::flight::tests::{actor, err, harness, ok, Harness};
+    use crate::metrics::Metrics;
+    use crate::resume::Code;
+    use futures::task::noop_waker;
+    use std::time::Duration;
+
+    struct Setup {
+        h: Harness,
+        metrics: Metrics,
+        resolver: Resolver,
+    }
+
+    fn setup(lot_max: usize) -> Setup {
+        let h = harness(1000, 100, lot_max > 0);
+        let metrics = Metrics::new();
+        let lot = (lot_max > 0).then(|| ParkingLot::new(lot_max, Arc::new(h.clock.clone()), metrics.clone()));
+        let resolver = Resolver::new(h.table.clone(), lot);
+        Setup { h, metrics, resolver }
+    }
+
+    fn poll(r: &mut Resolve) -> Poll<ResumeOutcome> {
+        let waker = noop_waker();
+        Pin::new(r).poll(&mut Context::from_waker(&waker))
+    }
+
+    fn ready(r: &mut Resolve) -> ResumeOutcome {
+        match poll(r) {
+            Poll::Ready(o) => o,
+            Poll::Pending => panic!("caller still waiting"),
+        }
+    }
+
+    fn active(s: &Setup) -> usize {
+        s.resolver.lot().map_or(0, |l| l.active())
+    }
+
+    #[test]
+    fn b24_first_attempt_success_never_takes_a_slot_even_when_lot_full() {
+        let s = setup(1);
+        let (hot, running) = (actor("hot"), actor("running"));
+        let mut parked = s.resolver.resolve(&hot);
+        assert!(poll(&mut parked).is_pending());
+        s.h.resumer.answer(&hot, err(Code::ResourceExhausted, "no free workers available"));
+        assert!(poll(&mut parked).is_pending());
+        assert_eq!(active(&s), 1, "lot now full");
+        let mut fast = s.resolver.resolve(&running);
+        assert!(poll(&mut fast).is_pending());
+        s.h.resumer.answer(&running, ok(false));
+        let outcome = ready(&mut fast);
+        assert!(outcome.result.is_ok());
+        assert_eq!(outcome.resume, ResumeLabel::None, "B21: already running");
+        assert!(!outcome.parked);
+        assert_eq!(s.metrics.parking_rejected.get(), 0);
+        s.h.scheduler.advance(Duration::from_millis(100));
+        s.h.resumer.answer(&hot, ok(true));
+        let outcome = ready(&mut parked);
+        assert_eq!(outcome.resume, ResumeLabel::Triggered);
+        assert!(outcome.parked);
+        assert_eq!(active(&s), 0);
+        assert_eq!(s.metrics.wait(WaitOutcome::Served).get_sample_count(), 1);
+    }
+
+    #[test]
+    fn b25_b26_each_joiner_needs_a_slot_and_full_lot_sheds_while_flight_goes_on() {
+        let s = setup(2);
+        let a = actor("a");
+        let mut callers: Vec<Resolve> = (0..3).map(|_| s.resolver.resolve(&a)).collect();
+        assert_eq!(s.h.resumer.calls(&a), 1);
+        callers.iter_mut().for_each(|c| assert!(poll(c).is_pending()));
+        s.h.resumer.answer(&a, err(Code::ResourceExhausted, "no free workers available"));
+        let results: Vec<Poll<ResumeOutcome>> = callers.iter_mut().map(poll).collect();
+        assert!(results[0].is_pending() && results[1].is_pending());
+        match &results[2] {
+            Poll::Ready(o) => assert_eq!(o.result, Err(ResolveError::LotFull)),
+            Poll::Pending => panic!("third caller should be shed"),
+        }
+        assert_eq!(s.metrics.parking_rejected.get(), 1);
+        assert_eq!(active(&s), 2);
+        s.h.scheduler.advance(Duration::from_millis(100));
+        assert_eq!(s.h.resumer.calls(&a), 2, "one RPC per attempt for N callers");
+        s.h.resumer.answer(&a, ok(true));
+        let labels: Vec<ResumeLabel> = callers[..2].iter_mut().map(|c| ready(c).resume).collect();
+        assert_eq!(labels, vec![ResumeLabel::Triggered, ResumeLabel::Joined]);
+        assert_eq!(active(&s), 0);
+        assert_eq!(s.metrics.wait(WaitOutcome::Served).get_sample_count(), 2);
+        assert!(s.h.table.is_empty(), "B30");
+    }
+
+    #[test]
+    fn b27_b28_cancel_while_parked_frees_slot_at_once_flight_unaffected() {
+        let s = setup(4);
+        let a = actor("a");
+        let mut leaving = s.resolver.resolve(&a);
+        let mut staying = s.resolver.resolve(&a);
+        assert!(poll(&mut leaving).is_pending() && poll(&mut staying).is_pending());
+        s.h.resumer.answer(&a, err(Code::Unavailable, "restarting"));
+        assert!(poll(&mut leaving).is_pending() && poll(&mut staying).is_pending());
+        assert_eq!(active(&s), 2);
+        drop(leaving);
+        assert_eq!(active(&s), 1, "B27: freed at once");
+        assert_eq!(s.metrics.wait(WaitOutcome::Canceled).get_sample_count(), 1);
+        assert_eq!(s.h.table.len(), 1, "B28: flight goes on");
+        s.h.scheduler.advance(Duration::from_millis(100));
+        s.h.resumer.answer(&a, ok(true));
+        assert!(ready(&mut staying).result.is_ok());
+        assert_eq!(active(&s), 0);
+    }
+
+    #[test]
+    fn b33_abandon_with_timeout_records_timeout() {
+        let s = setup(4);
+        let a = actor("a");
+        let mut caller = s.resolver.resolve(&a);
+        assert!(poll(&mut caller).is_pending());
+        s.h.resumer.answer(&a, err(Code::Aborted, "busy"));
+        assert!(poll(&mut caller).is_pending());
+        caller.abandon(Abandon::Timeout);
+        assert_eq!(s.metrics.wait(WaitOutcome::Timeout).get_sample_count(), 1);
+        assert_eq!(s.metrics.wait(WaitOutcome::Canceled).get_sample_count(), 0);
+        s.h.scheduler.advance(Duration::from_millis(100));
+        s.h.resumer.answer(&a, ok(true));
+        assert!(s.h.table.is_empty());
+    }
+
+    #[test]
+    fn b32_no_sample_for_callers_gone_before_park_transition() {
+        let s = setup(4);
+        let a = actor("a");
+        let mut caller = s.resolver.resolve(&a);
+        assert!(poll(&mut caller).is_pending());
+        drop(caller);
+        s.h.resumer.answer(&a, ok(true));
+        let total: u64 = ["served", "budget_exhausted", "canceled", "timeout", "error"]
+            .iter()
+            .map(|o| s.metrics.parking_wait.with_label_values(&[o]).get_sample_count())
+            .sum();
+        assert_eq!(total, 0);
+    }
+
+    #[test]
+    fn b33_budget_exhausted_and_error_outcomes() {
+        let s = setup(4);
+        let (a, b) = (actor("a"), actor("b"));
+        let mut ca = s.resolver.resolve(&a);
+        let mut cb = s.resolver.resolve(&b);
+        assert!(poll(&mut ca).is_pending() && poll(&mut cb).is_pending());
+        s.h.resumer.answer(&a, err(Code::ResourceExhausted, "no free workers available"));
+        s.h.resumer.answer(&b, err(Code::ResourceExhausted, "no free workers available"));
+        assert!(poll(&mut ca).is_pending() && poll(&mut cb).is_pending());
+        s.h.scheduler.advance(Duration::from_millis(100));
+        s.h.resumer.answer(&b, err(Code::PermissionDenied, "nope"));
+        s.h.scheduler.advance(Duration::from_secs(2));
+        s.h.resumer.answer(&a, err(Code::ResourceExhausted, "no free workers available"));
+        let oa = ready(&mut ca);
+        assert_eq!(
+            oa.result,
+            Err(ResolveError::BudgetExhausted(ResumeError::new(
+                Code::ResourceExhausted,
+                "no free workers available"
+            )))
+        );
+        assert_eq!(oa.resume, ResumeLabel::Unknown, "B21: failed flight is unknown");
+        assert!(matches!(ready(&mut cb).result, Err(ResolveError::Failed(_))));
+        assert_eq!(s.metrics.wait(WaitOutcome::BudgetExhausted).get_sample_count(), 1);
+        assert_eq!(s.metrics.wait(WaitOutcome::Error).get_sample_count(), 1);
+    }
+
+    #[test]
+    fn b22_parking_disabled_no_lot_no_metrics() {
+        let s = setup(0);
+        let a = actor("a");
+        let mut caller = s.resolver.resolve(&a);
+        assert!(poll(&mut caller).is_pending());
+        s.h.resumer.answer(&a, err(Code::Aborted, "conflict"));
+        assert!(poll(&mut caller).is_pending());
+        s.h.scheduler.advance(Duration::from_millis(100));
+        s.h.resumer.answer(&a, ok(true));
+        let outcome = ready(&mut caller);
+        assert!(outcome.result.is_ok() && !outcome.parked);
+        assert_eq!(s.metrics.parking_active.get(), 0);
+        assert_eq!(s.metrics.parking_wait.with_label_values(&["served"]).get_sample_count(), 0);
+    }
+}

@@ -1,0 +1,150 @@
+//! What one `ResumeActor` attempt can return, independent of gRPC plumbing.
+//!
+//! The flight and parking logic depend on this module and on the [`Resumer`]
+//! trait only, so they run in unit tests against a scripted control plane.
+
+use std::fmt;
+
+use crate::target::ActorId;
+
+/// gRPC status codes, as numbered on the wire.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Code {
+    Ok,
+    Cancelled,
+    Unknown,
+    InvalidArgument,
+    DeadlineExceeded,
+    NotFound,
+    AlreadyExists,
+    PermissionDenied,
+    ResourceExhausted,
+    FailedPrecondition,
+    Aborted,
+    OutOfRange,
+    Unimplemented,
+    Internal,
+    Unavailable,
+    DataLoss,
+    Unauthenticated,
+}
+
+impl Code {
+    const ALL: [Code; 17] = [
+        Code::Ok,
+        Code::Cancelled,
+        Code::Unknown,
+        Code::InvalidArgument,
+        Code::DeadlineExceeded,
+        Code::NotFound,
+        Code::AlreadyExists,
+        Code::PermissionDenied,
+        Code::ResourceExhausted,
+        Code::FailedPrecondition,
+        Code::Aborted,
+        Code::OutOfRange,
+        Code::Unimplemented,
+        Code::Internal,
+        Code::Unavailable,
+        Code::DataLoss,
+        Code::Unauthenticated,
+    ];
+
+    /// The code for a wire number; unknown numbers are `Unknown`, as gRPC says.
+    pub fn from_i32(n: i32) -> Code {
+        usize::try_from(n).ok().and_then(|i| Code::ALL.get(i)).copied().unwrap_or(Code::Unknown)
+    }
+
+    /// The wire number.
+    pub fn as_i32(self) -> i32 {
+        Code::ALL.iter().position(|&c| c == self).map_or(2, |i| i as i32)
+    }
+
+    /// The canonical name, as used in metric labels (`ResourceExhausted`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Code::Ok => "OK",
+            Code::Cancelled => "Canceled",
+            Code::Unknown => "Unknown",
+            Code::InvalidArgument => "InvalidArgument",
+            Code::DeadlineExceeded => "DeadlineExceeded",
+            Code::NotFound => "NotFound",
+            Code::AlreadyExists => "AlreadyExists",
+            Code::PermissionDenied => "PermissionDenied",
+            Code::ResourceExhausted => "ResourceExhausted",
+            Code::FailedPrecondition => "FailedPrecondition",
+            Code::Aborted => "Aborted",
+            Code::OutOfRange => "OutOfRange",
+            Code::Unimplemented => "Unimplemented",
+            Code::Internal => "Internal",
+            Code::Unavailable => "Unavailable",
+            Code::DataLoss => "DataLoss",
+            Code::Unauthenticated => "Unauthenticated",
+        }
+    }
+
+    /// Whether a flight retries after this code (B16). Aborted is a
+    /// concurrent-resume conflict and always retried; the capacity and
+    /// availability codes only when parking is enabled.
+    pub fn is_retryable(self, parking_enabled: bool) -> bool {
+        match self {
+            Code::Aborted => true,
+            Code::ResourceExhausted | Code::FailedPrecondition | Code::Unavailable => parking_enabled,
+            _ => false,
+        }
+    }
+}
+
+impl fmt::Display for Code {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// A failed attempt: a gRPC status, or a failure that never reached the
+/// server (reported as `Unknown`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ResumeError {
+    pub code: Code,
+    /// The gRPC status message; the only detail ever shown to clients (B13).
+    pub message: String,
+}
+
+impl ResumeError {
+    pub fn new(code: Code, message: impl Into<String>) -> ResumeError {
+        ResumeError { code, message: message.into() }
+    }
+}
+
+impl fmt::Display for ResumeError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.code, self.message)
+    }
+}
+
+/// A successful attempt.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Resumed {
+    /// True when a resume actually ran; false when the actor was already
+    /// running (B21's `none`).
+    pub resumed: bool,
+    /// `status.worker_assignment.worker_pod_ips`, primary family first.
+    pub worker_ips: Vec<String>,
+}
+
+/// The result of one attempt.
+pub type AttemptResult = Result<Resumed, ResumeError>;
+
+/// Called exactly once with an attempt's result, on whatever thread
+/// completes it.
+pub type AttemptDone = Box<dyn FnOnce(AttemptResult) + Send + 'static>;
+
+/// Starts `ResumeActor` attempts without waiting for them.
+///
+/// Implementations must not block: the caller may be a completion-queue or
+/// timer thread. They must call `done` exactly once, and never while the
+/// caller of `start` still holds a lock it needs (calling it from inside
+/// `start` is allowed).
+pub trait Resumer: Send + Sync + 'static {
+    fn start(&self, actor: &ActorId, done: AttemptDone);
+}

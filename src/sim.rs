@@ -1,0 +1,474 @@
+//! `ateapi-sim`: a simulated control plane serving `/ateapi.Control/ResumeActor`
+//! over real gRPC.
+//!
+//! Two modes share one server:
+//! - **Pool model**: `actors` actors (`<atespace>/actor-0`, ...) share
+//!   `workers` workers. Resuming a suspended actor claims a free worker and
+//!   answers after the restore latency; with no free worker it answers
+//!   ResourceExhausted `no free workers available`; a resume while another is
+//!   running for the same actor answers Aborted. An actor is suspended, and
+//!   its worker freed, `idle_suspend` after its last resume. Faults can be
+//!   injected: a rate of Unavailable, a rate of Aborted, and a periodic outage
+//!   window that answers Unavailable, like a rolling restart.
+//! - **Scripted**: a test gives an actor a sequence of answers (code, message,
+//!   delay, worker IPs, resumed); each call takes the next one, and the last
+//!   repeats. Calls are counted per actor and can be awaited.
+//!
+//! Delayed answers are futures woken by the sim's timer thread, so a slow
+//! restore holds no thread.
+
+use std::collections::{HashMap, VecDeque};
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures::channel::oneshot;
+use grpcio::{
+    ChannelBuilder, EnvBuilder, RpcContext, RpcStatus, RpcStatusCode, Server, ServerBuilder,
+    ServerCredentials, ServiceBuilder, UnarySink,
+};
+use parking_lot::{Condvar, Mutex};
+use protobuf::MessageField;
+
+use crate::proto::ateapi::{
+    Actor, ActorState, ActorStatus, ResourceMetadata, ResumeActorRequest, ResumeActorResponse,
+    WorkerAssignment,
+};
+use crate::proto::ATEAPI_RESUME_ACTOR;
+use crate::resume::Code;
+use crate::timer::{sleep_until, Scheduler, TimerThread};
+
+/// The pool model's parameters.
+#[derive(Clone, Debug)]
+pub struct SimConfig {
+    pub listen: SocketAddr,
+    pub workers: usize,
+    pub actors: usize,
+    pub atespace: String,
+    pub restore_latency: Duration,
+    /// Restore latency varies by up to this fraction either way.
+    pub restore_jitter: f64,
+    pub idle_suspend: Duration,
+    /// Fraction of calls answered Unavailable.
+    pub unavailable_rate: f64,
+    /// Fraction of calls answered Aborted.
+    pub aborted_rate: f64,
+    /// Every `outage_every`, answer Unavailable for `outage_for` (zero disables).
+    pub outage_every: Duration,
+    pub outage_for: Duration,
+}
+
+impl Default for SimConfig {
+    fn default() -> SimConfig {
+        SimConfig {
+            listen: SocketAddr::from(([127, 0, 0, 1], 50061)),
+            workers: 4,
+            actors: 64,
+            atespace: "demo".into(),
+            restore_latency: Duration::from_millis(300),
+            restore_jitter: 0.2,
+            idle_suspend: Duration::from_secs(30),
+            unavailable_rate: 0.0,
+            aborted_rate: 0.0,
+            outage_every: Duration::ZERO,
+            outage_for: Duration::ZERO,
+        }
+    }
+}
+
+/// One scripted answer.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Answer {
+    pub code: Code,
+    pub message: String,
+    pub delay: Duration,
+    pub ips: Vec<String>,
+    pub resumed: bool,
+    /// Held until [`Sim::release`] is called for the actor.
+    pub held: bool,
+}
+
+impl Answer {
+    /// Success with one worker IP.
+    pub fn ok(ip: &str, resumed: bool) -> Answer {
+        Answer {
+            code: Code::Ok,
+            message: String::new(),
+            delay: Duration::ZERO,
+            ips: vec![ip.into()],
+            resumed,
+            held: false,
+        }
+    }
+
+    /// A gRPC error.
+    pub fn error(code: Code, message: &str) -> Answer {
+        Answer {
+            code,
+            message: message.into(),
+            delay: Duration::ZERO,
+            ips: Vec::new(),
+            resumed: false,
+            held: false,
+        }
+    }
+
+    /// The same answer, held until the test calls [`Sim::release`].
+    pub fn held(mut self) -> Answer {
+        self.held = true;
+        self
+    }
+
+    /// The same answer, given after `delay`.
+    pub fn after(mut self, delay: Duration) -> Answer {
+        self.delay = delay;
+        self
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum ActorSim {
+    Suspended,
+    Resuming,
+    Running { worker: usize, last_resume: Instant },
+}
+
+struct PoolState {
+    actors: HashMap<String, ActorSim>,
+    free: Vec<usize>,
+}
+
+struct State {
+    config: SimConfig,
+    started: Instant,
+    pool: Mutex<PoolState>,
+    scripts: Mutex<HashMap<String, VecDeque<Answer>>>,
+    calls: Mutex<HashMap<String, u64>>,
+    calls_changed: Condvar,
+    gates: Mutex<HashMap<String, Vec<oneshot::Sender<()>>>>,
+    timer: Arc<TimerThread>,
+}
+
+/// A running simulated control plane.
+pub struct Sim {
+    state: Arc<State>,
+    server: Server,
+    addr: SocketAddr,
+}
+
+impl Sim {
+    /// Binds `config.listen` and starts serving.
+    pub fn start(config: SimConfig) -> Result<Sim, String> {
+        let env = Arc::new(EnvBuilder::new().cq_count(1).name_prefix("ateapi-sim").build());
+        let actors = (0..config.actors)
+            .map(|i| (format!("{}/actor-{i}", config.atespace), ActorSim::Suspended))
+            .collect();
+        let free = (0..config.workers).rev().collect();
+        let state = Arc::new(State {
+            started: Instant::now(),
+            pool: Mutex::new(PoolState { actors, free }),
+            scripts: Mutex::new(HashMap::new()),
+            calls: Mutex::new(HashMap::new()),
+            calls_changed: Condvar::new(),
+            gates: Mutex::new(HashMap::new()),
+            timer: TimerThread::start(),
+            config,
+        });
+        let handler_state = Arc::clone(&state);
+        let service = ServiceBuilder::new()
+            .add_unary_handler(
+                &ATEAPI_RESUME_ACTOR,
+                move |ctx: RpcContext<'_>,
+                      request: ResumeActorRequest,
+                      sink: UnarySink<ResumeActorResponse>| {
+                    let state = Arc::clone(&handler_state);
+                    let (id, answer, after) = state.answer(&request);
+                    let deadline = Instant::now() + answer.delay;
+                    let scheduler: Arc<dyn Scheduler> = state.timer.clone();
+                    let gate = answer.held.then(|| {
+                        let (open, wait) = oneshot::channel();
+                        state.gates.lock().entry(id).or_default().push(open);
+                        wait
+                    });
+                    ctx.spawn(async move {
+                        if let Some(gate) = gate {
+                            let _ = gate.await;
+                        }
+                        if !answer.delay.is_zero() {
+                            sleep_until(scheduler, deadline).await;
+                        }
+                        if let Some(after) = after {
+                            after(&state);
+                        }
+                        let _ = respond(sink, &request, &answer).await;
+                    });
+                },
+            )
+            .build();
+        let args = ChannelBuilder::new(Arc::clone(&env)).reuse_port(false).build_args();
+        let mut server = ServerBuilder::new(env)
+            .channel_args(args)
+            .register_service(service)
+            .build()
+            .map_err(|e| format!("building the sim server: {e}"))?;
+        let port = server
+            .add_listening_port(state.config.listen.to_string(), ServerCredentials::insecure())
+            .map_err(|_| format!("cannot listen on {}", state.config.listen))?;
+        server.start();
+        let addr = SocketAddr::new(state.config.listen.ip(), port);
+        Ok(Sim { state, server, addr })
+    }
+
+    /// The bound address.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Scripts `actor` (`atespace/name`): each call takes the next answer; the
+    /// last one repeats. Replaces any earlier script for that actor.
+    pub fn script(&self, actor: &str, answers: Vec<Answer>) {
+        assert!(!answers.is_empty(), "a script needs at least one answer");
+        self.state.scripts.lock().insert(actor.to_string(), answers.into());
+    }
+
+    /// Scripts several actors from `(actor, answer)` pairs, in order.
+    pub fn script_all(&self, answers: Vec<(String, Answer)>) {
+        let mut scripts = self.state.scripts.lock();
+        for (actor, answer) in answers {
+            scripts.entry(actor).or_default().push_back(answer);
+        }
+    }
+
+    /// Lets every held answer for `actor` go; returns how many were held.
+    pub fn release(&self, actor: &str) -> usize {
+        let gates = self.state.gates.lock().remove(actor).unwrap_or_default();
+        let held = gates.len();
+        for gate in gates {
+            let _ = gate.send(());
+        }
+        held
+    }
+
+    /// Calls received for `actor` so far.
+    pub fn calls(&self, actor: &str) -> u64 {
+        self.state.calls.lock().get(actor).copied().unwrap_or(0)
+    }
+
+    /// Calls received for every actor.
+    pub fn total_calls(&self) -> u64 {
+        self.state.calls.lock().values().sum()
+    }
+
+    /// Waits until `actor` has had at least `n` calls; false on timeout.
+    pub fn wait_for_calls(&self, actor: &str, n: u64, timeout: Duration) -> bool {
+        let deadline = Instant::now() + timeout;
+        let mut calls = self.state.calls.lock();
+        while calls.get(actor).copied().unwrap_or(0) < n {
+            if self.state.calls_changed.wait_until(&mut calls, deadline).timed_out() {
+                return calls.get(actor).copied().unwrap_or(0) >= n;
+            }
+        }
+        true
+    }
+
+    /// Workers free now (pool model).
+    pub fn free_workers(&self) -> usize {
+        let mut pool = self.state.pool.lock();
+        self.state.suspend_idle(&mut pool, Instant::now());
+        pool.free.len()
+    }
+
+    /// Stops the server, waiting for it.
+    pub fn stop(mut self) {
+        let _ = futures::executor::block_on(self.server.shutdown());
+        self.state.timer.stop();
+    }
+}
+
+/// Work to do when a delayed answer is finally sent.
+type AfterAnswer = Box<dyn FnOnce(&State) + Send>;
+
+impl State {
+    fn answer(&self, request: &ResumeActorRequest) -> (String, Answer, Option<AfterAnswer>) {
+        let object = request.actor.as_ref();
+        let id = format!(
+            "{}/{}",
+            object.map_or("", |o| o.atespace.as_str()),
+            object.map_or("", |o| o.name.as_str())
+        );
+        {
+            let mut calls = self.calls.lock();
+            *calls.entry(id.clone()).or_default() += 1;
+            self.calls_changed.notify_all();
+        }
+        if let Some(script) = self.scripts.lock().get_mut(&id) {
+            let answer = if script.len() > 1 { script.pop_front() } else { script.front().cloned() };
+            return (id, answer.expect("scripts are never empty"), None);
+        }
+        let (answer, after) = self.pool_answer(&id);
+        (id, answer, after)
+    }
+
+    fn pool_answer(&self, id: &str) -> (Answer, Option<AfterAnswer>) {
+        let now = Instant::now();
+        if self.in_outage(now) {
+            return (Answer::error(Code::Unavailable, "control plane restarting"), None);
+        }
+        let mut pool = self.pool.lock();
+        if !pool.actors.contains_key(id) {
+            return (Answer::error(Code::NotFound, &format!("actor {id} not found")), None);
+        }
+        if fastrand::f64() < self.config.unavailable_rate {
+            return (Answer::error(Code::Unavailable, "connection reset"), None);
+        }
+        if fastrand::f64() < self.config.aborted_rate {
+            return (Answer::error(Code::Aborted, "concurrent operation in progress"), None);
+        }
+        self.suspend_idle(&mut pool, now);
+        match pool.actors[id] {
+            ActorSim::Running { worker, .. } => {
+                pool.actors.insert(id.to_string(), ActorSim::Running { worker, last_resume: now });
+                (Answer::ok(&worker_ip(worker), false), None)
+            }
+            ActorSim::Resuming => (Answer::error(Code::Aborted, "actor is being resumed"), None),
+            ActorSim::Suspended => {
+                let Some(worker) = pool.free.pop() else {
+                    return (Answer::error(Code::ResourceExhausted, "no free workers available"), None);
+                };
+                pool.actors.insert(id.to_string(), ActorSim::Resuming);
+                let spread = self.config.restore_jitter * (2.0 * fastrand::f64() - 1.0);
+                let delay = self.config.restore_latency.mul_f64((1.0 + spread).max(0.0));
+                let id = id.to_string();
+                let after: AfterAnswer = Box::new(move |state: &State| {
+                    let running = ActorSim::Running { worker, last_resume: Instant::now() };
+                    state.pool.lock().actors.insert(id, running);
+                });
+                (Answer::ok(&worker_ip(worker), true).after(delay), Some(after))
+            }
+        }
+    }
+
+    fn in_outage(&self, now: Instant) -> bool {
+        let every = self.config.outage_every;
+        if every.is_zero() || self.config.outage_for.is_zero() {
+            return false;
+        }
+        let phase = now.duration_since(self.started).as_nanos() % every.as_nanos();
+        phase >= (every.as_nanos() - self.config.outage_for.as_nanos().min(every.as_nanos()))
+    }
+
+    fn suspend_idle(&self, pool: &mut PoolState, now: Instant) {
+        let idle = self.config.idle_suspend;
+        let expired: Vec<(String, usize)> = pool
+            .actors
+            .iter()
+            .filter_map(|(id, s)| match *s {
+                ActorSim::Running { worker, last_resume } if now.duration_since(last_resume) >= idle => {
+                    Some((id.clone(), worker))
+                }
+                _ => None,
+            })
+            .collect();
+        for (id, worker) in expired {
+            pool.actors.insert(id, ActorSim::Suspended);
+            pool.free.push(worker);
+        }
+    }
+}
+
+/// Parses a script file: one answer per line, in order per actor:
+///
+/// ```text
+/// # actor      code               delay  ips                 resumed  message
+/// demo/slow    ResourceExhausted  0s     -                   false    no free workers available
+/// demo/slow    OK                 250ms  10.0.0.7,fd00::7    true     -
+/// ```
+///
+/// `ips` and `message` take `-` for none; the message is the rest of the
+/// line. Blank lines and `#` comments are skipped.
+pub fn parse_script(text: &str) -> Result<Vec<(String, Answer)>, String> {
+    let mut answers = Vec::new();
+    for (n, line) in text.lines().enumerate() {
+        let line = line.trim();
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        let fail = |why: &str| format!("script line {}: {why}: {line:?}", n + 1);
+        let mut parts = line.split_whitespace();
+        let mut next = |what: &str| parts.next().ok_or_else(|| fail(&format!("missing {what}")));
+        let actor = next("actor")?.to_string();
+        let code = code_named(next("code")?).ok_or_else(|| fail("unknown code"))?;
+        let delay = crate::godur::parse(next("delay")?).map_err(|e| fail(&e.to_string()))?.magnitude;
+        let ips = match next("ips")? {
+            "-" => Vec::new(),
+            list => list.split(',').map(str::to_string).collect(),
+        };
+        let resumed = next("resumed")?.parse::<bool>().map_err(|_| fail("resumed must be true or false"))?;
+        let message = parts.collect::<Vec<_>>().join(" ");
+        let message = if message == "-" { String::new() } else { message };
+        answers.push((actor, Answer { code, message, delay, ips, resumed, held: false }));
+    }
+    Ok(answers)
+}
+
+fn code_named(name: &str) -> Option<Code> {
+    (0..17)
+        .map(Code::from_i32)
+        .find(|c| c.name().eq_ignore_ascii_case(name) || (name == "Cancelled" && *c == Code::Cancelled))
+}
+
+fn worker_ip(worker: usize) -> String {
+    format!("10.64.{}.{}", worker / 250, worker % 250 + 1)
+}
+
+async fn respond(
+    sink: UnarySink<ResumeActorResponse>,
+    request: &ResumeActorRequest,
+    answer: &Answer,
+) -> grpcio::Result<()> {
+    if answer.code != Code::Ok {
+        let status =
+            RpcStatus::with_message(RpcStatusCode::from(answer.code.as_i32()), answer.message.clone());
+        return sink.fail(status).await;
+    }
+    let object = request.actor.clone().unwrap_or_default();
+    let mut assignment = WorkerAssignment::new();
+    assignment.worker_pod_ips = answer.ips.clone();
+    assignment.worker_pool = "default".into();
+    let mut status = ActorStatus::new();
+    status.state = ActorState::RUNNING.into();
+    if !answer.ips.is_empty() {
+        status.worker_assignment = MessageField::some(assignment);
+    }
+    let mut metadata = ResourceMetadata::new();
+    metadata.atespace = object.atespace.clone();
+    metadata.name = object.name.clone();
+    let mut actor = Actor::new();
+    actor.metadata = MessageField::some(metadata);
+    actor.status = MessageField::some(status);
+    let mut response = ResumeActorResponse::new();
+    response.actor = MessageField::some(actor);
+    response.resumed = answer.resumed;
+    sink.success(response).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_scripts() {
+        let text = "# comment\n\ndemo/a ResourceExhausted 0s - false no free workers available\n\
+                    demo/a OK 250ms 10.0.0.7,fd00::7 true -\n";
+        let answers = parse_script(text).unwrap();
+        assert_eq!(answers.len(), 2);
+        assert_eq!(answers[0].1, Answer::error(Code::ResourceExhausted, "no free workers available"));
+        assert_eq!(
+            answers[1].1,
+            Answer { ips: vec!["10.0.0.7".into(), "fd00::7".into()], ..Answer::ok("x", true) }
+                .after(Duration::from_millis(250))
+        );
+        assert!(parse_script("demo/a Bogus 0s - false x").is_err());
+        assert!(parse_script("demo/a OK 0s").is_err());
+    }
+}

@@ -1,0 +1,204 @@
+//! Error mapping: what HTTP answer a resolution becomes (B6-B8, B10-B13).
+//!
+//! Bodies carry at most the gRPC status message (B13); the full error goes to
+//! the log. Each rejection also carries a short machine token, sent as
+//! ImmediateResponse `details` and as the `x-atenet-reason` header, so an
+//! operator can see why a request failed from Envoy's access log alone.
+
+use std::net::IpAddr;
+
+use crate::resolver::{ResolveError, ResumeOutcome};
+use crate::resume::{Code, ResumeError};
+use crate::target::{ActorId, Target};
+
+/// The answer to one request_headers message.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Verdict {
+    /// Send the request to `worker` (`ip:port`, IPv6 bracketed), telling the
+    /// worker the target port (B6, B7).
+    Route { actor: ActorId, worker: String, target_port: u16 },
+    /// Answer the client directly.
+    Reject(Rejection),
+}
+
+/// An ImmediateResponse's content (B10).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Rejection {
+    pub status: u16,
+    pub body: String,
+    /// Machine token for `details` and `x-atenet-reason`.
+    pub reason: &'static str,
+}
+
+/// B35's `outcome` label for a request.
+pub type RouteOutcomeLabel = &'static str;
+
+/// The 404 for a missing or invalid target (B4).
+pub fn invalid_target() -> (Verdict, RouteOutcomeLabel) {
+    let rejection =
+        Rejection { status: 404, body: "invalid actor reference".into(), reason: "atenet_invalid_target" };
+    (Verdict::Reject(rejection), "not_found")
+}
+
+/// The verdict for a caller's resolution.
+pub fn for_outcome(
+    target: &Target,
+    outcome: &ResumeOutcome,
+    worker_port: u16,
+) -> (Verdict, RouteOutcomeLabel) {
+    let id = &target.actor;
+    match &outcome.result {
+        Ok(resumed) => match resumed.worker_ips.first().and_then(|ip| ip.trim().parse::<IpAddr>().ok()) {
+            Some(ip) => {
+                let worker = match ip {
+                    IpAddr::V4(v4) => format!("{v4}:{worker_port}"),
+                    IpAddr::V6(v6) => format!("[{v6}]:{worker_port}"),
+                };
+                (Verdict::Route { actor: id.clone(), worker, target_port: target.port }, "ok")
+            }
+            None => {
+                reject(500, format!("actor {id} routing failed"), "atenet_routing_failed", "resume_error")
+            }
+        },
+        Err(ResolveError::LotFull) => reject(
+            503,
+            format!("actor \"{id}\" unavailable: router at capacity"),
+            "atenet_lot_full",
+            "no_capacity",
+        ),
+        Err(ResolveError::Failed(error)) => for_error(id, error, None),
+        Err(ResolveError::BudgetExhausted(error)) => for_error(id, error, Some("atenet_budget_exhausted")),
+    }
+}
+
+/// B11's table; `reason` overrides the code's own token (budget exhaustion
+/// keeps the wrapped error's status and body, B12).
+fn for_error(
+    id: &ActorId,
+    error: &ResumeError,
+    reason: Option<&'static str>,
+) -> (Verdict, RouteOutcomeLabel) {
+    let (status, body, token, label) = match error.code {
+        Code::NotFound => (404, format!("actor {id} not found"), "atenet_not_found", "not_found"),
+        Code::ResourceExhausted => {
+            (503, format!("actor {id} unavailable: {}", error.message), "atenet_no_capacity", "no_capacity")
+        }
+        Code::FailedPrecondition => (
+            503,
+            format!("actor {id} unavailable: {}", error.message),
+            "atenet_failed_precondition",
+            "failed_precondition",
+        ),
+        Code::Aborted => (
+            503,
+            format!("actor {id} unavailable: {}", error.message),
+            "atenet_lock_conflict",
+            "lock_conflict",
+        ),
+        Code::Unavailable => (503, format!("actor {id} unavailable"), "atenet_unavailable", "unavailable"),
+        Code::DeadlineExceeded => (504, format!("actor {id} request timed out"), "atenet_timeout", "timeout"),
+        Code::PermissionDenied => {
+            (403, format!("actor {id} access denied"), "atenet_access_denied", "resume_error")
+        }
+        Code::Unauthenticated => {
+            (401, format!("actor {id} authentication required"), "atenet_unauthenticated", "resume_error")
+        }
+        _ => (500, format!("error resuming actor {id}"), "atenet_resume_error", "resume_error"),
+    };
+    reject(status, body, reason.unwrap_or(token), label)
+}
+
+fn reject(
+    status: u16,
+    body: String,
+    reason: &'static str,
+    label: RouteOutcomeLabel,
+) -> (Verdict, RouteOutcomeLabel) {
+    (Verdict::Reject(Rejection { status, body, reason }), label)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::resolver::ResumeLabel;
+    use crate::resume::Resumed;
+
+    fn target() -> Target {
+        Target { actor: ActorId::parse("demo/a").unwrap(), port: 8080 }
+    }
+
+    fn outcome(result: Result<Resumed, ResolveError>) -> ResumeOutcome {
+        ResumeOutcome { result, resume: ResumeLabel::Unknown, parked: false }
+    }
+
+    fn rejection(result: Result<Resumed, ResolveError>) -> (u16, String, &'static str) {
+        match for_outcome(&target(), &outcome(result), 443).0 {
+            Verdict::Reject(r) => (r.status, r.body, r.reason),
+            other => panic!("expected a rejection, got {other:?}"),
+        }
+    }
+
+    fn failed(code: Code, message: &str) -> Result<Resumed, ResolveError> {
+        Err(ResolveError::Failed(ResumeError::new(code, message)))
+    }
+
+    #[test]
+    fn b7_route_ipv4_ipv6() {
+        let ok = |ip: &str| Ok(Resumed { resumed: true, worker_ips: vec![ip.into(), "10.9.9.9".into()] });
+        assert_eq!(
+            for_outcome(&target(), &outcome(ok("10.0.0.7")), 443).0,
+            Verdict::Route { actor: target().actor, worker: "10.0.0.7:443".into(), target_port: 8080 }
+        );
+        match for_outcome(&target(), &outcome(ok("fd00::52")), 8443).0 {
+            Verdict::Route { worker, .. } => assert_eq!(worker, "[fd00::52]:8443"),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn b8_missing_or_bad_worker_ip() {
+        for ips in [vec![], vec!["not-an-ip".to_string()], vec!["".to_string(), "10.0.0.1".to_string()]] {
+            let got = rejection(Ok(Resumed { resumed: true, worker_ips: ips }));
+            assert_eq!(got, (500, "actor demo/a routing failed".into(), "atenet_routing_failed"));
+        }
+    }
+
+    #[test]
+    fn b11_every_row() {
+        let rows: Vec<(Result<Resumed, ResolveError>, u16, &str)> = vec![
+            (failed(Code::NotFound, "x"), 404, "actor demo/a not found"),
+            (
+                failed(Code::ResourceExhausted, "no free workers available"),
+                503,
+                "actor demo/a unavailable: no free workers available",
+            ),
+            (failed(Code::FailedPrecondition, "suspending"), 503, "actor demo/a unavailable: suspending"),
+            (failed(Code::Aborted, "conflict"), 503, "actor demo/a unavailable: conflict"),
+            (failed(Code::Unavailable, "connection refused"), 503, "actor demo/a unavailable"),
+            (failed(Code::DeadlineExceeded, "slow"), 504, "actor demo/a request timed out"),
+            (failed(Code::PermissionDenied, "no"), 403, "actor demo/a access denied"),
+            (failed(Code::Unauthenticated, "who"), 401, "actor demo/a authentication required"),
+            (Err(ResolveError::LotFull), 503, "actor \"demo/a\" unavailable: router at capacity"),
+            (failed(Code::Internal, "boom"), 500, "error resuming actor demo/a"),
+            (failed(Code::Unknown, "transport"), 500, "error resuming actor demo/a"),
+        ];
+        for (result, status, body) in rows {
+            let (got_status, got_body, _) = rejection(result);
+            assert_eq!((got_status, got_body.as_str()), (status, body));
+        }
+    }
+
+    #[test]
+    fn b12_budget_exhausted_maps_by_wrapped_code_and_message() {
+        let wrapped = ResumeError::new(Code::ResourceExhausted, "no free workers available");
+        let got = rejection(Err(ResolveError::BudgetExhausted(wrapped)));
+        assert_eq!(
+            got,
+            (503, "actor demo/a unavailable: no free workers available".into(), "atenet_budget_exhausted")
+        );
+        let got = rejection(Err(ResolveError::BudgetExhausted(ResumeError::new(Code::Unavailable, "x"))));
+        assert_eq!(got.0, 503);
+        assert_eq!(got.1, "actor demo/a unavailable");
+        assert!(!got.1.contains("rpc error"));
+    }
+}

@@ -1,0 +1,274 @@
+//! Shared test harness: a real router and a real simulated control plane on
+//! loopback, an Envoy-like ext_proc client, and a `/metrics` reader.
+//!
+//! Waits are bounded polls of observable state (sim call counts, flight
+//! table, metrics) with generous limits, never a fixed sleep.
+
+#![allow(dead_code)]
+
+use std::collections::HashMap;
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use atenet_router::config::parse_serve_args;
+use atenet_router::proto::base::{HeaderMap, HeaderValue};
+use atenet_router::proto::external_processor::{HttpHeaders, ProcessingRequest, ProcessingResponse};
+use atenet_router::proto::EXT_PROC_PROCESS;
+use atenet_router::router::Router;
+use atenet_router::sim::{Sim, SimConfig};
+use futures::{SinkExt, StreamExt};
+use grpcio::{
+    CallOption, ChannelBuilder, Client, ClientDuplexReceiver, ClientDuplexSender, EnvBuilder, WriteFlags,
+};
+use protobuf::well_known_types::struct_::Value;
+
+/// Generous bound for anything a test waits on.
+pub const PATIENCE: Duration = Duration::from_secs(20);
+
+/// A router and its sim.
+pub struct Stack {
+    pub sim: Sim,
+    pub router: Option<Router>,
+    pub envoy: Envoy,
+}
+
+impl Stack {
+    /// Starts a scripted-only sim (no pool actors) and a router talking to it
+    /// in plaintext, with `flags` added to the router's command line.
+    pub fn start(flags: &[&str]) -> Stack {
+        let sim = Sim::start(SimConfig {
+            listen: "127.0.0.1:0".parse().unwrap(),
+            actors: 0,
+            workers: 0,
+            ..SimConfig::default()
+        })
+        .expect("sim starts");
+        let address = sim.addr().to_string();
+        let mut args = vec![
+            "--ateapi-insecure",
+            "--ateapi-address",
+            &address,
+            "--port-extproc",
+            "0",
+            "--metrics-listen-addr",
+            "127.0.0.1:0",
+            "--status-port",
+            "0",
+        ];
+        args.extend_from_slice(flags);
+        let config = parse_serve_args(&args).expect("valid test flags");
+        let router = Router::start(&config).expect("router starts");
+        let envoy = Envoy::connect(router.extproc_addr());
+        Stack { sim, router: Some(router), envoy }
+    }
+
+    pub fn router(&self) -> &Router {
+        self.router.as_ref().expect("router running")
+    }
+
+    /// `/metrics` as text, read over HTTP.
+    pub fn metrics(&self) -> Metrics {
+        Metrics(http_get(self.router().metrics_addr(), "/metrics").1)
+    }
+
+    /// Polls until `check` holds; panics with `what` after [`PATIENCE`].
+    pub fn eventually(&self, what: &str, mut check: impl FnMut(&Stack) -> bool) {
+        let deadline = Instant::now() + PATIENCE;
+        while !check(self) {
+            assert!(Instant::now() < deadline, "timed out waiting for {what}");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    /// Waits until `n` callers wait on `actor`'s flight.
+    pub fn wait_for_waiters(&self, actor: &str, n: usize) {
+        self.eventually(&format!("{n} callers waiting on {actor}"), |s| {
+            s.router()
+                .resolver()
+                .flights()
+                .snapshot()
+                .iter()
+                .any(|f| f.actor.as_str() == actor && f.waiters >= n)
+        });
+    }
+
+    /// B30: once traffic stops, no slot is held and no flight remains.
+    pub fn assert_quiescent(&self) {
+        self.eventually("flight table empty and lot at 0", |s| {
+            let resolver = s.router().resolver();
+            resolver.flights().is_empty() && resolver.lot().map_or(0, |l| l.active()) == 0
+        });
+        assert_eq!(self.metrics().value("atenet_router_parking_active", &[]), 0.0);
+    }
+}
+
+impl Drop for Stack {
+    fn drop(&mut self) {
+        if let Some(router) = self.router.take() {
+            router.stop(Duration::from_secs(5));
+        }
+    }
+}
+
+/// Envoy's side of ext_proc: one stream per request.
+#[derive(Clone)]
+pub struct Envoy {
+    client: Arc<Client>,
+}
+
+/// An open ext_proc stream.
+pub struct Stream {
+    pub tx: ClientDuplexSender<ProcessingRequest>,
+    pub rx: ClientDuplexReceiver<ProcessingResponse>,
+}
+
+impl Stream {
+    pub async fn send(&mut self, request: ProcessingRequest) {
+        self.tx.send((request, WriteFlags::default())).await.expect("send on ext_proc stream");
+    }
+
+    pub async fn recv(&mut self) -> ProcessingResponse {
+        self.rx.next().await.expect("a reply").expect("a reply without error")
+    }
+}
+
+impl Envoy {
+    pub fn connect(addr: SocketAddr) -> Envoy {
+        let env = Arc::new(EnvBuilder::new().cq_count(1).name_prefix("test-envoy").build());
+        let channel = ChannelBuilder::new(env).connect(&addr.to_string());
+        Envoy { client: Arc::new(Client::new(channel)) }
+    }
+
+    pub fn open(&self) -> Stream {
+        let (tx, rx) =
+            self.client.duplex_streaming(&EXT_PROC_PROCESS, CallOption::default()).expect("open stream");
+        Stream { tx, rx }
+    }
+
+    /// Sends one message and returns the one reply, then resets the stream
+    /// as Envoy does.
+    pub async fn exchange(&self, request: ProcessingRequest) -> ProcessingResponse {
+        let mut stream = self.open();
+        stream.send(request).await;
+        let reply = stream.recv().await;
+        stream.tx.cancel();
+        reply
+    }
+
+    /// A request for `actor` (via the header) with no other headers.
+    pub async fn route(&self, actor: &str) -> ProcessingResponse {
+        self.exchange(headers_request(&[("ate-target-actor", actor)])).await
+    }
+
+    /// Blocking form of [`Envoy::route`].
+    pub fn route_now(&self, actor: &str) -> ProcessingResponse {
+        futures::executor::block_on(self.route(actor))
+    }
+}
+
+/// A request_headers message carrying `headers` as raw values, as Envoy
+/// sends them.
+pub fn headers_request(headers: &[(&str, &str)]) -> ProcessingRequest {
+    let mut map = HeaderMap::new();
+    for (key, value) in headers {
+        let mut h = HeaderValue::new();
+        h.key = key.to_string();
+        h.raw_value = value.as_bytes().to_vec();
+        map.headers.push(h);
+    }
+    let mut http = HttpHeaders::new();
+    http.headers = Some(map).into();
+    http.end_of_stream = true;
+    let mut request = ProcessingRequest::new();
+    request.set_request_headers(http);
+    request
+}
+
+/// Adds a string attribute under the ext_proc filter's key.
+pub fn with_attribute(mut request: ProcessingRequest, name: &str, value: &str) -> ProcessingRequest {
+    let mut v = Value::new();
+    v.set_string_value(value.into());
+    request.attributes.entry("envoy.filters.http.ext_proc".into()).or_default().fields.insert(name.into(), v);
+    request
+}
+
+/// The parts of an ImmediateResponse a test checks.
+#[derive(Debug, PartialEq)]
+pub struct Immediate {
+    pub status: i32,
+    pub body: String,
+    pub details: String,
+    pub headers: HashMap<String, String>,
+}
+
+/// Unpacks an ImmediateResponse, panicking on a routing verdict.
+pub fn immediate(reply: &ProcessingResponse) -> Immediate {
+    assert!(reply.has_immediate_response(), "expected an ImmediateResponse, got {reply:?}");
+    let ir = reply.immediate_response();
+    let headers = ir
+        .headers
+        .set_headers
+        .iter()
+        .map(|h| {
+            assert!(h.header.value.is_empty(), "B10: raw_value only");
+            (h.header.key.clone(), String::from_utf8(h.header.raw_value.clone()).unwrap())
+        })
+        .collect();
+    Immediate {
+        status: ir.status.code.value(),
+        body: String::from_utf8(ir.body.clone()).unwrap(),
+        details: ir.details.clone(),
+        headers,
+    }
+}
+
+/// The routing verdict: (actor header value, original_dst local, port).
+pub fn routed(reply: &ProcessingResponse) -> (String, String, String) {
+    assert!(reply.has_request_headers(), "expected a routing verdict, got {reply:?}");
+    let set = &reply.request_headers().response.header_mutation.set_headers;
+    assert_eq!(set.len(), 1, "B6: exactly one header mutation");
+    let actor = String::from_utf8(set[0].header.raw_value.clone()).unwrap();
+    let namespace = &reply.dynamic_metadata.fields["envoy.filters.listener.original_dst"];
+    let fields = &namespace.struct_value().fields;
+    (actor, fields["local"].string_value().to_string(), fields["port"].string_value().to_string())
+}
+
+/// Prometheus text exposition, queried by name and labels.
+pub struct Metrics(pub String);
+
+impl Metrics {
+    /// The sum of every sample named `name` whose labels include `labels`.
+    pub fn value(&self, name: &str, labels: &[(&str, &str)]) -> f64 {
+        self.0
+            .lines()
+            .filter(|l| !l.starts_with('#'))
+            .filter_map(|line| {
+                let (series, value) = line.rsplit_once(' ')?;
+                let (metric, label_text) = match series.split_once('{') {
+                    Some((m, rest)) => (m, rest.trim_end_matches('}')),
+                    None => (series, ""),
+                };
+                if metric != name {
+                    return None;
+                }
+                let all =
+                    labels.iter().all(|(k, v)| label_text.split(',').any(|p| p == format!("{k}=\"{v}\"")));
+                all.then(|| value.parse::<f64>().ok()).flatten()
+            })
+            .sum()
+    }
+}
+
+/// A plain HTTP/1.0 GET; returns (status, body).
+pub fn http_get(addr: SocketAddr, path: &str) -> (u16, String) {
+    let mut stream = TcpStream::connect(addr).expect("connect to HTTP listener");
+    stream.set_read_timeout(Some(PATIENCE)).unwrap();
+    write!(stream, "GET {path} HTTP/1.0\r\nHost: test\r\n\r\n").unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).unwrap();
+    let status = response.split_whitespace().nth(1).and_then(|s| s.parse().ok()).unwrap_or(0);
+    let body = response.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default();
+    (status, body)
+}
