@@ -67,8 +67,14 @@ fn help_lists_the_serve_subcommand_and_its_flags() {
 #[test]
 fn b37_bad_flags_exit_nonzero_naming_the_flag() {
     let cases: &[(&[&str], &str)] = &[
-        (&["serve", "--ateapi-insecure", "--parked-request-retry-factor", "0.5"], "--parked-request-retry-factor"),
-        (&["serve", "--ateapi-insecure", "--parked-request-retry-jitter", "1.5"], "--parked-request-retry-jitter"),
+        (
+            &["serve", "--ateapi-insecure", "--parked-request-retry-factor", "0.5"],
+            "--parked-request-retry-factor",
+        ),
+        (
+            &["serve", "--ateapi-insecure", "--parked-request-retry-jitter", "1.5"],
+            "--parked-request-retry-jitter",
+        ),
         (&["serve", "--ateapi-insecure", "--extproc-max-requests", "10"], "--extproc-max-requests"),
         (&["serve", "--ateapi-insecure", "--drain-timeout", "1s"], "--drain-timeout"),
         (&["serve", "--ateapi-insecure", "--drain-delay", "-1s"], "--drain-delay"),
