@@ -74,6 +74,20 @@ impl AteapiClient {
     }
 }
 
+impl AteapiClient {
+    /// The channel's state, without triggering a connection attempt.
+    pub fn connectivity(&self) -> &'static str {
+        use grpcio::ConnectivityState as S;
+        match self.client.channel().check_connectivity_state(false) {
+            S::GRPC_CHANNEL_IDLE => "IDLE",
+            S::GRPC_CHANNEL_CONNECTING => "CONNECTING",
+            S::GRPC_CHANNEL_READY => "READY",
+            S::GRPC_CHANNEL_TRANSIENT_FAILURE => "TRANSIENT_FAILURE",
+            S::GRPC_CHANNEL_SHUTDOWN => "SHUTDOWN",
+        }
+    }
+}
+
 impl Resumer for AteapiClient {
     fn start(&self, actor: &ActorId, done: AttemptDone) {
         let mut request = ResumeActorRequest::new();

@@ -19,10 +19,11 @@ use crate::godur;
 /// concurrent-resume conflicts (B18, B22).
 pub const UNPARKED_BUDGET: Duration = Duration::from_secs(15);
 
-/// The `serve` subcommand's flags, as typed by an operator.
+/// The router's flags, as typed by an operator. `serve` and `envoy-config`
+/// take the same set, so the Envoy configuration is always derived from
+/// exactly the values the router runs with.
 #[derive(FromArgs, Clone, Debug, PartialEq)]
-#[argh(subcommand, name = "serve")]
-/// Run the router: the ext_proc server Envoy calls for every request.
+/// Flags shared by `serve` and `envoy-config`.
 pub struct ServeArgs {
     /// ateapi control-plane address, host:port
     #[argh(option, default = "String::from(\"api.ate-system.svc:443\")")]
@@ -90,6 +91,12 @@ pub struct ServeArgs {
     /// log level: error, warn, info, debug or trace
     #[argh(option, default = "String::from(\"info\")")]
     pub log_level: String,
+    /// how long past the budget Envoy waits for a late verdict (0 disables)
+    #[argh(option, default = "String::from(\"30s\")")]
+    pub late_serve_limit: String,
+    /// port of the HTTP listener in the generated Envoy config
+    #[argh(option, default = "8080")]
+    pub port_http: i64,
 }
 
 /// A flag value the router refuses.
@@ -150,7 +157,16 @@ pub struct Config {
     pub drain_complete_file: Option<PathBuf>,
     pub route_timeout: Duration,
     pub log_level: crate::log::Level,
+    /// How long past the budget a late verdict may still arrive; zero when
+    /// late serve is disabled.
+    pub late_serve_limit: Duration,
+    /// Envoy's HTTP listener port, for `envoy-config`.
+    pub port_http: u16,
 }
+
+/// What Envoy already grants past the budget: its ext_proc message timeout
+/// is budget + 5 s, so the router's own verdict always arrives first.
+pub const MESSAGE_TIMEOUT_MARGIN: Duration = Duration::from_secs(5);
 
 impl Config {
     /// Validates and normalises `args` (B37-B40, B46).
@@ -202,6 +218,15 @@ impl Config {
         let drain_timeout =
             if drain_timeout_flag.is_zero() { budget + Duration::from_secs(15) } else { drain_timeout_flag };
         let route_timeout = non_negative("--route-timeout", &args.route_timeout)?;
+        let late_serve_limit = non_negative("--late-serve-limit", &args.late_serve_limit)?;
+        if !late_serve_limit.is_zero() && late_serve_limit <= MESSAGE_TIMEOUT_MARGIN {
+            return Err(invalid(format!(
+                "--late-serve-limit ({}) must be 0 or above the {} Envoy already waits past the budget",
+                godur::format(late_serve_limit),
+                godur::format(MESSAGE_TIMEOUT_MARGIN)
+            )));
+        }
+        let port_http = port("--port-http", args.port_http)?;
 
         let ateapi_transport = transport(args)?;
         if args.ateapi_address.trim().is_empty() {
@@ -245,9 +270,81 @@ impl Config {
             drain_complete_file: non_empty(&args.drain_complete_file).map(PathBuf::from),
             route_timeout,
             log_level,
+            late_serve_limit,
+            port_http,
         })
     }
+
+    /// Envoy's ext_proc `message_timeout`: the budget plus a margin, so the
+    /// router's 503 always beats Envoy's own timeout (envoy.md).
+    pub fn message_timeout(&self) -> Duration {
+        self.parking.budget + MESSAGE_TIMEOUT_MARGIN
+    }
+
+    /// Envoy's `max_message_timeout`, the ceiling for the late-serve
+    /// override; zero (disabled) without late serve.
+    pub fn max_message_timeout(&self) -> Duration {
+        if self.late_serve_limit.is_zero() {
+            Duration::ZERO
+        } else {
+            self.parking.budget + self.late_serve_limit
+        }
+    }
+
+    /// How long Kubernetes or systemd must allow for a stop: drain delay,
+    /// Envoy's drain window and the ext_proc drain timeout, plus 10 s of
+    /// slack, rounded up to 10 s (60 s at defaults).
+    pub fn stop_grace(&self) -> Duration {
+        let total = self.drain_delay + ENVOY_DRAIN_WINDOW + self.drain_timeout + Duration::from_secs(10);
+        Duration::from_secs(total.as_secs().div_ceil(10) * 10)
+    }
+
+    /// The effective values, as `(flag, value)` pairs, for the status page.
+    /// Holds paths, never file contents.
+    pub fn effective_flags(&self) -> Vec<(&'static str, String)> {
+        let opt = |v: &Option<String>| v.clone().unwrap_or_default();
+        let (ca, cert, name) = match &self.ateapi_transport {
+            AteapiTransport::Insecure => (String::new(), String::new(), String::new()),
+            AteapiTransport::Tls { ca_file, client_cert, server_name } => (
+                ca_file.display().to_string(),
+                client_cert.as_ref().map(|p| p.display().to_string()).unwrap_or_default(),
+                opt(server_name),
+            ),
+        };
+        vec![
+            ("--ateapi-address", self.ateapi_address.clone()),
+            ("--ateapi-insecure", (self.ateapi_transport == AteapiTransport::Insecure).to_string()),
+            ("--ateapi-ca-file", ca),
+            ("--ateapi-client-cert", cert),
+            ("--ateapi-server-name", name),
+            ("--extproc-address", self.extproc_addr.ip().to_string()),
+            ("--port-extproc", self.extproc_addr.port().to_string()),
+            ("--metrics-listen-addr", self.metrics_addr.to_string()),
+            ("--status-port", self.status_addr.map_or("disabled".into(), |a| a.port().to_string())),
+            ("--parked-request-budget", godur::format(self.parking.configured_budget)),
+            ("--parked-request-max", self.parking.max.to_string()),
+            ("--parked-request-retry-interval", godur::format(self.parking.backoff.interval)),
+            ("--parked-request-retry-factor", self.parking.backoff.factor.to_string()),
+            ("--parked-request-retry-jitter", self.parking.backoff.jitter.to_string()),
+            ("--extproc-max-requests", self.extproc_max_requests.to_string()),
+            ("--worker-port", self.worker_port.to_string()),
+            ("--drain-delay", godur::format(self.drain_delay)),
+            ("--drain-timeout", godur::format(self.drain_timeout)),
+            ("--envoy-admin-address", opt(&self.envoy_admin_address)),
+            (
+                "--drain-complete-file",
+                self.drain_complete_file.as_ref().map(|p| p.display().to_string()).unwrap_or_default(),
+            ),
+            ("--route-timeout", godur::format(self.route_timeout)),
+            ("--late-serve-limit", godur::format(self.late_serve_limit)),
+            ("--log-level", format!("{:?}", self.log_level).to_lowercase()),
+        ]
+    }
 }
+
+/// How long the drain waits for Envoy's downstream connections to close
+/// (B43 step 3).
+pub const ENVOY_DRAIN_WINDOW: Duration = Duration::from_secs(15);
 
 fn non_empty(s: &str) -> Option<String> {
     let s = s.trim();
@@ -343,9 +440,31 @@ fn transport(args: &ServeArgs) -> Result<AteapiTransport, ConfigError> {
 /// Parses `serve`'s flags from an argument list (without the program name
 /// and subcommand), for tests and tools that build a config from strings.
 pub fn parse_serve_args(args: &[&str]) -> Result<Config, ConfigError> {
-    let parsed =
-        ServeArgs::from_args(&["serve"], args).map_err(|exit| invalid(exit.output.trim().to_string()))?;
-    Config::from_args(&parsed)
+    match parse_flags("serve", args) {
+        Ok(flags) => Config::from_args(&flags),
+        Err(FlagsError::Help(_)) => Err(invalid("--help is not a configuration")),
+        Err(FlagsError::Invalid(e)) => Err(e),
+    }
+}
+
+/// Why flags did not parse.
+#[derive(Debug)]
+pub enum FlagsError {
+    /// `--help` was asked for; the text to print.
+    Help(String),
+    /// A flag is unknown or its value malformed.
+    Invalid(ConfigError),
+}
+
+/// Parses the flags of subcommand `command` (`serve` or `envoy-config`).
+pub fn parse_flags(command: &str, args: &[&str]) -> Result<ServeArgs, FlagsError> {
+    ServeArgs::from_args(&["atenet-router", command], args).map_err(|exit| {
+        if exit.status.is_ok() {
+            FlagsError::Help(exit.output)
+        } else {
+            FlagsError::Invalid(invalid(exit.output.trim().to_string()))
+        }
+    })
 }
 
 #[cfg(test)]

@@ -10,9 +10,10 @@
 use std::collections::VecDeque;
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use futures::future::{select, Either};
 use futures::{Sink, SinkExt, StreamExt};
@@ -21,8 +22,11 @@ use protobuf::well_known_types::struct_::{Struct, Value};
 use protobuf::well_known_types::wrappers::BoolValue;
 use protobuf::MessageField;
 
+use crate::flight::FlightEvent;
 use crate::metrics::Metrics;
-use crate::proto::base::{header_value_option::HeaderAppendAction, HeaderValue, HeaderValueOption};
+use crate::proto::base::{
+    header_value_option::HeaderAppendAction, HeaderMap, HeaderValue, HeaderValueOption,
+};
 use crate::proto::external_processor::{
     processing_request, BodyResponse, CommonResponse, HeaderMutation, HeadersResponse, HttpHeaders,
     ImmediateResponse, ProcessingRequest, ProcessingResponse, TrailersResponse,
@@ -30,6 +34,7 @@ use crate::proto::external_processor::{
 use crate::proto::http_status::HttpStatus;
 use crate::proto::EXT_PROC_PROCESS;
 use crate::resolver::{Abandon, Resolver, ResumeLabel};
+use crate::status::{RecentRequest, RecentRequests};
 use crate::target::{self, ACTOR_HEADER};
 use crate::verdict::{self, Rejection, Verdict};
 
@@ -41,11 +46,32 @@ pub struct ExtProc {
     resolver: Resolver,
     metrics: Metrics,
     worker_port: u16,
+    /// Sent once per stream as `override_message_timeout` when its flight
+    /// goes into overtime; zero disables.
+    late_serve_limit: Duration,
+    /// Cleared when a drain starts.
+    ready: Arc<AtomicBool>,
+    recent: Arc<RecentRequests>,
+}
+
+/// Settings of the ext_proc service.
+pub struct ExtProcSettings {
+    pub worker_port: u16,
+    pub late_serve_limit: Duration,
+    pub ready: Arc<AtomicBool>,
+    pub recent: Arc<RecentRequests>,
 }
 
 impl ExtProc {
-    pub fn new(resolver: Resolver, metrics: Metrics, worker_port: u16) -> Arc<ExtProc> {
-        Arc::new(ExtProc { resolver, metrics, worker_port })
+    pub fn new(resolver: Resolver, metrics: Metrics, settings: ExtProcSettings) -> Arc<ExtProc> {
+        Arc::new(ExtProc {
+            resolver,
+            metrics,
+            worker_port: settings.worker_port,
+            late_serve_limit: settings.late_serve_limit,
+            ready: settings.ready,
+            recent: settings.recent,
+        })
     }
 
     /// The grpcio service to register on a server.
@@ -66,6 +92,8 @@ impl ExtProc {
         mut sink: DuplexSink<ProcessingResponse>,
         deadline: Deadline,
     ) {
+        self.metrics.streams_active.inc();
+        let _open = StreamGauge(&self.metrics);
         let mut incoming = Incoming { stream: &mut stream, backlog: VecDeque::new(), closed: false };
         while let Some(request) = incoming.next().await {
             let Some(request) = request else {
@@ -115,30 +143,50 @@ impl ExtProc {
             Ok(target) => target,
             Err(_) => {
                 let (verdict, label) = verdict::invalid_target();
-                self.observe(received, label, ResumeLabel::Unknown);
+                self.finish(header_map, "", &verdict, received, label, ResumeLabel::Unknown);
                 return Some(response_for(&verdict));
             }
         };
         let mut resolving = self.resolver.resolve(&target.actor);
+        let mut override_pending = !self.late_serve_limit.is_zero();
         let outcome = loop {
             let watch = async {
                 if incoming.closed {
                     Gone { sink: &mut *sink }.await;
-                    return None;
+                    return Wake::Gone;
                 }
                 match select(incoming.stream.next(), Gone { sink: &mut *sink }).await {
-                    Either::Left((message, _)) => Some(message),
-                    Either::Right(((), _)) => None,
+                    Either::Left((message, _)) => Wake::Message(message),
+                    Either::Right(((), _)) => Wake::Gone,
                 }
             };
-            match select(&mut resolving, Box::pin(watch)).await {
+            let overtime_wait = override_pending.then(|| resolving.overtime());
+            let overtime = async {
+                if let Some(wait) = overtime_wait {
+                    if let FlightEvent::Overtime = wait.await {
+                        return Wake::Overtime;
+                    }
+                }
+                futures::future::pending().await
+            };
+            let wake = match select(&mut resolving, select(Box::pin(watch), Box::pin(overtime))).await {
                 Either::Left((outcome, _)) => break outcome,
+                Either::Right((Either::Left((wake, _)) | Either::Right((wake, _)), _)) => wake,
+            };
+            match wake {
                 // Envoy may send more before our reply; answer it afterwards.
-                Either::Right((Some(Some(Ok(message))), _)) => incoming.backlog.push_back(message),
+                Wake::Message(Some(Ok(message))) => incoming.backlog.push_back(message),
                 // End of the request stream: a half-close, or the read side of
-                // a cancel. Only the call's end (below) tells them apart.
-                Either::Right((Some(None), _)) => incoming.closed = true,
-                Either::Right((Some(Some(Err(_))) | None, _)) => {
+                // a cancel. Only the call's end tells them apart.
+                Wake::Message(None) => incoming.closed = true,
+                Wake::Overtime => {
+                    override_pending = false;
+                    let extend = override_timeout(self.late_serve_limit);
+                    if sink.send((extend, WriteFlags::default())).await.is_err() {
+                        crate::debug!("stream for {} ended before the late-serve override", target.actor);
+                    }
+                }
+                Wake::Message(Some(Err(_))) | Wake::Gone => {
                     let (reason, label) = if deadline.exceeded() {
                         (Abandon::Timeout, "timeout")
                     } else {
@@ -151,7 +199,8 @@ impl ExtProc {
                 }
             }
         };
-        let (verdict, label) = verdict::for_outcome(&target, &outcome, self.worker_port);
+        let retry_after = self.resolver.lot().map_or(1, |lot| lot.retry_after());
+        let (verdict, label) = verdict::for_outcome(&target, &outcome, self.worker_port, retry_after);
         if let (Verdict::Reject(r), Err(e)) = (&verdict, &outcome.result) {
             if r.status >= 500 && r.status != 503 {
                 crate::warn!("actor {}: {} ({e:?})", target.actor, r.body);
@@ -159,13 +208,68 @@ impl ExtProc {
                 crate::debug!("actor {}: {} ({e:?})", target.actor, r.body);
             }
         }
-        self.observe(received, label, outcome.resume);
+        self.finish(header_map, target.actor.as_str(), &verdict, received, label, outcome.resume);
         Some(response_for(&verdict))
+    }
+
+    /// Records a verdict: route metric, drain count, recent requests.
+    fn finish(
+        &self,
+        headers: &HeaderMap,
+        actor: &str,
+        verdict: &Verdict,
+        received: Instant,
+        label: &str,
+        resume: ResumeLabel,
+    ) {
+        self.observe(received, label, resume);
+        if !self.ready.load(Ordering::Acquire) {
+            self.metrics.drain_verdicts.inc();
+        }
+        let (summary, worker) = match verdict {
+            Verdict::Route { worker, .. } => ("200 routed".to_string(), worker.clone()),
+            Verdict::Reject(r) => (format!("{} {}", r.status, r.reason), String::new()),
+        };
+        self.recent.record(RecentRequest::new(
+            target::header(headers, ":method").unwrap_or_default(),
+            target::header(headers, ":path").unwrap_or_default(),
+            actor,
+            summary,
+            worker,
+            received.elapsed(),
+        ));
     }
 
     fn observe(&self, received: Instant, outcome: &str, resume: ResumeLabel) {
         self.metrics.observe_route(outcome, resume.as_str(), received.elapsed().as_secs_f64());
     }
+}
+
+/// What interrupted a request's wait.
+enum Wake {
+    Message(Option<grpcio::Result<ProcessingRequest>>),
+    Gone,
+    Overtime,
+}
+
+/// Keeps `atenet_router_extproc_streams_active` exact however a stream ends.
+struct StreamGauge<'a>(&'a Metrics);
+
+impl Drop for StreamGauge<'_> {
+    fn drop(&mut self) {
+        self.0.streams_active.dec();
+    }
+}
+
+/// `override_message_timeout`: asks Envoy to keep waiting `limit` for the
+/// real verdict of a request whose flight runs past its budget.
+fn override_timeout(limit: Duration) -> ProcessingResponse {
+    let mut timeout = protobuf::well_known_types::duration::Duration::new();
+    timeout.seconds = limit.as_secs() as i64;
+    timeout.nanos = limit.subsec_nanos() as i32;
+    let mut reply = ProcessingResponse::new();
+    reply.override_message_timeout = MessageField::some(timeout);
+    reply
 }
 
 /// Completes when the call is over from the server's side: cancelled by the
@@ -271,6 +375,9 @@ fn immediate(rejection: &Rejection) -> ProcessingResponse {
     let mut headers = HeaderMutation::new();
     headers.set_headers.push(overwrite("content-type", "text/plain"));
     headers.set_headers.push(overwrite("x-atenet-reason", rejection.reason));
+    if let Some(seconds) = rejection.retry_after {
+        headers.set_headers.push(overwrite("retry-after", &seconds.to_string()));
+    }
     let mut status = HttpStatus::new();
     status.code = protobuf::EnumOrUnknown::from_i32(i32::from(rejection.status));
     let mut response = ImmediateResponse::new();

@@ -38,6 +38,9 @@ pub struct FlightPolicy {
     pub backoff: BackoffPolicy,
     /// Whether the capacity and availability codes are retried (B16).
     pub parking_enabled: bool,
+    /// Whether callers are told when the budget passes with an attempt
+    /// still running (late serve).
+    pub late_serve: bool,
 }
 
 /// How a flight ended (B20).
@@ -64,8 +67,22 @@ pub enum Role {
 pub enum FlightEvent {
     /// The flight had its first retryable failure: the park transition.
     Parked,
+    /// The budget passed with an attempt still running: the caller will be
+    /// served late, if at all (B19).
+    Overtime,
     /// The flight finished.
     Done(Arc<FlightOutcome>),
+}
+
+/// What a [`FlightWait`] waits for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Until {
+    /// The park transition or the end (B23 phase 1).
+    ParkedOrDone,
+    /// The end (phase 2).
+    Done,
+    /// Overtime or the end.
+    OvertimeOrDone,
 }
 
 /// One in-progress resume of one actor.
@@ -80,6 +97,7 @@ struct FlightState {
     attempts: u32,
     attempt_running: bool,
     parked: bool,
+    overtime: bool,
     last_code: Option<Code>,
     last_retryable: Option<ResumeError>,
     outcome: Option<Arc<FlightOutcome>>,
@@ -101,10 +119,9 @@ impl Flight {
         self.state.lock().outcome.clone()
     }
 
-    /// Waits until the flight is parked or done (`until_done = false`), or
-    /// only until it is done.
-    pub fn wait(self: &Arc<Self>, until_done: bool) -> FlightWait {
-        FlightWait { flight: Arc::clone(self), until_done, key: None }
+    /// A future for the next event of interest.
+    pub fn wait(self: &Arc<Self>, until: Until) -> FlightWait {
+        FlightWait { flight: Arc::clone(self), until, key: None }
     }
 
     /// Records that a caller took (`true`) or released (`false`) a lot slot.
@@ -152,7 +169,7 @@ pub struct FlightSnapshot {
 /// A future for a flight event; dropping it unregisters the waiter.
 pub struct FlightWait {
     flight: Arc<Flight>,
-    until_done: bool,
+    until: Until,
     key: Option<u64>,
 }
 
@@ -169,11 +186,16 @@ impl Future for FlightWait {
             }
             return Poll::Ready(FlightEvent::Done(outcome));
         }
-        if state.parked && !this.until_done {
+        let event = match this.until {
+            Until::ParkedOrDone if state.parked => Some(FlightEvent::Parked),
+            Until::OvertimeOrDone if state.overtime => Some(FlightEvent::Overtime),
+            _ => None,
+        };
+        if let Some(event) = event {
             if let Some(key) = this.key.take() {
                 state.waiters.remove(&key);
             }
-            return Poll::Ready(FlightEvent::Parked);
+            return Poll::Ready(event);
         }
         let key = *this.key.get_or_insert_with(|| {
             state.next_waiter += 1;
@@ -244,6 +266,7 @@ impl FlightTable {
                     attempts: 0,
                     attempt_running: false,
                     parked: false,
+                    overtime: false,
                     last_code: None,
                     last_retryable: None,
                     outcome: None,
@@ -256,6 +279,10 @@ impl FlightTable {
             shard.insert(actor.clone(), Arc::clone(&flight));
             flight
         };
+        if self.inner.policy.late_serve {
+            let (inner, flight) = (Arc::clone(&self.inner), Arc::clone(&created));
+            self.inner.scheduler.schedule(created.deadline, Box::new(move || inner.on_deadline(&flight)));
+        }
         Inner::start_attempt(&self.inner, &created);
         (created, Role::Leader)
     }
@@ -338,6 +365,20 @@ impl Inner {
                 inner.scheduler.schedule(at, Box::new(move || inner2.on_timer(&flight2, retry)));
             }
         }
+    }
+
+    /// At the budget deadline: an attempt still running will be awaited, so
+    /// callers learn they are in overtime (and can ask Envoy to wait).
+    fn on_deadline(&self, flight: &Arc<Flight>) {
+        let wake: Vec<Waker> = {
+            let mut state = flight.state.lock();
+            if state.outcome.is_some() || !state.attempt_running {
+                return;
+            }
+            state.overtime = true;
+            state.waiters.drain().map(|(_, w)| w).collect()
+        };
+        wake.into_iter().for_each(Waker::wake);
     }
 
     fn on_timer(self: &Arc<Self>, flight: &Arc<Flight>, retry: bool) {
@@ -428,6 +469,7 @@ pub(crate) mod tests {
             budget: Duration::from_millis(budget_ms),
             backoff: BackoffPolicy { interval: Duration::from_millis(interval_ms), factor: 2.0, jitter: 0.0 },
             parking_enabled,
+            late_serve: true,
         };
         let table = FlightTable::new(
             policy,
@@ -472,7 +514,7 @@ pub(crate) mod tests {
         assert_eq!(role, Role::Joiner);
         assert!(Arc::ptr_eq(&leader, &joiner));
         assert_eq!(h.resumer.calls(&a), 1, "B15: first attempt starts at once, once");
-        let mut wait = joiner.wait(true);
+        let mut wait = joiner.wait(Until::Done);
         assert!(poll(&mut wait).is_pending());
         h.resumer.answer(&a, ok(true));
         assert!(h.table.is_empty(), "B14: finished flight removed");
@@ -487,7 +529,7 @@ pub(crate) mod tests {
         let h = harness(5000, 100, true);
         let a = actor("a");
         let (flight, _) = h.table.join(&a);
-        let mut wait = flight.wait(false);
+        let mut wait = flight.wait(Until::ParkedOrDone);
         h.resumer.answer(&a, err(Code::ResourceExhausted, "no free workers available"));
         assert!(matches!(poll(&mut wait), Poll::Ready(FlightEvent::Parked)), "B23 park transition");
         h.scheduler.advance(Duration::from_millis(99));
@@ -503,7 +545,7 @@ pub(crate) mod tests {
         h.scheduler.advance(Duration::from_millis(400));
         assert_eq!(h.resumer.calls(&a), 4);
         h.resumer.answer(&a, ok(true));
-        let mut wait = flight.wait(true);
+        let mut wait = flight.wait(Until::Done);
         assert!(matches!(done(&mut wait), FlightOutcome::Resumed(_)));
         assert!(h.table.is_empty());
     }
@@ -561,6 +603,36 @@ pub(crate) mod tests {
     }
 
     #[test]
+    fn overtime_is_signalled_once_the_budget_passes_with_an_attempt_running() {
+        let h = harness(250, 100, true);
+        let a = actor("a");
+        let (flight, _) = h.table.join(&a);
+        let mut overtime = flight.wait(Until::OvertimeOrDone);
+        assert!(poll(&mut overtime).is_pending());
+        h.resumer.answer(&a, err(Code::ResourceExhausted, "full"));
+        h.scheduler.advance(Duration::from_millis(100));
+        assert!(poll(&mut overtime).is_pending(), "not before the deadline");
+        h.scheduler.advance(Duration::from_millis(150));
+        assert!(matches!(poll(&mut overtime), Poll::Ready(FlightEvent::Overtime)));
+        h.resumer.answer(&a, ok(true));
+        assert!(matches!(*flight.outcome().unwrap(), FlightOutcome::Resumed(_)));
+    }
+
+    #[test]
+    fn no_overtime_when_nothing_runs_at_the_deadline() {
+        let h = harness(250, 100, true);
+        let a = actor("a");
+        let (flight, _) = h.table.join(&a);
+        let mut overtime = flight.wait(Until::OvertimeOrDone);
+        h.resumer.answer(&a, err(Code::ResourceExhausted, "full"));
+        h.scheduler.advance(Duration::from_millis(100));
+        h.resumer.answer(&a, err(Code::ResourceExhausted, "full"));
+        h.scheduler.advance(Duration::from_millis(150));
+        assert!(matches!(poll(&mut overtime), Poll::Ready(FlightEvent::Done(_))));
+        assert_eq!(h.scheduler.pending(), 0);
+    }
+
+    #[test]
     fn b20_late_terminal_error_wins() {
         let h = harness(250, 100, true);
         let a = actor("a");
@@ -605,7 +677,7 @@ pub(crate) mod tests {
         h.scheduler.advance(Duration::from_millis(150));
         let (joined, role) = h.table.join(&a);
         assert_eq!(role, Role::Joiner);
-        let mut wait = joined.wait(false);
+        let mut wait = joined.wait(Until::ParkedOrDone);
         assert!(matches!(poll(&mut wait), Poll::Ready(FlightEvent::Parked)), "B23: joins past park");
         h.scheduler.advance(Duration::from_millis(50));
         assert!(matches!(*flight.outcome().unwrap(), FlightOutcome::BudgetExhausted(_)));
@@ -618,7 +690,7 @@ pub(crate) mod tests {
         let h = harness(300, 100, true);
         let a = actor("a");
         let (flight, _) = h.table.join(&a);
-        let mut wait = flight.wait(true);
+        let mut wait = flight.wait(Until::Done);
         assert!(poll(&mut wait).is_pending());
         assert_eq!(flight.state.lock().waiters.len(), 1);
         drop(wait);

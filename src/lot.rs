@@ -10,6 +10,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
+use parking_lot::Mutex;
+
 use crate::clock::Clock;
 use crate::metrics::{Metrics, WaitOutcome};
 
@@ -19,13 +21,26 @@ pub struct ParkingLot {
     active: AtomicUsize,
     clock: Arc<dyn Clock>,
     metrics: Metrics,
+    /// Exponentially weighted mean of served parks, in seconds.
+    served_wait: Mutex<Option<f64>>,
 }
+
+/// Weight of the newest sample in [`ParkingLot::retry_after`]'s mean.
+const SERVED_WAIT_ALPHA: f64 = 0.2;
+/// Retry-After never promises more than this.
+const MAX_RETRY_AFTER_SECS: u64 = 60;
 
 impl ParkingLot {
     /// A lot of `max` slots (`max` > 0; a zero lot means parking is off and
     /// no lot exists at all, B22).
     pub fn new(max: usize, clock: Arc<dyn Clock>, metrics: Metrics) -> Arc<ParkingLot> {
-        Arc::new(ParkingLot { max, active: AtomicUsize::new(0), clock, metrics })
+        Arc::new(ParkingLot {
+            max,
+            active: AtomicUsize::new(0),
+            clock,
+            metrics,
+            served_wait: Mutex::new(None),
+        })
     }
 
     /// Slots held now.
@@ -36,6 +51,23 @@ impl ParkingLot {
     /// The capacity.
     pub fn max(&self) -> usize {
         self.max
+    }
+
+    /// The `Retry-After` seconds for a capacity 503: how long a parked
+    /// request has recently taken from park to serve (an exponentially
+    /// weighted mean, so it follows the pool's current state), rounded up,
+    /// at least 1 and at most 60. Before any park has been served: 1.
+    pub fn retry_after(&self) -> u64 {
+        let mean = self.served_wait.lock().unwrap_or(0.0);
+        (mean.ceil() as u64).clamp(1, MAX_RETRY_AFTER_SECS)
+    }
+
+    fn note_served(&self, waited: f64) {
+        let mut mean = self.served_wait.lock();
+        *mean = Some(match *mean {
+            None => waited,
+            Some(m) => m + SERVED_WAIT_ALPHA * (waited - m),
+        });
     }
 
     /// Takes a slot, or counts a rejection and returns `None` when the lot is
@@ -73,6 +105,9 @@ impl Slot {
         self.lot.active.fetch_sub(1, Ordering::AcqRel);
         self.lot.metrics.parking_active.dec();
         self.lot.metrics.wait(outcome).observe(waited.as_secs_f64());
+        if outcome == WaitOutcome::Served {
+            self.lot.note_served(waited.as_secs_f64());
+        }
     }
 }
 
@@ -113,6 +148,27 @@ mod tests {
         assert_eq!(lot.active(), 0);
         assert_eq!(metrics.parking_active.get(), 0);
         assert_eq!(metrics.wait(WaitOutcome::Canceled).get_sample_count(), 1, "B28: dropped = canceled");
+    }
+
+    #[test]
+    fn retry_after_follows_recent_served_parks() {
+        let clock = ManualClock::new();
+        let lot = ParkingLot::new(4, Arc::new(clock.clone()), Metrics::new());
+        assert_eq!(lot.retry_after(), 1, "nothing observed yet");
+        let mut slot = lot.try_admit().unwrap();
+        clock.advance(Duration::from_millis(3200));
+        slot.release(WaitOutcome::Served);
+        assert_eq!(lot.retry_after(), 4, "rounded up");
+        for _ in 0..40 {
+            let mut slot = lot.try_admit().unwrap();
+            clock.advance(Duration::from_millis(100));
+            slot.release(WaitOutcome::Served);
+        }
+        assert_eq!(lot.retry_after(), 1, "follows the pool as it recovers; never below 1");
+        let mut slot = lot.try_admit().unwrap();
+        clock.advance(Duration::from_secs(100_000));
+        slot.release(WaitOutcome::BudgetExhausted);
+        assert_eq!(lot.retry_after(), 1, "only served parks count");
     }
 
     #[test]

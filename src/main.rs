@@ -1,57 +1,75 @@
-//! The `atenet-router` command.
+//! The `atenet-router` command: `serve` and `envoy-config`.
 
 use std::process::ExitCode;
 
-use argh::FromArgs;
-use atenet_router::config::{Config, ServeArgs};
+use atenet_router::config::{parse_flags, Config, FlagsError};
+use atenet_router::drain::{self, DrainPlan};
 use atenet_router::router::Router;
-use atenet_router::{godur, info, log};
+use atenet_router::{envoy, godur, info, log, warn};
 use signal_hook::consts::{SIGINT, SIGTERM};
 use signal_hook::iterator::Signals;
 
-#[derive(FromArgs)]
-/// Envoy ext_proc router that resumes actors through ateapi and parks
-/// requests through transient worker-pool saturation.
-struct Cli {
-    #[argh(subcommand)]
-    command: Command,
-}
+const HELP: &str = "Usage: atenet-router <command> [<flags>]
 
-#[derive(FromArgs)]
-#[argh(subcommand)]
-enum Command {
-    Serve(ServeArgs),
-}
+Envoy ext_proc router that resumes actors through ateapi and parks requests
+through transient worker-pool saturation.
+
+Commands:
+  serve         Run the router: the ext_proc server Envoy calls for every request.
+  envoy-config  Print the Envoy v3 bootstrap (YAML) matching the same flags.
+
+Both commands take the same flags; see `atenet-router serve --help`.
+";
 
 fn main() -> ExitCode {
-    let args: Vec<String> = std::env::args().collect();
-    let argv: Vec<&str> = args.iter().map(String::as_str).collect();
-    let cli = match Cli::from_args(&["atenet-router"], argv.get(1..).unwrap_or_default()) {
-        Ok(cli) => cli,
-        Err(exit) if exit.status.is_ok() => {
-            print!("{}", exit.output);
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let command = args.first().map(String::as_str).unwrap_or("");
+    let rest: Vec<&str> = args.iter().skip(1).map(String::as_str).collect();
+    match command {
+        "serve" | "envoy-config" => {}
+        "help" | "--help" | "-h" => {
+            print!("{HELP}");
             return ExitCode::SUCCESS;
         }
-        Err(exit) => {
-            eprintln!("invalid router configuration: {}", exit.output.trim());
+        "" => {
+            eprint!("{HELP}");
             return ExitCode::from(2);
         }
-    };
-    match cli.command {
-        Command::Serve(args) => serve(&args),
+        other => {
+            eprintln!(
+                "invalid router configuration: unknown command {other:?} (expected serve or envoy-config)"
+            );
+            return ExitCode::from(2);
+        }
     }
-}
-
-fn serve(args: &ServeArgs) -> ExitCode {
-    let config = match Config::from_args(args) {
+    let config = match parse_flags(command, &rest).map_err(|e| match e {
+        FlagsError::Help(text) => Ok(text),
+        FlagsError::Invalid(e) => Err(e),
+    }) {
+        Ok(flags) => Config::from_args(&flags),
+        Err(Ok(help)) => {
+            print!("{help}");
+            return ExitCode::SUCCESS;
+        }
+        Err(Err(e)) => Err(e),
+    };
+    let config = match config {
         Ok(config) => config,
         Err(e) => {
             eprintln!("{e}");
             return ExitCode::from(2);
         }
     };
+    if command == "envoy-config" {
+        print!("{}", envoy::bootstrap(&config));
+        return ExitCode::SUCCESS;
+    }
+    serve(&config)
+}
+
+fn serve(config: &Config) -> ExitCode {
     log::set_level(config.log_level);
-    // Register before opening sockets so an early SIGTERM is not lost.
+    // Registered before any socket opens so an early SIGTERM is not lost.
     let mut signals = match Signals::new([SIGTERM, SIGINT]) {
         Ok(signals) => signals,
         Err(e) => {
@@ -59,15 +77,23 @@ fn serve(args: &ServeArgs) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let router = match Router::start(&config) {
+    if let Some(marker) = &config.drain_complete_file {
+        match drain::remove_stale_marker(marker) {
+            Ok(true) => info!("removed stale drain marker {}", marker.display()),
+            Ok(false) => {}
+            Err(e) => warn!("cannot remove stale drain marker {}: {e}", marker.display()),
+        }
+    }
+    let router = match Router::start(config) {
         Ok(router) => router,
         Err(e) => {
             eprintln!("atenet-router: {e}");
             return ExitCode::FAILURE;
         }
     };
+    let status = router.status_addr().map_or("disabled".to_string(), |a| format!("http://{a}/statusz"));
     info!(
-        "atenet-router serving: ext_proc on {}, metrics on http://{}/metrics, ateapi at {}, parking {}",
+        "atenet-router serving: ext_proc on {}, metrics on http://{}/metrics, status {status}, ateapi at {}, parking {}",
         router.extproc_addr(),
         router.metrics_addr(),
         config.ateapi_address,
@@ -77,9 +103,37 @@ fn serve(args: &ServeArgs) -> ExitCode {
             "off".to_string()
         }
     );
-    let signal = signals.forever().next();
-    info!("signal {signal:?} received: draining ext_proc for up to {}", godur::format(config.drain_timeout));
-    let drained = router.stop(config.drain_timeout);
-    info!("stopped ({})", if drained { "all streams finished" } else { "remaining streams cancelled" });
+    let (signal_tx, signal_rx) = crossbeam_channel::unbounded();
+    std::thread::Builder::new()
+        .name("atenet-signals".into())
+        .spawn(move || {
+            for signal in signals.forever() {
+                if signal_tx.send(signal).is_err() {
+                    return;
+                }
+            }
+        })
+        .expect("spawning the signal thread");
+    let Ok(signal) = signal_rx.recv() else {
+        return ExitCode::FAILURE;
+    };
+    info!("signal {signal} received: draining (a second signal skips the waits)");
+    let (interrupt_tx, interrupt_rx) = crossbeam_channel::bounded(1);
+    std::thread::spawn(move || {
+        if signal_rx.recv().is_ok() {
+            let _ = interrupt_tx.send(());
+        }
+    });
+    let report = drain::drain(router, &DrainPlan::from_config(config), &interrupt_rx);
+    info!(
+        "drain complete: Envoy {:?}, ext_proc {}, marker {}",
+        report.envoy,
+        if report.streams_finished {
+            "finished".to_string()
+        } else {
+            format!("cut {} streams at the timeout", report.cancelled)
+        },
+        if report.marker_written { "written" } else { "not written" }
+    );
     ExitCode::SUCCESS
 }

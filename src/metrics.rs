@@ -48,6 +48,9 @@ pub struct Metrics {
     pub parking_rejected: IntCounter,
     pub route_duration: HistogramVec,
     pub resume_attempts: IntCounterVec,
+    pub streams_active: IntGauge,
+    pub drain_verdicts: IntCounter,
+    pub drain_cancelled: IntCounter,
 }
 
 impl Metrics {
@@ -85,16 +88,42 @@ impl Metrics {
             &["code"],
         )
         .expect("valid metric");
+        let streams_active = IntGauge::new(
+            "atenet_router_extproc_streams_active",
+            "ext_proc streams open now (each holds one Envoy circuit-breaker slot).",
+        )
+        .expect("valid metric");
+        let drain_verdicts =
+            IntCounter::new("atenet_router_drain_verdicts_total", "Verdicts given after a drain started.")
+                .expect("valid metric");
+        let drain_cancelled = IntCounter::new(
+            "atenet_router_drain_cancelled_total",
+            "ext_proc streams cut by the final cancel when the drain timeout passed.",
+        )
+        .expect("valid metric");
         for collector in [
             Box::new(parking_active.clone()) as Box<dyn prometheus::core::Collector>,
             Box::new(parking_wait.clone()),
             Box::new(parking_rejected.clone()),
             Box::new(route_duration.clone()),
             Box::new(resume_attempts.clone()),
+            Box::new(streams_active.clone()),
+            Box::new(drain_verdicts.clone()),
+            Box::new(drain_cancelled.clone()),
         ] {
             registry.register(collector).expect("unique metric names");
         }
-        Metrics { registry, parking_active, parking_wait, parking_rejected, route_duration, resume_attempts }
+        Metrics {
+            registry,
+            parking_active,
+            parking_wait,
+            parking_rejected,
+            route_duration,
+            resume_attempts,
+            streams_active,
+            drain_verdicts,
+            drain_cancelled,
+        }
     }
 
     /// The wait histogram for one outcome.

@@ -16,7 +16,7 @@ use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
-use crate::flight::{Flight, FlightEvent, FlightOutcome, FlightTable, Role};
+use crate::flight::{Flight, FlightEvent, FlightOutcome, FlightTable, FlightWait, Role, Until};
 use crate::lot::{ParkingLot, Slot};
 use crate::metrics::WaitOutcome;
 use crate::resume::{ResumeError, Resumed};
@@ -103,8 +103,8 @@ impl Resolver {
     pub fn resolve(&self, actor: &ActorId) -> Resolve {
         let exit = Arc::new(AtomicU8::new(Abandon::Canceled as u8));
         let (flight, role) = self.flights.join(actor);
-        let body = wait(flight, role, self.lot.clone(), Arc::clone(&exit));
-        Resolve { body: Box::pin(body), exit }
+        let body = wait(Arc::clone(&flight), role, self.lot.clone(), Arc::clone(&exit));
+        Resolve { body: Box::pin(body), exit, flight }
     }
 }
 
@@ -112,9 +112,16 @@ impl Resolver {
 pub struct Resolve {
     body: Pin<Box<dyn Future<Output = ResumeOutcome> + Send>>,
     exit: Arc<AtomicU8>,
+    flight: Arc<Flight>,
 }
 
 impl Resolve {
+    /// Completes when this caller's flight goes into overtime (its budget
+    /// passed with an attempt still running) or ends.
+    pub fn overtime(&self) -> FlightWait {
+        self.flight.wait(Until::OvertimeOrDone)
+    }
+
     /// Stops waiting, recording `reason` for a held slot (B27, B33).
     pub fn abandon(self, reason: Abandon) {
         self.exit.store(reason as u8, Ordering::Release);
@@ -136,7 +143,7 @@ async fn wait(
     exit: Arc<AtomicU8>,
 ) -> ResumeOutcome {
     let served = |outcome: &FlightOutcome, parked: bool| outcome_for(outcome, role, parked);
-    if let FlightEvent::Done(outcome) = flight.wait(false).await {
+    if let FlightEvent::Done(outcome) = flight.wait(Until::ParkedOrDone).await {
         return served(&outcome, false);
     }
     let Some(lot) = lot else {
@@ -161,9 +168,9 @@ async fn wait(
 }
 
 async fn done(flight: &Arc<Flight>) -> Arc<FlightOutcome> {
-    match flight.wait(true).await {
+    match flight.wait(Until::Done).await {
         FlightEvent::Done(outcome) => outcome,
-        FlightEvent::Parked => unreachable!("a wait until done only ends when done"),
+        FlightEvent::Parked | FlightEvent::Overtime => unreachable!("a wait until done only ends when done"),
     }
 }
 

@@ -8,20 +8,21 @@
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use crossbeam_channel::bounded;
+use crossbeam_channel::{bounded, Receiver};
 use grpcio::{ChannelBuilder, EnvBuilder, Environment, Server, ServerBuilder, ServerCredentials};
 
 use crate::ateapi::AteapiClient;
 use crate::clock::SystemClock;
 use crate::config::Config;
-use crate::extproc::ExtProc;
+use crate::extproc::{ExtProc, ExtProcSettings};
 use crate::flight::{FlightPolicy, FlightTable};
 use crate::http::{self, HttpServer};
 use crate::lot::ParkingLot;
 use crate::metrics::Metrics;
 use crate::resolver::Resolver;
+use crate::status::{RecentRequests, StatusPage};
 use crate::timer::TimerThread;
 
 /// Why the router could not start.
@@ -40,6 +41,7 @@ impl std::error::Error for StartError {}
 pub struct Router {
     grpc: Server,
     http: Option<HttpServer>,
+    status: Option<HttpServer>,
     timer: Arc<TimerThread>,
     resolver: Resolver,
     metrics: Metrics,
@@ -49,33 +51,47 @@ pub struct Router {
 }
 
 impl Router {
-    /// Starts every component. Binds the ext_proc port and the metrics
-    /// listener; fails without leaving anything running.
+    /// Starts every component. Binds the ext_proc port, the metrics listener
+    /// and the status page; fails without leaving anything running.
     pub fn start(config: &Config) -> Result<Router, StartError> {
         let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
         let env = Arc::new(EnvBuilder::new().cq_count(cores).name_prefix("atenet-grpc").build());
         let metrics = Metrics::new();
         let timer = TimerThread::start();
 
-        let ateapi = AteapiClient::connect(
-            Arc::clone(&env),
-            &config.ateapi_address,
-            &config.ateapi_transport,
-            metrics.clone(),
-        )
-        .map_err(|e| StartError(format!("ateapi client: {e}")))?;
+        let ateapi = Arc::new(
+            AteapiClient::connect(
+                Arc::clone(&env),
+                &config.ateapi_address,
+                &config.ateapi_transport,
+                metrics.clone(),
+            )
+            .map_err(|e| StartError(format!("ateapi client: {e}")))?,
+        );
         let policy = FlightPolicy {
             budget: config.parking.budget,
             backoff: config.parking.backoff,
             parking_enabled: config.parking.enabled,
+            late_serve: !config.late_serve_limit.is_zero(),
         };
-        let flights = FlightTable::new(policy, Arc::new(SystemClock), timer.clone(), Arc::new(ateapi));
+        let flights = FlightTable::new(policy, Arc::new(SystemClock), timer.clone(), ateapi.clone());
         let lot = config
             .parking
             .enabled
             .then(|| ParkingLot::new(config.parking.max, Arc::new(SystemClock), metrics.clone()));
         let resolver = Resolver::new(flights, lot);
-        let extproc = ExtProc::new(resolver.clone(), metrics.clone(), config.worker_port);
+        let ready = Arc::new(AtomicBool::new(true));
+        let recent = Arc::new(RecentRequests::default());
+        let extproc = ExtProc::new(
+            resolver.clone(),
+            metrics.clone(),
+            ExtProcSettings {
+                worker_port: config.worker_port,
+                late_serve_limit: config.late_serve_limit,
+                ready: Arc::clone(&ready),
+                recent: Arc::clone(&recent),
+            },
+        );
 
         // Without this gRPC sets SO_REUSEPORT, and a second router on the
         // same port would start silently instead of failing.
@@ -90,15 +106,40 @@ impl Router {
             .map_err(|_| StartError(format!("cannot listen for ext_proc on {}", config.extproc_addr)))?;
         let extproc_addr = SocketAddr::new(config.extproc_addr.ip(), port);
 
-        let ready = Arc::new(AtomicBool::new(true));
         let http = HttpServer::start(
             config.metrics_addr,
             "atenet-metrics",
             http::metrics_handler(metrics.clone(), Arc::clone(&ready)),
         )
         .map_err(|e| StartError(format!("cannot listen for metrics on {}: {e}", config.metrics_addr)))?;
+        let status = match config.status_addr {
+            None => None,
+            Some(addr) => {
+                let page = Arc::new(StatusPage {
+                    config: config.clone(),
+                    resolver: resolver.clone(),
+                    recent,
+                    ateapi,
+                    metrics: metrics.clone(),
+                    started: Instant::now(),
+                });
+                let server = HttpServer::start(addr, "atenet-status", StatusPage::handler(page))
+                    .map_err(|e| StartError(format!("cannot listen for /statusz on {addr}: {e}")))?;
+                Some(server)
+            }
+        };
         grpc.start();
-        Ok(Router { grpc, http: Some(http), timer, resolver, metrics, ready, extproc_addr, _env: env })
+        Ok(Router {
+            grpc,
+            http: Some(http),
+            status,
+            timer,
+            resolver,
+            metrics,
+            ready,
+            extproc_addr,
+            _env: env,
+        })
     }
 
     /// Where ext_proc listens.
@@ -111,6 +152,11 @@ impl Router {
         self.http.as_ref().map(HttpServer::addr).expect("metrics listener runs until stop")
     }
 
+    /// Where `/statusz` listens, when enabled.
+    pub fn status_addr(&self) -> Option<SocketAddr> {
+        self.status.as_ref().map(HttpServer::addr)
+    }
+
     /// The router's instruments.
     pub fn metrics(&self) -> &Metrics {
         &self.metrics
@@ -121,15 +167,16 @@ impl Router {
         &self.resolver
     }
 
-    /// Flips `/readyz`.
+    /// Flips `/readyz`; not ready also means "draining" to the ext_proc
+    /// service's drain counters.
     pub fn set_ready(&self, ready: bool) {
         self.ready.store(ready, Ordering::Release);
     }
 
     /// Stops accepting streams, lets in-flight ones finish for up to
-    /// `timeout`, then cancels the rest. Returns whether everything finished
-    /// in time.
-    pub fn stop(mut self, timeout: Duration) -> bool {
+    /// `timeout` (or until `interrupt` delivers), then cancels the rest.
+    /// Returns whether every stream finished, and how many were cut.
+    pub fn stop(mut self, timeout: Duration, interrupt: &Receiver<()>) -> (bool, usize) {
         self.set_ready(false);
         let shutdown = self.grpc.shutdown();
         let (done_tx, done_rx) = bounded(1);
@@ -139,15 +186,23 @@ impl Router {
             let _ = futures::executor::block_on(shutdown);
             let _ = done_tx.send(());
         });
-        let drained = done_rx.recv_timeout(timeout).is_ok();
-        if !drained {
+        let finished = crossbeam_channel::select! {
+            recv(done_rx) -> _ => true,
+            recv(interrupt) -> _ => false,
+            default(timeout) => false,
+        };
+        let mut cancelled = 0;
+        if !finished {
+            cancelled = self.metrics.streams_active.get().max(0) as usize;
+            self.metrics.drain_cancelled.inc_by(cancelled as u64);
+            crate::warn!("drain: cancelling {cancelled} ext_proc streams still open");
             self.grpc.cancel_all_calls();
             let _ = done_rx.recv_timeout(Duration::from_secs(5));
         }
-        if let Some(http) = self.http.take() {
-            http.stop();
+        for server in [self.http.take(), self.status.take()].into_iter().flatten() {
+            server.stop();
         }
         self.timer.stop();
-        drained
+        (finished, cancelled)
     }
 }

@@ -28,6 +28,8 @@ pub struct Rejection {
     pub body: String,
     /// Machine token for `details` and `x-atenet-reason`.
     pub reason: &'static str,
+    /// Seconds for a `Retry-After` header: set on capacity 503s only.
+    pub retry_after: Option<u64>,
 }
 
 /// B35's `outcome` label for a request.
@@ -35,16 +37,22 @@ pub type RouteOutcomeLabel = &'static str;
 
 /// The 404 for a missing or invalid target (B4).
 pub fn invalid_target() -> (Verdict, RouteOutcomeLabel) {
-    let rejection =
-        Rejection { status: 404, body: "invalid actor reference".into(), reason: "atenet_invalid_target" };
+    let rejection = Rejection {
+        status: 404,
+        body: "invalid actor reference".into(),
+        reason: "atenet_invalid_target",
+        retry_after: None,
+    };
     (Verdict::Reject(rejection), "not_found")
 }
 
-/// The verdict for a caller's resolution.
+/// The verdict for a caller's resolution. `retry_after` is the seconds a
+/// capacity 503 (lot full, budget exhausted) tells the client to wait.
 pub fn for_outcome(
     target: &Target,
     outcome: &ResumeOutcome,
     worker_port: u16,
+    retry_after: u64,
 ) -> (Verdict, RouteOutcomeLabel) {
     let id = &target.actor;
     match &outcome.result {
@@ -60,14 +68,31 @@ pub fn for_outcome(
                 reject(500, format!("actor {id} routing failed"), "atenet_routing_failed", "resume_error")
             }
         },
-        Err(ResolveError::LotFull) => reject(
-            503,
-            format!("actor \"{id}\" unavailable: router at capacity"),
-            "atenet_lot_full",
-            "no_capacity",
+        Err(ResolveError::LotFull) => with_retry_after(
+            reject(
+                503,
+                format!("actor \"{id}\" unavailable: router at capacity"),
+                "atenet_lot_full",
+                "no_capacity",
+            ),
+            retry_after,
         ),
         Err(ResolveError::Failed(error)) => for_error(id, error, None),
-        Err(ResolveError::BudgetExhausted(error)) => for_error(id, error, Some("atenet_budget_exhausted")),
+        Err(ResolveError::BudgetExhausted(error)) => {
+            with_retry_after(for_error(id, error, Some("atenet_budget_exhausted")), retry_after)
+        }
+    }
+}
+
+fn with_retry_after(
+    (verdict, label): (Verdict, RouteOutcomeLabel),
+    seconds: u64,
+) -> (Verdict, RouteOutcomeLabel) {
+    match verdict {
+        Verdict::Reject(r) if r.status == 503 => {
+            (Verdict::Reject(Rejection { retry_after: Some(seconds.max(1)), ..r }), label)
+        }
+        other => (other, label),
     }
 }
 
@@ -114,7 +139,7 @@ fn reject(
     reason: &'static str,
     label: RouteOutcomeLabel,
 ) -> (Verdict, RouteOutcomeLabel) {
-    (Verdict::Reject(Rejection { status, body, reason }), label)
+    (Verdict::Reject(Rejection { status, body, reason, retry_after: None }), label)
 }
 
 #[cfg(test)]
@@ -132,7 +157,7 @@ mod tests {
     }
 
     fn rejection(result: Result<Resumed, ResolveError>) -> (u16, String, &'static str) {
-        match for_outcome(&target(), &outcome(result), 443).0 {
+        match for_outcome(&target(), &outcome(result), 443, 7).0 {
             Verdict::Reject(r) => (r.status, r.body, r.reason),
             other => panic!("expected a rejection, got {other:?}"),
         }
@@ -146,10 +171,10 @@ mod tests {
     fn b7_route_ipv4_ipv6() {
         let ok = |ip: &str| Ok(Resumed { resumed: true, worker_ips: vec![ip.into(), "10.9.9.9".into()] });
         assert_eq!(
-            for_outcome(&target(), &outcome(ok("10.0.0.7")), 443).0,
+            for_outcome(&target(), &outcome(ok("10.0.0.7")), 443, 7).0,
             Verdict::Route { actor: target().actor, worker: "10.0.0.7:443".into(), target_port: 8080 }
         );
-        match for_outcome(&target(), &outcome(ok("fd00::52")), 8443).0 {
+        match for_outcome(&target(), &outcome(ok("fd00::52")), 8443, 7).0 {
             Verdict::Route { worker, .. } => assert_eq!(worker, "[fd00::52]:8443"),
             other => panic!("{other:?}"),
         }
@@ -186,6 +211,19 @@ mod tests {
             let (got_status, got_body, _) = rejection(result);
             assert_eq!((got_status, got_body.as_str()), (status, body));
         }
+    }
+
+    #[test]
+    fn retry_after_only_on_capacity_503s() {
+        let retry = |result| match for_outcome(&target(), &outcome(result), 443, 7).0 {
+            Verdict::Reject(r) => r.retry_after,
+            Verdict::Route { .. } => None,
+        };
+        assert_eq!(retry(Err(ResolveError::LotFull)), Some(7));
+        let wrapped = ResumeError::new(Code::ResourceExhausted, "full");
+        assert_eq!(retry(Err(ResolveError::BudgetExhausted(wrapped.clone()))), Some(7));
+        assert_eq!(retry(Err(ResolveError::Failed(wrapped))), None, "a fail-fast 503 is not capacity");
+        assert_eq!(retry(failed(Code::NotFound, "x")), None);
     }
 
     #[test]

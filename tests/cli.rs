@@ -112,6 +112,12 @@ fn b46_parking_off_with_small_breaker_and_short_drain_starts() {
             "1",
             "--drain-timeout",
             "1s",
+            "--drain-delay",
+            "0s",
+            "--envoy-admin-address",
+            "",
+            "--drain-complete-file",
+            "",
         ],
         "serving",
     );
@@ -121,7 +127,20 @@ fn b46_parking_off_with_small_breaker_and_short_drain_starts() {
 
 #[test]
 fn second_router_on_a_taken_port_fails_clearly() {
-    let base = ["serve", "--ateapi-insecure", "--metrics-listen-addr", "127.0.0.1:0", "--status-port", "0"];
+    let base = [
+        "serve",
+        "--ateapi-insecure",
+        "--metrics-listen-addr",
+        "127.0.0.1:0",
+        "--status-port",
+        "0",
+        "--drain-delay",
+        "0s",
+        "--envoy-admin-address",
+        "",
+        "--drain-complete-file",
+        "",
+    ];
     let mut first_args = base.to_vec();
     first_args.extend(["--port-extproc", "0"]);
     let (mut first, line) = start_until(ROUTER, &first_args, "serving");

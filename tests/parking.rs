@@ -69,11 +69,46 @@ fn b19_late_success_after_budget_is_served() {
         vec![exhausted(), Answer::ok("10.0.0.8", true).after(Duration::from_millis(2500))],
     );
     let started = Instant::now();
-    let reply = stack.envoy.route_now("demo/slow");
+    let replies = block_on(stack.envoy.exchange_all(headers_request(&[("ate-target-actor", "demo/slow")])));
     assert!(started.elapsed() >= Duration::from_millis(2500));
-    assert_eq!(routed(&reply).1, "10.0.0.8:443", "B19: a late success is served");
+    assert_eq!(replies.len(), 2, "the late-serve override, then the verdict");
+    let extend = &replies[0];
+    assert!(extend.response.is_none() && extend.dynamic_metadata.is_none());
+    assert_eq!(extend.override_message_timeout.seconds, 30, "--late-serve-limit default");
+    assert_eq!(routed(&replies[1]).1, "10.0.0.8:443", "B19: a late success is served");
     assert_eq!(stack.sim.calls("demo/slow"), 2, "B19: no attempt after the deadline");
     stack.assert_quiescent();
+}
+
+#[test]
+fn late_serve_disabled_sends_no_override() {
+    let stack = Stack::start(&[
+        "--parked-request-budget",
+        "500ms",
+        "--parked-request-retry-interval",
+        "10ms",
+        "--late-serve-limit",
+        "0",
+    ]);
+    stack.sim.script(
+        "demo/slow",
+        vec![exhausted(), Answer::ok("10.0.0.8", true).after(Duration::from_millis(1500))],
+    );
+    let replies = block_on(stack.envoy.exchange_all(headers_request(&[("ate-target-actor", "demo/slow")])));
+    assert_eq!(replies.len(), 1);
+    assert_eq!(routed(&replies[0]).0, "demo/slow");
+}
+
+#[test]
+fn budget_exhausted_503_carries_retry_after() {
+    let stack =
+        Stack::start(&["--parked-request-budget", "200ms", "--parked-request-retry-interval", "10ms"]);
+    stack.sim.script("demo/a", vec![exhausted()]);
+    let reply = immediate(&stack.envoy.route_now("demo/a"));
+    assert_eq!(reply.status, 503);
+    assert_eq!(reply.headers["retry-after"], "1", "nothing served yet: the floor of 1 s");
+    stack.sim.script("demo/nf", vec![Answer::error(Code::NotFound, "x")]);
+    assert!(!immediate(&stack.envoy.route_now("demo/nf")).headers.contains_key("retry-after"));
 }
 
 #[test]
@@ -97,7 +132,7 @@ fn b14_b21_b25_fifty_callers_one_rpc_per_attempt() {
     let envoy = stack.envoy.clone();
     let requests = std::thread::spawn(move || block_on(join_all((0..50).map(|_| envoy.route("demo/hot")))));
     stack.wait_for_waiters("demo/hot", 50);
-    assert_eq!(stack.sim.release("demo/hot"), 1, "one RPC for the first attempt");
+    stack.eventually("the first attempt held at the sim", |s| s.sim.release("demo/hot") == 1);
     let replies = requests.join().unwrap();
     assert!(replies.iter().all(|r| routed(r).0 == "demo/hot"));
     assert_eq!(stack.sim.calls("demo/hot"), 2, "one RPC per attempt for 50 callers");
@@ -180,7 +215,7 @@ fn b29_exact_admission_under_concurrency() {
     let envoy = stack.envoy.clone();
     let requests = std::thread::spawn(move || block_on(join_all((0..20).map(|_| envoy.route("demo/hot")))));
     stack.wait_for_waiters("demo/hot", 20);
-    stack.sim.release("demo/hot");
+    stack.eventually("the first attempt held at the sim", |s| s.sim.release("demo/hot") == 1);
     // All 20 reach the park transition together; the second attempt is held
     // so no one can be served before admission is decided.
     stack.eventually("admission decided", |s| {

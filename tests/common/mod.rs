@@ -107,7 +107,7 @@ impl Stack {
 impl Drop for Stack {
     fn drop(&mut self) {
         if let Some(router) = self.router.take() {
-            router.stop(Duration::from_secs(5));
+            router.stop(Duration::from_secs(5), &crossbeam_channel::never());
         }
     }
 }
@@ -147,14 +147,29 @@ impl Envoy {
         Stream { tx, rx }
     }
 
-    /// Sends one message and returns the one reply, then resets the stream
-    /// as Envoy does.
+    /// Sends one message and returns its reply, then resets the stream as
+    /// Envoy does. A late-serve `override_message_timeout` before the reply
+    /// is skipped; [`Envoy::exchange_all`] keeps it.
     pub async fn exchange(&self, request: ProcessingRequest) -> ProcessingResponse {
+        self.exchange_all(request).await.pop().expect("a reply")
+    }
+
+    /// Every message the router sends for one request, up to and including
+    /// the reply.
+    pub async fn exchange_all(&self, request: ProcessingRequest) -> Vec<ProcessingResponse> {
         let mut stream = self.open();
         stream.send(request).await;
-        let reply = stream.recv().await;
+        let mut replies = Vec::new();
+        loop {
+            let reply = stream.recv().await;
+            let done = reply.response.is_some();
+            replies.push(reply);
+            if done {
+                break;
+            }
+        }
         stream.tx.cancel();
-        reply
+        replies
     }
 
     /// A request for `actor` (via the header) with no other headers.

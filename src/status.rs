@@ -1,0 +1,386 @@
+//! The status page, `/statusz` on `--status-port` (B42): what the router is
+//! doing now, for a person (HTML) or a program (JSON).
+//!
+//! It shows counts and names only. Request headers other than the method and
+//! the path never reach it, and the path loses its query string before it is
+//! stored, so no authorization, cookie, query string or token can appear.
+
+use std::collections::VecDeque;
+use std::fmt::Write;
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime};
+
+use parking_lot::Mutex;
+use tiny_http::Request;
+
+use crate::ateapi::AteapiClient;
+use crate::config::Config;
+use crate::godur;
+use crate::http::{Handler, Reply};
+use crate::metrics::Metrics;
+use crate::resolver::Resolver;
+
+/// How many recent requests the page keeps.
+pub const RECENT_CAPACITY: usize = 100;
+/// Longest path kept per request.
+const MAX_PATH: usize = 200;
+
+/// One answered request.
+#[derive(Clone, Debug)]
+pub struct RecentRequest {
+    pub at: SystemTime,
+    pub method: String,
+    /// The path without its query string.
+    pub path: String,
+    pub actor: String,
+    /// `200 routed`, or the status and reason token of a rejection.
+    pub verdict: String,
+    /// The worker address when routed.
+    pub target: String,
+    pub duration: Duration,
+}
+
+impl RecentRequest {
+    /// Builds an entry, stripping the query and bounding lengths.
+    pub fn new(
+        method: &[u8],
+        path: &[u8],
+        actor: &str,
+        verdict: String,
+        target: String,
+        duration: Duration,
+    ) -> Self {
+        let path = String::from_utf8_lossy(path);
+        let path = path.split(['?', '#']).next().unwrap_or("");
+        let path: String = path.chars().take(MAX_PATH).collect();
+        let method: String = String::from_utf8_lossy(method).chars().take(16).collect();
+        let actor: String = actor.chars().take(128).collect();
+        RecentRequest { at: SystemTime::now(), method, path, actor, verdict, target, duration }
+    }
+}
+
+/// The last [`RECENT_CAPACITY`] requests, newest first.
+#[derive(Default)]
+pub struct RecentRequests {
+    entries: Mutex<VecDeque<RecentRequest>>,
+}
+
+impl RecentRequests {
+    pub fn record(&self, entry: RecentRequest) {
+        let mut entries = self.entries.lock();
+        if entries.len() == RECENT_CAPACITY {
+            entries.pop_back();
+        }
+        entries.push_front(entry);
+    }
+
+    pub fn snapshot(&self) -> Vec<RecentRequest> {
+        self.entries.lock().iter().cloned().collect()
+    }
+}
+
+/// Everything the page reads.
+pub struct StatusPage {
+    pub config: Config,
+    pub resolver: Resolver,
+    pub recent: Arc<RecentRequests>,
+    pub ateapi: Arc<AteapiClient>,
+    pub metrics: Metrics,
+    pub started: Instant,
+}
+
+/// One actor with parked requests, as shown.
+struct ParkedActor {
+    actor: String,
+    waiting: usize,
+    oldest: Duration,
+    attempts: u32,
+    last_code: String,
+    budget_left: Duration,
+}
+
+impl StatusPage {
+    /// The tiny_http handler for `/statusz`.
+    pub fn handler(page: Arc<StatusPage>) -> Handler {
+        Arc::new(move |request: &Request| {
+            let (path, query) = request.url().split_once('?').unwrap_or((request.url(), ""));
+            if path != "/statusz" && path != "/" {
+                return Reply::text(404, "not found");
+            }
+            let wants_json = query.split('&').any(|p| p == "format=json")
+                || request
+                    .headers()
+                    .iter()
+                    .any(|h| h.field.equiv("Accept") && h.value.as_str().contains("application/json"));
+            if wants_json {
+                Reply { status: 200, content_type: "application/json", body: page.json().into_bytes() }
+            } else {
+                Reply {
+                    status: 200,
+                    content_type: "text/html; charset=utf-8",
+                    body: page.html().into_bytes(),
+                }
+            }
+        })
+    }
+
+    fn parked_actors(&self) -> Vec<ParkedActor> {
+        self.resolver
+            .flights()
+            .snapshot()
+            .into_iter()
+            .filter(|f| f.parked_callers > 0)
+            .map(|f| ParkedActor {
+                actor: f.actor.to_string(),
+                waiting: f.parked_callers,
+                oldest: f.age,
+                attempts: f.attempts,
+                last_code: f.last_code.map_or("-".into(), |c| c.name().to_string()),
+                budget_left: f.budget_left,
+            })
+            .collect()
+    }
+
+    fn active(&self) -> usize {
+        self.resolver.lot().map_or(0, |l| l.active())
+    }
+
+    fn attempts_by_code(&self) -> Vec<(String, u64)> {
+        let mut counts: Vec<(String, u64)> = self
+            .metrics
+            .registry()
+            .gather()
+            .iter()
+            .filter(|family| family.get_name() == "atenet_router_resume_attempts_total")
+            .flat_map(|family| family.get_metric().iter())
+            .map(|m| {
+                let code = m.get_label().first().map(|l| l.get_value().to_string()).unwrap_or_default();
+                (code, m.get_counter().get_value() as u64)
+            })
+            .collect();
+        counts.sort();
+        counts
+    }
+
+    /// The JSON form.
+    pub fn json(&self) -> String {
+        let p = &self.config.parking;
+        let mut j = String::from("{");
+        let _ = write!(
+            j,
+            "\"parking\":{{\"enabled\":{},\"active\":{},\"max_parked\":{},\"max_wait\":{}}}",
+            p.enabled,
+            self.active(),
+            p.max,
+            json_string(&godur::format(p.budget))
+        );
+        j.push_str(",\"parked_actors\":[");
+        for (i, a) in self.parked_actors().iter().enumerate() {
+            let _ = write!(
+                j,
+                "{}{{\"actor\":{},\"waiting\":{},\"oldest_wait_seconds\":{:.3},\"attempts\":{},\"last_code\":{},\"budget_left_seconds\":{:.3}}}",
+                if i > 0 { "," } else { "" },
+                json_string(&a.actor),
+                a.waiting,
+                a.oldest.as_secs_f64(),
+                a.attempts,
+                json_string(&a.last_code),
+                a.budget_left.as_secs_f64()
+            );
+        }
+        let _ = write!(
+            j,
+            "],\"flights\":{},\"ateapi\":{{\"address\":{},\"connectivity\":{},\"attempts\":{{",
+            self.resolver.flights().len(),
+            json_string(&self.config.ateapi_address),
+            json_string(self.ateapi.connectivity())
+        );
+        for (i, (code, n)) in self.attempts_by_code().iter().enumerate() {
+            let _ = write!(j, "{}{}:{n}", if i > 0 { "," } else { "" }, json_string(code));
+        }
+        j.push_str("}},\"flags\":{");
+        for (i, (flag, value)) in self.config.effective_flags().iter().enumerate() {
+            let _ = write!(j, "{}{}:{}", if i > 0 { "," } else { "" }, json_string(flag), json_string(value));
+        }
+        j.push_str("},\"recent_requests\":[");
+        for (i, r) in self.recent.snapshot().iter().enumerate() {
+            let _ = write!(
+                j,
+                "{}{{\"time\":{},\"method\":{},\"path\":{},\"actor\":{},\"verdict\":{},\"target\":{},\"duration_seconds\":{:.6}}}",
+                if i > 0 { "," } else { "" },
+                json_string(&crate::log::rfc3339(r.at)),
+                json_string(&r.method),
+                json_string(&r.path),
+                json_string(&r.actor),
+                json_string(&r.verdict),
+                json_string(&r.target),
+                r.duration.as_secs_f64()
+            );
+        }
+        let _ = write!(j, "],\"uptime_seconds\":{}}}", self.started.elapsed().as_secs());
+        j
+    }
+
+    /// The HTML form: self-contained, refreshes itself every 2 seconds.
+    pub fn html(&self) -> String {
+        let p = &self.config.parking;
+        let mut h = String::new();
+        let _ = write!(
+            h,
+            "<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\">\
+             <meta http-equiv=\"refresh\" content=\"2\"><title>atenet Router Status</title><style>{STYLE}</style></head>\
+             <body><h1>atenet Router Status</h1><p class=\"sub\">up {} &middot; refreshes every 2 s &middot; \
+             <a href=\"?format=json\">JSON</a></p><div class=\"cards\">",
+            godur::format(Duration::from_secs(self.started.elapsed().as_secs()))
+        );
+        let _ = write!(
+            h,
+            "<section class=\"card\" id=\"parking\"><h2>Request Parking</h2><dl>\
+             <dt>enabled</dt><dd id=\"parking-enabled\">{}</dd>\
+             <dt>parked</dt><dd><span id=\"parking-active\">{}</span> / <span id=\"parking-max\">{}</span></dd>\
+             <dt>max wait</dt><dd id=\"parking-max-wait\">{}</dd>\
+             <dt>flights</dt><dd id=\"flights\">{}</dd>\
+             <dt>shed (lot full)</dt><dd>{}</dd></dl>",
+            if p.enabled { "yes" } else { "no" },
+            self.active(),
+            p.max,
+            escape(&godur::format(p.budget)),
+            self.resolver.flights().len(),
+            self.metrics.parking_rejected.get()
+        );
+        let parked = self.parked_actors();
+        if parked.is_empty() {
+            h.push_str("<p class=\"quiet\">No actor has parked requests.</p>");
+        } else {
+            h.push_str(
+                "<table id=\"parked-actors\"><tr><th>actor</th><th>waiting</th><th>oldest</th>\
+                 <th>attempts</th><th>last code</th><th>budget left</th></tr>",
+            );
+            for a in &parked {
+                let _ = write!(
+                    h,
+                    "<tr><td>{}</td><td>{}</td><td>{:.1}s</td><td>{}</td><td>{}</td><td>{:.1}s</td></tr>",
+                    escape(&a.actor),
+                    a.waiting,
+                    a.oldest.as_secs_f64(),
+                    a.attempts,
+                    escape(&a.last_code),
+                    a.budget_left.as_secs_f64()
+                );
+            }
+            h.push_str("</table>");
+        }
+        h.push_str("</section>");
+        let _ = write!(
+            h,
+            "<section class=\"card\" id=\"ateapi\"><h2>ateapi connectivity</h2><dl>\
+             <dt>address</dt><dd>{}</dd><dt>channel</dt><dd id=\"ateapi-state\">{}</dd></dl><table>\
+             <tr><th>ResumeActor result</th><th>attempts</th></tr>",
+            escape(&self.config.ateapi_address),
+            self.ateapi.connectivity()
+        );
+        for (code, n) in self.attempts_by_code() {
+            let _ = write!(h, "<tr><td>{}</td><td>{n}</td></tr>", escape(&code));
+        }
+        h.push_str("</table></section>");
+        h.push_str("<section class=\"card wide\" id=\"recent\"><h2>Recent requests</h2><table><tr><th>time</th>\
+                    <th>method</th><th>path</th><th>actor</th><th>verdict</th><th>target</th><th>duration</th></tr>");
+        for r in self.recent.snapshot() {
+            let _ = write!(
+                h,
+                "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{:.1}ms</td></tr>",
+                escape(&crate::log::rfc3339(r.at)),
+                escape(&r.method),
+                escape(&r.path),
+                escape(&r.actor),
+                escape(&r.verdict),
+                escape(&r.target),
+                r.duration.as_secs_f64() * 1000.0
+            );
+        }
+        h.push_str(
+            "</table></section><section class=\"card wide\" id=\"flags\"><h2>Effective flags</h2><table>",
+        );
+        for (flag, value) in self.config.effective_flags() {
+            let _ = write!(h, "<tr><td><code>{flag}</code></td><td>{}</td></tr>", escape(&value));
+        }
+        h.push_str("</table></section></div></body></html>\n");
+        h
+    }
+}
+
+const STYLE: &str = "body{font-family:system-ui,sans-serif;margin:1.5rem;background:#f6f7f9;color:#1d2330}\
+h1{margin:0 0 .2rem;font-size:1.4rem}.sub{margin:0 0 1rem;color:#5b6475}\
+.cards{display:grid;grid-template-columns:repeat(auto-fit,minmax(22rem,1fr));gap:1rem}\
+.card{background:#fff;border:1px solid #dde1e8;border-radius:8px;padding:1rem}.wide{grid-column:1/-1}\
+h2{font-size:1.05rem;margin:0 0 .6rem}dl{display:grid;grid-template-columns:max-content 1fr;gap:.2rem 1rem;margin:0}\
+dt{color:#5b6475}dd{margin:0;font-variant-numeric:tabular-nums}table{border-collapse:collapse;width:100%;margin-top:.6rem}\
+th,td{text-align:left;padding:.2rem .5rem;border-bottom:1px solid #eef0f4;font-size:.9rem}.quiet{color:#5b6475}";
+
+/// HTML-escapes text.
+pub fn escape(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        match c {
+            '&' => out.push_str("&amp;"),
+            '<' => out.push_str("&lt;"),
+            '>' => out.push_str("&gt;"),
+            '"' => out.push_str("&quot;"),
+            '\'' => out.push_str("&#39;"),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+/// A JSON string literal.
+pub fn json_string(text: &str) -> String {
+    let mut out = String::with_capacity(text.len() + 2);
+    out.push('"');
+    for c in text.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            c if (c as u32) < 0x20 => {
+                let _ = write!(out, "\\u{:04x}", c as u32);
+            }
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn b42_recent_requests_drop_the_query_and_keep_the_last_hundred() {
+        let recent = RecentRequests::default();
+        for i in 0..150 {
+            let path = format!("/api/{i}?token=secret&x=1");
+            recent.record(RecentRequest::new(
+                b"GET",
+                path.as_bytes(),
+                "demo/a",
+                "200 routed".into(),
+                String::new(),
+                Duration::ZERO,
+            ));
+        }
+        let all = recent.snapshot();
+        assert_eq!(all.len(), RECENT_CAPACITY);
+        assert_eq!(all[0].path, "/api/149", "newest first, no query");
+        assert!(all.iter().all(|r| !r.path.contains("secret")));
+    }
+
+    #[test]
+    fn escaping() {
+        assert_eq!(escape("<a href='x'>&\"</a>"), "&lt;a href=&#39;x&#39;&gt;&amp;&quot;&lt;/a&gt;");
+        assert_eq!(json_string("a\"b\\c\n\u{1}"), "\"a\\\"b\\\\c\\n\\u0001\"");
+    }
+}

@@ -1,0 +1,279 @@
+//! Graceful drain (B41, B43-B45): in-process against a fake Envoy admin, and
+//! with real signals to the real binary.
+
+mod common;
+
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use atenet_router::drain::{drain, DrainPlan, EnvoyDrain};
+use atenet_router::resume::Code;
+use atenet_router::sim::{Answer, Sim, SimConfig};
+use common::*;
+use futures::executor::block_on;
+use parking_lot::Mutex;
+
+/// A stand-in for Envoy's admin API: records requests, and answers
+/// `/stats` with the given active-connection counts in turn (then the last).
+struct FakeAdmin {
+    addr: String,
+    log: Arc<Mutex<Vec<String>>>,
+    _server: Arc<tiny_http::Server>,
+}
+
+impl FakeAdmin {
+    fn start(active: Vec<u64>) -> FakeAdmin {
+        let server = Arc::new(tiny_http::Server::http("127.0.0.1:0").unwrap());
+        let addr = server.server_addr().to_ip().unwrap().to_string();
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let (srv, requests) = (Arc::clone(&server), Arc::clone(&log));
+        std::thread::spawn(move || {
+            let mut counts = active.into_iter().peekable();
+            let mut last = 0;
+            while let Ok(request) = srv.recv() {
+                requests.lock().push(format!("{} {}", request.method(), request.url()));
+                let body = if request.url().starts_with("/stats") {
+                    last = counts.next().unwrap_or(last);
+                    format!("http.admin.downstream_cx_active: 1\nhttp.ingress.downstream_cx_active: {last}\n")
+                } else {
+                    "OK\n".to_string()
+                };
+                let _ = request.respond(tiny_http::Response::from_string(body));
+            }
+        });
+        FakeAdmin { addr, log, _server: server }
+    }
+}
+
+fn plan(admin: Option<String>, timeout: Duration, marker: Option<std::path::PathBuf>) -> DrainPlan {
+    DrainPlan {
+        delay: Duration::ZERO,
+        envoy_admin: admin,
+        envoy_window: Duration::from_secs(15),
+        poll_every: Duration::from_millis(20),
+        timeout,
+        marker,
+    }
+}
+
+fn temp_marker(name: &str) -> std::path::PathBuf {
+    std::env::temp_dir().join(format!("atenet-drain-{}-{name}/run/drain-complete", std::process::id()))
+}
+
+#[test]
+fn b43_envoy_admin_sees_two_posts_in_order_then_polls_until_zero() {
+    let mut stack = Stack::start(&[]);
+    let admin = FakeAdmin::start(vec![2, 1, 0]);
+    let marker = temp_marker("admin");
+    let router = stack.router.take().unwrap();
+    let metrics = router.metrics_addr();
+    assert_eq!(http_get(metrics, "/readyz").0, 200);
+    let report = drain(
+        router,
+        &plan(Some(admin.addr.clone()), Duration::from_secs(5), Some(marker.clone())),
+        &crossbeam_channel::never(),
+    );
+    assert_eq!(report.envoy, EnvoyDrain::Drained);
+    assert!(report.streams_finished);
+    let log = admin.log.lock().clone();
+    assert_eq!(log[0], "POST /healthcheck/fail");
+    assert_eq!(log[1], "POST /drain_listeners?graceful&skip_exit");
+    let polls = log[2..].iter().filter(|l| *l == "GET /stats?filter=downstream_cx_active").count();
+    assert!(polls >= 3, "polled until 0: {log:?}");
+    let text = std::fs::read_to_string(&marker).unwrap();
+    assert!(text.starts_with("20") && text.ends_with("Z\n"), "RFC 3339 UTC and a newline: {text:?}");
+    std::fs::remove_dir_all(marker.parent().unwrap().parent().unwrap()).unwrap();
+}
+
+#[test]
+fn b43_unreachable_admin_counts_as_drained() {
+    let mut stack = Stack::start(&[]);
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
+    let router = stack.router.take().unwrap();
+    let started = Instant::now();
+    let report = drain(
+        router,
+        &plan(Some(closed.to_string()), Duration::from_secs(5), None),
+        &crossbeam_channel::never(),
+    );
+    assert_eq!(report.envoy, EnvoyDrain::Unreachable);
+    assert!(started.elapsed() < Duration::from_secs(10), "no 15 s wait for a gone Envoy");
+}
+
+#[test]
+fn b43_drain_timeout_cuts_streams_still_open() {
+    // Parking off allows a drain timeout below the (15 s) resume budget.
+    let mut stack = Stack::start(&["--parked-request-max", "0", "--drain-timeout", "300ms"]);
+    stack.sim.script("demo/stuck", vec![Answer::error(Code::Aborted, "busy").held()]);
+    let envoy = stack.envoy.clone();
+    let client = std::thread::spawn(move || {
+        let mut stream = envoy.open();
+        block_on(stream.send(headers_request(&[("ate-target-actor", "demo/stuck")])));
+        block_on(futures::StreamExt::next(&mut stream.rx)).map(|r| r.is_ok())
+    });
+    stack.wait_for_waiters("demo/stuck", 1);
+    let router = stack.router.take().unwrap();
+    let metrics = router.metrics().clone();
+    let report = drain(router, &plan(None, Duration::from_millis(300), None), &crossbeam_channel::never());
+    assert!(!report.streams_finished);
+    assert_eq!(report.cancelled, 1);
+    assert_eq!(metrics.drain_cancelled.get(), 1);
+    assert_ne!(client.join().unwrap(), Some(true), "the cut stream got no verdict");
+    stack.sim.release("demo/stuck");
+}
+
+#[test]
+fn b44_parked_requests_get_verdicts_during_drain() {
+    let mut stack =
+        Stack::start(&["--parked-request-retry-interval", "10ms", "--parked-request-budget", "5s"]);
+    stack.sim.script("demo/hot", vec![Answer::error(Code::ResourceExhausted, "no free workers available")]);
+    let envoy = stack.envoy.clone();
+    let requests = std::thread::spawn(move || {
+        block_on(futures::future::join_all((0..5).map(|_| envoy.route("demo/hot"))))
+    });
+    stack.eventually("five parked", |s| s.metrics().value("atenet_router_parking_active", &[]) == 5.0);
+    let router = stack.router.take().unwrap();
+    let metrics = router.metrics().clone();
+    let sim_release = {
+        let sim = &stack.sim;
+        std::thread::scope(|scope| {
+            let drained = scope.spawn(|| {
+                drain(router, &plan(None, Duration::from_secs(20), None), &crossbeam_channel::never())
+            });
+            // Serve the parked requests while the drain waits for them.
+            sim.script("demo/hot", vec![Answer::ok("10.0.0.1", true)]);
+            drained.join().unwrap()
+        })
+    };
+    assert!(sim_release.streams_finished, "B44: every parked request finished");
+    let replies = requests.join().unwrap();
+    assert!(replies.iter().all(|r| routed(r).0 == "demo/hot"));
+    assert_eq!(metrics.drain_verdicts.get(), 5, "verdicts given during drain are counted");
+}
+
+/// The router binary and where it listens.
+struct Binary {
+    child: std::process::Child,
+    extproc: std::net::SocketAddr,
+    metrics: std::net::SocketAddr,
+}
+
+/// Starts the router binary against `sim`.
+fn start_binary(sim: &str, extra: &[&str]) -> Binary {
+    let mut args = vec![
+        "serve",
+        "--ateapi-insecure",
+        "--ateapi-address",
+        sim,
+        "--port-extproc",
+        "0",
+        "--metrics-listen-addr",
+        "127.0.0.1:0",
+        "--status-port",
+        "0",
+        "--envoy-admin-address",
+        "",
+    ];
+    args.extend_from_slice(extra);
+    let mut child = Command::new(env!("CARGO_BIN_EXE_atenet-router"))
+        .args(&args)
+        .stderr(Stdio::piped())
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+    let line = lines.by_ref().map_while(Result::ok).find(|l| l.contains("serving")).expect("router starts");
+    std::thread::spawn(move || lines.for_each(drop));
+    let after = |prefix: &str| {
+        line.split(prefix).nth(1).unwrap().split([' ', ',', '/']).next().unwrap().parse().unwrap()
+    };
+    Binary { child, extproc: after("ext_proc on "), metrics: after("metrics on http://") }
+}
+
+fn signal(child: &std::process::Child, name: &str) {
+    assert!(Command::new("kill")
+        .args([&format!("-{name}"), &child.id().to_string()])
+        .status()
+        .unwrap()
+        .success());
+}
+
+fn wait_exit(child: &mut std::process::Child, limit: Duration) -> i32 {
+    let deadline = Instant::now() + limit;
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            return status.code().unwrap_or(-1);
+        }
+        assert!(Instant::now() < deadline, "router did not exit within {limit:?}");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+fn eventually(what: &str, mut check: impl FnMut() -> bool) {
+    let deadline = Instant::now() + PATIENCE;
+    while !check() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+fn scripted_sim() -> Sim {
+    Sim::start(SimConfig {
+        listen: "127.0.0.1:0".parse().unwrap(),
+        actors: 0,
+        workers: 0,
+        ..SimConfig::default()
+    })
+    .unwrap()
+}
+
+#[test]
+fn b43_b44_b45_sigterm_to_the_binary_with_requests_parked() {
+    let sim = scripted_sim();
+    let marker = temp_marker("sigterm");
+    std::fs::create_dir_all(marker.parent().unwrap()).unwrap();
+    std::fs::write(&marker, "stale\n").unwrap();
+    let marker_arg = marker.to_str().unwrap().to_string();
+    let mut router = start_binary(
+        &sim.addr().to_string(),
+        &[
+            "--drain-delay",
+            "0s",
+            "--drain-complete-file",
+            &marker_arg,
+            "--parked-request-retry-interval",
+            "10ms",
+        ],
+    );
+    assert!(!marker.exists(), "B45: stale marker removed at startup");
+    sim.script("demo/hot", vec![Answer::error(Code::ResourceExhausted, "no free workers available")]);
+    let envoy = Envoy::connect(router.extproc);
+    let requests = std::thread::spawn(move || {
+        block_on(futures::future::join_all((0..5).map(|_| envoy.route("demo/hot"))))
+    });
+    let gauge = |m| Metrics(http_get(m, "/metrics").1).value("atenet_router_parking_active", &[]);
+    eventually("five parked", || gauge(router.metrics) == 5.0);
+    signal(&router.child, "TERM");
+    eventually("not ready", || http_get(router.metrics, "/readyz").0 == 503);
+    assert_eq!(http_get(router.metrics, "/healthz").0, 200);
+    sim.script("demo/hot", vec![Answer::ok("10.0.0.1", true)]);
+    let replies = requests.join().unwrap();
+    assert!(replies.iter().all(|r| routed(r).0 == "demo/hot"), "B44: every parked request got its verdict");
+    assert_eq!(wait_exit(&mut router.child, PATIENCE), 0);
+    let text = std::fs::read_to_string(&marker).unwrap();
+    assert!(text.ends_with("Z\n") && text.starts_with("20"), "{text:?}");
+    std::fs::remove_dir_all(marker.parent().unwrap().parent().unwrap()).unwrap();
+}
+
+#[test]
+fn b43_second_signal_skips_the_waits() {
+    let sim = scripted_sim();
+    let mut router =
+        start_binary(&sim.addr().to_string(), &["--drain-delay", "1h", "--drain-complete-file", ""]);
+    signal(&router.child, "TERM");
+    eventually("not ready", || http_get(router.metrics, "/readyz").0 == 503);
+    signal(&router.child, "INT");
+    assert_eq!(wait_exit(&mut router.child, PATIENCE), 0);
+}
