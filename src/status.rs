@@ -311,11 +311,11 @@ impl StatusPage {
 
 const STYLE: &str = "body{font-family:system-ui,sans-serif;margin:1.5rem;background:#f6f7f9;color:#1d2330}\
 h1{margin:0 0 .2rem;font-size:1.4rem}.sub{margin:0 0 1rem;color:#5b6475}\
-.cards{display:grid;grid-template-columns:repeat(auto-fit,minmax(22rem,1fr));gap:1rem}\
-.card{background:#fff;border:1px solid #dde1e8;border-radius:8px;padding:1rem}.wide{grid-column:1/-1}\
+.cards{display:grid;grid-template-columns:repeat(auto-fit,minmax(30rem,1fr));gap:1rem}\
+.card{background:#fff;border:1px solid #dde1e8;border-radius:8px;padding:1rem;overflow-x:auto}.wide{grid-column:1/-1}\
 h2{font-size:1.05rem;margin:0 0 .6rem}dl{display:grid;grid-template-columns:max-content 1fr;gap:.2rem 1rem;margin:0}\
 dt{color:#5b6475}dd{margin:0;font-variant-numeric:tabular-nums}table{border-collapse:collapse;width:100%;margin-top:.6rem}\
-th,td{text-align:left;padding:.2rem .5rem;border-bottom:1px solid #eef0f4;font-size:.9rem}.quiet{color:#5b6475}";
+th,td{text-align:left;padding:.2rem .5rem;border-bottom:1px solid #eef0f4;font-size:.9rem;white-space:nowrap}.quiet{color:#5b6475}";
 
 /// HTML-escapes text.
 pub fn escape(text: &str) -> String {

@@ -38,6 +38,11 @@ impl Stack {
     /// Starts a scripted-only sim (no pool actors) and a router talking to it
     /// in plaintext, with `flags` added to the router's command line.
     pub fn start(flags: &[&str]) -> Stack {
+        Stack::start_with(flags, "0")
+    }
+
+    /// As [`Stack::start`], with the status page on `status_port`.
+    pub fn start_with(flags: &[&str], status_port: &str) -> Stack {
         let sim = Sim::start(SimConfig {
             listen: "127.0.0.1:0".parse().unwrap(),
             actors: 0,
@@ -55,7 +60,7 @@ impl Stack {
             "--metrics-listen-addr",
             "127.0.0.1:0",
             "--status-port",
-            "0",
+            status_port,
         ];
         args.extend_from_slice(flags);
         let config = parse_serve_args(&args).expect("valid test flags");

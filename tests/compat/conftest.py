@@ -50,7 +50,19 @@ demo/denied       PermissionDenied   0s  -                   false  no
 demo/unauth       Unauthenticated    0s  -                   false  who
 demo/internal     Internal           0s  -                   false  secret detail
 demo/noip         OK                 0s  -                   true   -
+demo/late         ResourceExhausted  0s  -                   false  no free workers available
+demo/late         OK                 2500ms  10.0.0.7        true   -
 """
+
+
+def router_args(sim_addr, *extra):
+    return [
+        f"{BIN}/atenet-router", "serve",
+        "--ateapi-insecure", "--ateapi-address", sim_addr,
+        "--port-extproc", "0", "--metrics-listen-addr", "127.0.0.1:0", "--status-port", "0",
+        "--drain-delay", "0s", "--envoy-admin-address", "", "--drain-complete-file", "",
+        *extra,
+    ]
 
 
 @pytest.fixture(scope="session")
@@ -61,17 +73,18 @@ def stack():
     sim, line = start([f"{BIN}/ateapi-sim", "--listen", "127.0.0.1:0", "--actors", "0", "--script", script],
                       "listening on")
     sim_addr = word_after(line, "listening on ")
-    router, line = start([
-        f"{BIN}/atenet-router", "serve",
-        "--ateapi-insecure", "--ateapi-address", sim_addr,
-        "--port-extproc", "0", "--metrics-listen-addr", "127.0.0.1:0", "--status-port", "0",
-        "--parked-request-budget", "300ms", "--parked-request-retry-interval", "20ms",
-        "--drain-delay", "0s", "--envoy-admin-address", "", "--drain-complete-file", "",
-    ], "serving")
-    extproc = word_after(line, "ext_proc on ")
-    channel = grpc.insecure_channel(extproc)
-    yield external_processor_pb2_grpc.ExternalProcessorStub(channel)
-    channel.close()
+    router, line = start(router_args(sim_addr, "--parked-request-budget", "300ms",
+                                     "--parked-request-retry-interval", "20ms"), "serving")
+    late, late_line = start(router_args(sim_addr, "--parked-request-budget", "1s",
+                                        "--parked-request-retry-interval", "10ms",
+                                        "--late-serve-limit", "12s"), "serving")
+    channels = [grpc.insecure_channel(word_after(l, "ext_proc on ")) for l in (line, late_line)]
+    stub, late_stub = [external_processor_pb2_grpc.ExternalProcessorStub(c) for c in channels]
+    stub.late = late_stub
+    yield stub
+    for channel in channels:
+        channel.close()
     stop(router)
+    stop(late)
     stop(sim)
     os.unlink(script)

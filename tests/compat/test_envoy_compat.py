@@ -93,7 +93,10 @@ def check_immediate(reply, status, body, details):
     assert ir.details == details
     headers = {h.header.key: h.header.raw_value.decode() for h in ir.headers.set_headers}
     assert all(h.header.value == "" for h in ir.headers.set_headers), "B10: raw_value only"
-    assert headers == {"content-type": "text/plain", "x-atenet-reason": details}
+    expected = {"content-type": "text/plain", "x-atenet-reason": details}
+    if details in ("atenet_budget_exhausted", "atenet_lot_full"):
+        expected["retry-after"] = "1"  # capacity 503s; nothing served yet, so the 1 s floor
+    assert headers == expected
     assert not reply.HasField("dynamic_metadata")
 
 
@@ -130,3 +133,19 @@ def test_b9_each_phase_gets_its_own_kind(stack):
     for (kind, _), reply in zip(kinds, replies[1:]):
         assert reply.WhichOneof("response") == kind, "B9"
         assert reply.ListFields() == [(reply.DESCRIPTOR.fields_by_name[kind], getattr(reply, kind))]
+
+
+def test_late_serve_override_arrives_before_the_late_verdict(stack):
+    """The flight passes its 1 s budget with an attempt running; Envoy is told
+    to keep waiting (override_message_timeout = --late-serve-limit) before the
+    late verdict arrives on the same stream."""
+    call = stack.late.Process(iter([headers_request([("ate-target-actor", "demo/late")])]), timeout=30)
+    first = next(call)
+    assert first.WhichOneof("response") is None
+    assert first.HasField("override_message_timeout")
+    assert first.override_message_timeout.seconds == 12
+    assert first.override_message_timeout.nanos == 0
+    assert first.SerializeToString() == bytes.fromhex("5202080c"), "override only, as wire.md encodes it"
+    second = next(call)
+    call.cancel()
+    check_route(second, "demo/late", "10.0.0.7:443")
