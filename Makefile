@@ -17,18 +17,28 @@ METRICS_ADDR ?= 127.0.0.1:9090
 STATUS_PORT ?= 4040
 RUN_FLAGS ?=
 
-.PHONY: help deps venv build run test test-rust test-compat lint fmt clean
+VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -n 1)
+PREFIX ?= /usr/local
+DESTDIR ?=
+# Flags for `make envoy-config`: the router flags the Envoy config must match.
+ENVOY_FLAGS ?= --ateapi-insecure --ateapi-address $(SIM_LISTEN) --port-extproc $(EXTPROC_PORT)
+
+.PHONY: help deps venv build run test test-rust test-compat bench lint fmt install envoy-config \
+	k8s-envoy-config docker package clean
 
 help: ## List the targets.
-	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
+	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
 
-deps: ## Install missing build tools (cmake, g++, libssl-dev, python3-venv).
+deps: ## Install missing tools (cmake, g++, libssl-dev, python3-venv; chromium, promtool for tests).
 	@missing=""; \
 	command -v cmake >/dev/null || missing="$$missing cmake"; \
 	command -v g++ >/dev/null || missing="$$missing g++"; \
 	command -v pkg-config >/dev/null || missing="$$missing pkg-config"; \
 	[ -f /usr/include/openssl/ssl.h ] || missing="$$missing libssl-dev"; \
 	python3 -c 'import venv, ensurepip' 2>/dev/null || missing="$$missing python3-venv"; \
+	command -v chromium >/dev/null || missing="$$missing chromium"; \
+	command -v promtool >/dev/null || missing="$$missing prometheus"; \
+	command -v systemd-analyze >/dev/null || missing="$$missing systemd"; \
 	if [ -n "$$missing" ]; then \
 		echo "installing:$$missing"; \
 		$(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq $$missing; \
@@ -42,7 +52,7 @@ $(VENV)/.installed: tests/compat/requirements.txt | deps
 	touch $@
 
 build: deps ## Build the router and the simulator (release).
-	cargo build --release --bins
+	@cargo build --release --bins
 
 run: build ## Run ateapi-sim and the router on loopback (Ctrl-C stops both).
 	@echo "ateapi-sim on $(SIM_LISTEN); router ext_proc on 127.0.0.1:$(EXTPROC_PORT)"
@@ -62,6 +72,9 @@ test-rust: deps
 test-compat: build venv
 	ATENET_BIN_DIR=$(BIN) $(VENV)/bin/python -m pytest -q tests/compat
 
+bench: ## Benchmarks (not yet: the performance work adds parkload and the suite).
+	@echo "make bench: no benchmark suite yet; it arrives with the performance issue (parkload)."
+
 lint: ## rustfmt and clippy, warnings as errors.
 	cargo fmt --check
 	cargo clippy --release --all-targets -- -D warnings
@@ -69,5 +82,35 @@ lint: ## rustfmt and clippy, warnings as errors.
 fmt: ## Format the code.
 	cargo fmt
 
+install: build ## Install the binary, the systemd unit and its env file (PREFIX, DESTDIR).
+	install -D -m 0755 $(BIN)/atenet-router $(DESTDIR)$(PREFIX)/bin/atenet-router
+	install -D -m 0644 packaging/systemd/atenet-router.service $(DESTDIR)/etc/systemd/system/atenet-router.service
+	sed -i 's|/usr/local/bin/atenet-router|$(PREFIX)/bin/atenet-router|' $(DESTDIR)/etc/systemd/system/atenet-router.service
+	@if [ -e $(DESTDIR)/etc/atenet-router/atenet-router.env ]; then \
+		echo "keeping existing /etc/atenet-router/atenet-router.env"; \
+	else \
+		install -D -m 0644 packaging/systemd/atenet-router.env $(DESTDIR)/etc/atenet-router/atenet-router.env; \
+	fi
+	@echo "installed; then: systemctl daemon-reload && systemctl enable --now atenet-router"
+
+envoy-config: build ## Print the Envoy bootstrap for ENVOY_FLAGS (default: the make run router).
+	@$(BIN)/atenet-router envoy-config $(ENVOY_FLAGS)
+
+k8s-envoy-config: build ## Regenerate packaging/kubernetes/envoy-bootstrap.yaml from the Deployment's flags.
+	$(BIN)/atenet-router envoy-config $$(sed -n 's/^ *- \(--[a-z-]*=.*\)$$/\1/p' packaging/kubernetes/deployment.yaml) \
+		> packaging/kubernetes/envoy-bootstrap.yaml
+
+docker: ## Build the container image atenet-router:VERSION (needs a Docker engine).
+	@docker info >/dev/null 2>&1 || { echo "make docker: no Docker engine reachable (docker info failed)"; exit 1; }
+	docker build -f packaging/docker/Dockerfile -t atenet-router:$(VERSION) -t atenet-router:latest .
+
+package: build ## Tarball of the binaries and packaging files in dist/.
+	rm -rf dist/atenet-router-$(VERSION) && mkdir -p dist/atenet-router-$(VERSION)/bin
+	cp $(BIN)/atenet-router $(BIN)/ateapi-sim dist/atenet-router-$(VERSION)/bin/
+	cp -r packaging README.md dist/atenet-router-$(VERSION)/
+	tar -C dist -czf dist/atenet-router-$(VERSION)-linux-$$(uname -m).tar.gz atenet-router-$(VERSION)
+	@echo dist/atenet-router-$(VERSION)-linux-$$(uname -m).tar.gz
+
 clean: ## Remove build outputs.
 	cargo clean
+	rm -rf dist

@@ -457,8 +457,17 @@ pub enum FlagsError {
 }
 
 /// Parses the flags of subcommand `command` (`serve` or `envoy-config`).
+/// Both `--flag value` and `--flag=value` are accepted, as operators write
+/// either (Kubernetes manifests favour the second).
 pub fn parse_flags(command: &str, args: &[&str]) -> Result<ServeArgs, FlagsError> {
-    ServeArgs::from_args(&["atenet-router", command], args).map_err(|exit| {
+    let split: Vec<&str> = args
+        .iter()
+        .flat_map(|arg| match arg.split_once('=') {
+            Some((flag, value)) if flag.starts_with("--") => vec![flag, value],
+            _ => vec![*arg],
+        })
+        .collect();
+    ServeArgs::from_args(&["atenet-router", command], &split).map_err(|exit| {
         if exit.status.is_ok() {
             FlagsError::Help(exit.output)
         } else {
@@ -529,6 +538,16 @@ mod tests {
             assert!(message.starts_with("invalid router configuration: "), "{message}");
             assert!(message.contains(flag), "{args:?}: {message}");
         }
+    }
+
+    #[test]
+    fn flag_equals_value_form() {
+        let c =
+            parse_serve_args(&["--ateapi-insecure", "--parked-request-max=7", "--log-level=debug"]).unwrap();
+        assert_eq!(c.parking.max, 7);
+        assert_eq!(c.log_level, crate::log::Level::Debug);
+        let c = parse_serve_args(&["--ateapi-insecure", "--envoy-admin-address="]).unwrap();
+        assert_eq!(c.envoy_admin_address, None, "an empty value after = is a value");
     }
 
     #[test]

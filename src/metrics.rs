@@ -49,6 +49,7 @@ pub struct Metrics {
     pub route_duration: HistogramVec,
     pub resume_attempts: IntCounterVec,
     pub streams_active: IntGauge,
+    pub parking_lot_max: IntGauge,
     pub drain_verdicts: IntCounter,
     pub drain_cancelled: IntCounter,
 }
@@ -93,6 +94,11 @@ impl Metrics {
             "ext_proc streams open now (each holds one Envoy circuit-breaker slot).",
         )
         .expect("valid metric");
+        let parking_lot_max = IntGauge::new(
+            "atenet_router_parking_lot_max",
+            "The lot's capacity (--parked-request-max); 0 when parking is disabled.",
+        )
+        .expect("valid metric");
         let drain_verdicts =
             IntCounter::new("atenet_router_drain_verdicts_total", "Verdicts given after a drain started.")
                 .expect("valid metric");
@@ -108,6 +114,7 @@ impl Metrics {
             Box::new(route_duration.clone()),
             Box::new(resume_attempts.clone()),
             Box::new(streams_active.clone()),
+            Box::new(parking_lot_max.clone()),
             Box::new(drain_verdicts.clone()),
             Box::new(drain_cancelled.clone()),
         ] {
@@ -121,6 +128,7 @@ impl Metrics {
             route_duration,
             resume_attempts,
             streams_active,
+            parking_lot_max,
             drain_verdicts,
             drain_cancelled,
         }

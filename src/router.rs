@@ -57,6 +57,7 @@ impl Router {
         let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
         let env = Arc::new(EnvBuilder::new().cq_count(cores).name_prefix("atenet-grpc").build());
         let metrics = Metrics::new();
+        metrics.parking_lot_max.set(config.parking.max as i64);
         let timer = TimerThread::start();
 
         let ateapi = Arc::new(

@@ -81,6 +81,7 @@ def stack():
     channels = [grpc.insecure_channel(word_after(l, "ext_proc on ")) for l in (line, late_line)]
     stub, late_stub = [external_processor_pb2_grpc.ExternalProcessorStub(c) for c in channels]
     stub.late = late_stub
+    stub.metrics_addr = word_after(line, "metrics on http://").split("/")[0]
     yield stub
     for channel in channels:
         channel.close()
