@@ -44,12 +44,12 @@ deps: ## Install missing tools (cmake, g++, libssl-dev, python3-venv; chromium, 
 		$(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq $$missing; \
 	fi
 
-venv: $(VENV)/.installed ## Python venv with Envoy's official protos for compatibility tests.
-
-$(VENV)/.installed: tests/compat/requirements.txt | deps
-	python3 -m venv $(VENV)
-	$(VENV)/bin/pip install -q --disable-pip-version-check -r tests/compat/requirements.txt
-	touch $@
+venv: deps ## Python venv with Envoy's official protos for compatibility tests.
+	@if ! cmp -s tests/compat/requirements.txt $(VENV)/requirements.txt; then \
+		python3 -m venv $(VENV) && \
+		$(VENV)/bin/pip install -q --disable-pip-version-check -r tests/compat/requirements.txt && \
+		cp tests/compat/requirements.txt $(VENV)/requirements.txt; \
+	fi
 
 build: deps ## Build the router and the simulator (release).
 	@cargo build --release --bins

@@ -7,7 +7,6 @@
 //! an error there means the client (or Envoy) went away, and dropping the
 //! wait frees the request's lot slot at once (B27, B28).
 
-use std::collections::VecDeque;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -22,20 +21,20 @@ use protobuf::well_known_types::struct_::{Struct, Value};
 use protobuf::well_known_types::wrappers::BoolValue;
 use protobuf::MessageField;
 
-use crate::flight::FlightEvent;
+use crate::flight::{FlightEvent, FlightWait};
 use crate::metrics::Metrics;
 use crate::proto::base::{
     header_value_option::HeaderAppendAction, HeaderMap, HeaderValue, HeaderValueOption,
 };
 use crate::proto::external_processor::{
-    processing_request, BodyResponse, CommonResponse, HeaderMutation, HeadersResponse, HttpHeaders,
-    ImmediateResponse, ProcessingRequest, ProcessingResponse, TrailersResponse,
+    processing_request, BodyResponse, CommonResponse, HeaderMutation, HeadersResponse, ImmediateResponse,
+    ProcessingRequest, ProcessingResponse, TrailersResponse,
 };
 use crate::proto::http_status::HttpStatus;
 use crate::proto::EXT_PROC_PROCESS;
 use crate::resolver::{Abandon, Resolver, ResumeLabel};
 use crate::status::{RecentRequest, RecentRequests};
-use crate::target::{self, ACTOR_HEADER};
+use crate::target::{self, Target, ACTOR_HEADER};
 use crate::verdict::{self, Rejection, Verdict};
 
 /// The dynamic-metadata namespace Envoy's ORIGINAL_DST cluster reads (B7).
@@ -79,143 +78,150 @@ impl ExtProc {
         let this = Arc::clone(self);
         ServiceBuilder::new()
             .add_duplex_streaming_handler(&EXT_PROC_PROCESS, move |ctx: RpcContext<'_>, stream, sink| {
-                let this = Arc::clone(&this);
                 let deadline = ctx.deadline();
-                ctx.spawn(async move { this.serve(stream, sink, deadline).await });
+                ctx.spawn(Arc::clone(&this).serve(stream, sink, deadline));
             })
             .build()
     }
 
-    async fn serve(
-        &self,
+    /// One stream's task. Written as a function returning an `async move`
+    /// block rather than an `async fn` spawned through a wrapper: each layer
+    /// of async would store the stream and sink again, and the task's size
+    /// is paid once per parked request.
+    #[allow(clippy::manual_async_fn, reason = "an async fn would store its arguments twice")]
+    fn serve(
+        self: Arc<Self>,
         mut stream: RequestStream<ProcessingRequest>,
         mut sink: DuplexSink<ProcessingResponse>,
         deadline: Deadline,
-    ) {
-        self.metrics.streams_active.inc();
-        let _open = StreamGauge(&self.metrics);
-        let mut incoming = Incoming { stream: &mut stream, backlog: VecDeque::new(), closed: false };
-        while let Some(request) = incoming.next().await {
-            let Some(request) = request else {
-                // Envoy resets the stream after the exchange: normal end.
-                return;
-            };
-            let observe_only = request.observability_mode;
-            let reply = match request.request {
-                Some(processing_request::Request::RequestHeaders(headers)) => {
-                    let attributes = request.attributes;
-                    match self.route(&headers, &attributes, &mut incoming, &mut sink, deadline).await {
-                        Some(reply) => reply,
-                        None => return,
+    ) -> impl Future<Output = ()> + Send + 'static {
+        async move {
+            self.metrics.streams_active.inc();
+            let _open = StreamGauge(&self.metrics);
+            loop {
+                // Ok(None) is a half-close and Err a reset: either way, no
+                // more messages. Envoy resets the stream after the exchange.
+                let request = match stream.next().await {
+                    Some(Ok(request)) => request,
+                    _ => break,
+                };
+                // In observability mode Envoy does not read replies (wire.md).
+                let answer = !request.observability_mode;
+                // Two steps, so that no reply-sized value is held while a
+                // request waits: every byte here is paid per parked request.
+                let pending = match self.prepare(request) {
+                    Prepared::Reply(reply) => {
+                        if answer && send(&mut sink, reply).await.is_err() {
+                            return;
+                        }
+                        continue;
                     }
+                    Prepared::Ignore => continue,
+                    Prepared::Route(pending) => pending,
+                };
+                let Some(reply) = self.route(pending, &mut sink, deadline).await else {
+                    return;
+                };
+                if answer && send(&mut sink, reply).await.is_err() {
+                    return;
                 }
-                Some(other) => empty_reply(&other),
-                None => {
-                    crate::debug!("ext_proc message with no known request kind; ignored");
-                    continue;
-                }
-            };
-            // In observability mode Envoy does not read replies (wire.md).
-            if observe_only {
-                continue;
             }
-            if sink.send((reply, WriteFlags::default())).await.is_err() {
-                return;
-            }
+            let _ = Box::pin(sink.close()).await;
         }
-        let _ = sink.close().await;
     }
 
-    /// Resolves one request_headers message to its reply; `None` when the
-    /// stream ended first.
-    async fn route(
-        &self,
-        headers: &HttpHeaders,
-        attributes: &target::Attributes,
-        incoming: &mut Incoming<'_>,
-        sink: &mut DuplexSink<ProcessingResponse>,
-        deadline: Deadline,
-    ) -> Option<ProcessingResponse> {
+    /// Everything about a message that needs no waiting: the empty reply of
+    /// its kind (B9), or the 404 for a bad target (B4), or the target to
+    /// resolve. The message itself, headers included, is dropped here, so a
+    /// parked request keeps only what its verdict and the status page need.
+    fn prepare(&self, request: ProcessingRequest) -> Prepared {
         let received = Instant::now();
-        let empty = Default::default();
-        let header_map = headers.headers.as_ref().unwrap_or(&empty);
-        let target = match target::resolve(header_map, attributes) {
-            Ok(target) => target,
+        let headers = match request.request {
+            Some(processing_request::Request::RequestHeaders(headers)) => headers,
+            Some(other) => return Prepared::Reply(empty_reply(&other)),
+            None => {
+                crate::debug!("ext_proc message with no known request kind; ignored");
+                return Prepared::Ignore;
+            }
+        };
+        let header_map = headers.headers.into_option().unwrap_or_default();
+        let line = RequestLine::of(&header_map);
+        match target::resolve(&header_map, &request.attributes) {
+            Ok(target) => Prepared::Route(Pending { target, line, received }),
             Err(_) => {
                 let (verdict, label) = verdict::invalid_target();
-                self.finish(header_map, "", &verdict, received, label, ResumeLabel::Unknown);
-                return Some(response_for(&verdict));
-            }
-        };
-        let mut resolving = self.resolver.resolve(&target.actor);
-        let mut override_pending = !self.late_serve_limit.is_zero();
-        let outcome = loop {
-            let watch = async {
-                if incoming.closed {
-                    Gone { sink: &mut *sink }.await;
-                    return Wake::Gone;
-                }
-                match select(incoming.stream.next(), Gone { sink: &mut *sink }).await {
-                    Either::Left((message, _)) => Wake::Message(message),
-                    Either::Right(((), _)) => Wake::Gone,
-                }
-            };
-            let overtime_wait = override_pending.then(|| resolving.overtime());
-            let overtime = async {
-                if let Some(wait) = overtime_wait {
-                    if let FlightEvent::Overtime = wait.await {
-                        return Wake::Overtime;
-                    }
-                }
-                futures::future::pending().await
-            };
-            let wake = match select(&mut resolving, select(Box::pin(watch), Box::pin(overtime))).await {
-                Either::Left((outcome, _)) => break outcome,
-                Either::Right((Either::Left((wake, _)) | Either::Right((wake, _)), _)) => wake,
-            };
-            match wake {
-                // Envoy may send more before our reply; answer it afterwards.
-                Wake::Message(Some(Ok(message))) => incoming.backlog.push_back(message),
-                // End of the request stream: a half-close, or the read side of
-                // a cancel. Only the call's end tells them apart.
-                Wake::Message(None) => incoming.closed = true,
-                Wake::Overtime => {
-                    override_pending = false;
-                    let extend = override_timeout(self.late_serve_limit);
-                    if sink.send((extend, WriteFlags::default())).await.is_err() {
-                        crate::debug!("stream for {} ended before the late-serve override", target.actor);
-                    }
-                }
-                Wake::Message(Some(Err(_))) | Wake::Gone => {
-                    let (reason, label) = if deadline.exceeded() {
-                        (Abandon::Timeout, "timeout")
-                    } else {
-                        (Abandon::Canceled, "cancelled")
-                    };
-                    crate::debug!("stream for {} ended while waiting ({label})", target.actor);
-                    resolving.abandon(reason);
-                    self.observe(received, label, ResumeLabel::Unknown);
-                    return None;
-                }
-            }
-        };
-        let retry_after = self.resolver.lot().map_or(1, |lot| lot.retry_after());
-        let (verdict, label) = verdict::for_outcome(&target, &outcome, self.worker_port, retry_after);
-        if let (Verdict::Reject(r), Err(e)) = (&verdict, &outcome.result) {
-            if r.status >= 500 && r.status != 503 {
-                crate::warn!("actor {}: {} ({e:?})", target.actor, r.body);
-            } else {
-                crate::debug!("actor {}: {} ({e:?})", target.actor, r.body);
+                self.finish(&line, "", &verdict, received, label, ResumeLabel::Unknown);
+                Prepared::Reply(response_for(&verdict))
             }
         }
-        self.finish(header_map, target.actor.as_str(), &verdict, received, label, outcome.resume);
-        Some(response_for(&verdict))
+    }
+
+    /// Resolves one request's actor to its reply; `None` when the stream
+    /// ended first.
+    ///
+    /// While the request waits, only the call's end is watched: Envoy sends
+    /// nothing more on the stream before it has this reply (anything it did
+    /// send would wait in gRPC's flow-control window and be answered after),
+    /// and not keeping a read posted saves memory per parked request.
+    #[allow(clippy::manual_async_fn, reason = "an async fn would store its arguments twice")]
+    fn route<'a>(
+        &'a self,
+        pending: Pending,
+        sink: &'a mut DuplexSink<ProcessingResponse>,
+        deadline: Deadline,
+    ) -> impl Future<Output = Option<ProcessingResponse>> + Send + 'a {
+        async move {
+            let (target, received) = (&pending.target, pending.received);
+            let mut resolving = self.resolver.resolve(&target.actor);
+            let mut override_pending = !self.late_serve_limit.is_zero();
+            let outcome = loop {
+                let overtime = override_pending.then(|| resolving.overtime());
+                let woken =
+                    match select(&mut resolving, select(Gone { sink: &mut *sink }, Overtime(overtime))).await
+                    {
+                        Either::Left((outcome, _)) => break outcome,
+                        Either::Right((Either::Left(_), _)) => Woken::Gone,
+                        Either::Right((Either::Right(_), _)) => Woken::Overtime,
+                    };
+                match woken {
+                    Woken::Overtime => {
+                        override_pending = false;
+                        let extend = override_timeout(self.late_serve_limit);
+                        if send(sink, extend).await.is_err() {
+                            crate::debug!("stream for {} ended before the late-serve override", target.actor);
+                        }
+                    }
+                    Woken::Gone => {
+                        let (reason, label) = if deadline.exceeded() {
+                            (Abandon::Timeout, "timeout")
+                        } else {
+                            (Abandon::Canceled, "cancelled")
+                        };
+                        crate::debug!("stream for {} ended while waiting ({label})", target.actor);
+                        resolving.abandon(reason);
+                        self.observe(received, label, ResumeLabel::Unknown);
+                        return None;
+                    }
+                }
+            };
+            let retry_after = self.resolver.lot().map_or(1, |lot| lot.retry_after());
+            let (verdict, label) = verdict::for_outcome(target, &outcome, self.worker_port, retry_after);
+            if let (Verdict::Reject(r), Err(e)) = (&verdict, &outcome.result) {
+                if r.status >= 500 && r.status != 503 {
+                    crate::warn!("actor {}: {} ({e:?})", target.actor, r.body);
+                } else {
+                    crate::debug!("actor {}: {} ({e:?})", target.actor, r.body);
+                }
+            }
+            self.finish(&pending.line, target.actor.as_str(), &verdict, received, label, outcome.resume);
+            Some(response_for(&verdict))
+        }
     }
 
     /// Records a verdict: route metric, drain count, recent requests.
     fn finish(
         &self,
-        headers: &HeaderMap,
+        request: &RequestLine,
         actor: &str,
         verdict: &Verdict,
         received: Instant,
@@ -231,8 +237,8 @@ impl ExtProc {
             Verdict::Reject(r) => (format!("{} {}", r.status, r.reason), String::new()),
         };
         self.recent.record(RecentRequest::new(
-            target::header(headers, ":method").unwrap_or_default(),
-            target::header(headers, ":path").unwrap_or_default(),
+            request.method(),
+            request.path(),
             actor,
             summary,
             worker,
@@ -245,11 +251,87 @@ impl ExtProc {
     }
 }
 
-/// What interrupted a request's wait.
-enum Wake {
-    Message(Option<grpcio::Result<ProcessingRequest>>),
+/// Sends one reply. The send future holds the message, so it lives on the
+/// heap only while sending: every stream task keeps its state machine for
+/// its whole life, and a parked request should not carry room for a reply
+/// it has not built yet.
+fn send(
+    sink: &mut DuplexSink<ProcessingResponse>,
+    reply: ProcessingResponse,
+) -> Pin<Box<dyn Future<Output = grpcio::Result<()>> + Send + '_>> {
+    Box::pin(sink.send((reply, WriteFlags::default())))
+}
+
+/// What [`ExtProc::prepare`] made of a message.
+enum Prepared {
+    Reply(ProcessingResponse),
+    Ignore,
+    Route(Pending),
+}
+
+/// A request waiting for its actor.
+struct Pending {
+    target: Target,
+    line: RequestLine,
+    received: Instant,
+}
+
+/// Why a waiting request woke before its outcome.
+enum Woken {
     Gone,
     Overtime,
+}
+
+/// The method and path of a request, for the status page; the path's
+/// query string is dropped by [`RecentRequest::new`].
+///
+/// One allocation, method then path without its query, both bounded: it
+/// is held for as long as the request waits.
+struct RequestLine {
+    bytes: Box<[u8]>,
+    method_len: usize,
+}
+
+impl RequestLine {
+    fn of(headers: &HeaderMap) -> RequestLine {
+        let method = target::header(headers, ":method").unwrap_or_default();
+        let method = &method[..method.len().min(16)];
+        let path = target::header(headers, ":path").unwrap_or_default();
+        let path = path.split(|b| *b == b'?' || *b == b'#').next().unwrap_or_default();
+        let path = &path[..path.len().min(256)];
+        RequestLine { bytes: [method, path].concat().into_boxed_slice(), method_len: method.len() }
+    }
+
+    fn method(&self) -> &[u8] {
+        &self.bytes[..self.method_len]
+    }
+
+    fn path(&self) -> &[u8] {
+        &self.bytes[self.method_len..]
+    }
+}
+
+/// Completes when the flight goes into overtime; never, without a wait.
+struct Overtime(Option<FlightWait>);
+
+impl Future for Overtime {
+    type Output = ();
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        match &mut self.0 {
+            Some(wait) => match Pin::new(wait).poll(cx) {
+                Poll::Ready(FlightEvent::Overtime) => Poll::Ready(()),
+                // The flight ended: the outcome arrives through the caller's
+                // own wait; nothing to extend.
+                Poll::Ready(_) => {
+                    self.0 = None;
+                    Poll::Pending
+                }
+                Poll::Pending => Poll::Pending,
+            },
+            None => Poll::Pending,
+        }
+    }
 }
 
 /// Keeps `atenet_router_extproc_streams_active` exact however a stream ends.
@@ -293,34 +375,6 @@ impl Future for Gone<'_> {
         match Pin::new(&mut *self.sink).poll_ready(cx) {
             Poll::Ready(Err(_)) => Poll::Ready(()),
             _ => Poll::Pending,
-        }
-    }
-}
-
-/// The stream's messages, with those that arrived while a request waited.
-struct Incoming<'a> {
-    stream: &'a mut RequestStream<ProcessingRequest>,
-    backlog: VecDeque<ProcessingRequest>,
-    closed: bool,
-}
-
-impl Incoming<'_> {
-    /// The next message: `None` at the end of the stream, `Some(None)` when
-    /// the stream failed.
-    async fn next(&mut self) -> Option<Option<ProcessingRequest>> {
-        if let Some(message) = self.backlog.pop_front() {
-            return Some(Some(message));
-        }
-        if self.closed {
-            return None;
-        }
-        match self.stream.next().await {
-            Some(Ok(message)) => Some(Some(message)),
-            Some(Err(_)) => Some(None),
-            None => {
-                self.closed = true;
-                None
-            }
         }
     }
 }
@@ -413,6 +467,7 @@ fn string_value(s: &str) -> Value {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::proto::external_processor::HttpHeaders;
     use protobuf::Message;
 
     fn hex(bytes: &[u8]) -> String {

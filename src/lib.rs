@@ -25,6 +25,7 @@ pub mod extproc;
 pub mod flight;
 pub mod godur;
 pub mod http;
+pub mod load;
 pub mod lot;
 pub mod metrics;
 pub mod proto;

@@ -39,9 +39,40 @@ impl WaitOutcome {
     }
 }
 
+/// B35's `outcome` values.
+pub const ROUTE_OUTCOMES: [&str; 9] = [
+    "ok",
+    "not_found",
+    "no_capacity",
+    "unavailable",
+    "lock_conflict",
+    "failed_precondition",
+    "timeout",
+    "cancelled",
+    "resume_error",
+];
+/// B21's `resume` values.
+pub const RESUME_LABELS: [&str; 4] = ["triggered", "joined", "none", "unknown"];
+const WAIT_OUTCOMES: [WaitOutcome; 5] = [
+    WaitOutcome::Served,
+    WaitOutcome::BudgetExhausted,
+    WaitOutcome::Canceled,
+    WaitOutcome::Timeout,
+    WaitOutcome::Error,
+];
+
+/// Label lookups resolved once: the hot path then touches only atomics,
+/// never the label-hashing map inside a metric vector.
+struct Handles {
+    route: Vec<Histogram>,
+    wait: Vec<Histogram>,
+    attempts: Vec<IntCounter>,
+}
+
 /// Every instrument the router records.
 #[derive(Clone)]
 pub struct Metrics {
+    handles: std::sync::Arc<Handles>,
     registry: Registry,
     pub parking_active: IntGauge,
     pub parking_wait: HistogramVec,
@@ -50,6 +81,7 @@ pub struct Metrics {
     pub resume_attempts: IntCounterVec,
     pub streams_active: IntGauge,
     pub parking_lot_max: IntGauge,
+    pub timer_lateness: Histogram,
     pub drain_verdicts: IntCounter,
     pub drain_cancelled: IntCounter,
 }
@@ -99,6 +131,14 @@ impl Metrics {
             "The lot's capacity (--parked-request-max); 0 when parking is disabled.",
         )
         .expect("valid metric");
+        let timer_lateness = Histogram::with_opts(
+            HistogramOpts::new(
+                "atenet_router_timer_lateness_seconds",
+                "How late the timer thread ran each retry or deadline against its schedule.",
+            )
+            .buckets(vec![0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25]),
+        )
+        .expect("valid metric");
         let drain_verdicts =
             IntCounter::new("atenet_router_drain_verdicts_total", "Verdicts given after a drain started.")
                 .expect("valid metric");
@@ -115,12 +155,27 @@ impl Metrics {
             Box::new(resume_attempts.clone()),
             Box::new(streams_active.clone()),
             Box::new(parking_lot_max.clone()),
+            Box::new(timer_lateness.clone()),
             Box::new(drain_verdicts.clone()),
             Box::new(drain_cancelled.clone()),
         ] {
             registry.register(collector).expect("unique metric names");
         }
+        let handles = std::sync::Arc::new(Handles {
+            route: ROUTE_OUTCOMES
+                .iter()
+                .flat_map(|o| RESUME_LABELS.iter().map(|r| route_duration.with_label_values(&[o, r])))
+                .collect(),
+            wait: WAIT_OUTCOMES.iter().map(|o| parking_wait.with_label_values(&[o.label()])).collect(),
+            attempts: (0..17)
+                .map(|i| resume_attempts.with_label_values(&[Code::from_i32(i).name()]))
+                .collect(),
+        });
+        // Creating the handles also exports every series from the start, at
+        // zero: rate() and absent-series alerts then behave from the first
+        // scrape, as Prometheus recommends.
         Metrics {
+            handles,
             registry,
             parking_active,
             parking_wait,
@@ -129,24 +184,32 @@ impl Metrics {
             resume_attempts,
             streams_active,
             parking_lot_max,
+            timer_lateness,
             drain_verdicts,
             drain_cancelled,
         }
     }
 
     /// The wait histogram for one outcome.
-    pub fn wait(&self, outcome: WaitOutcome) -> Histogram {
-        self.parking_wait.with_label_values(&[outcome.label()])
+    pub fn wait(&self, outcome: WaitOutcome) -> &Histogram {
+        let i = WAIT_OUTCOMES.iter().position(|o| *o == outcome).expect("every outcome is listed");
+        &self.handles.wait[i]
     }
 
     /// Counts one ResumeActor attempt (B36).
     pub fn count_attempt(&self, code: Code) {
-        self.resume_attempts.with_label_values(&[code.name()]).inc();
+        self.handles.attempts[code.as_i32() as usize].inc();
     }
 
-    /// Records one request_headers exchange (B35).
+    /// Records one request_headers exchange (B35). `outcome` and `resume`
+    /// are values of [`ROUTE_OUTCOMES`] and [`RESUME_LABELS`].
     pub fn observe_route(&self, outcome: &str, resume: &str, seconds: f64) {
-        self.route_duration.with_label_values(&[outcome, resume]).observe(seconds);
+        let o = ROUTE_OUTCOMES.iter().position(|v| *v == outcome);
+        let r = RESUME_LABELS.iter().position(|v| *v == resume);
+        match (o, r) {
+            (Some(o), Some(r)) => self.handles.route[o * RESUME_LABELS.len() + r].observe(seconds),
+            _ => self.route_duration.with_label_values(&[outcome, resume]).observe(seconds),
+        }
     }
 
     /// The registry, for callers that add their own collectors.

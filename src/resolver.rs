@@ -136,35 +136,41 @@ impl Future for Resolve {
     }
 }
 
-async fn wait(
+/// The caller's two-phase wait. A function returning an `async move`
+/// block, not an `async fn`: the latter stores its arguments twice, and this
+/// state is held once per parked request.
+#[allow(clippy::manual_async_fn, reason = "an async fn would store its arguments twice")]
+fn wait(
     flight: Arc<Flight>,
     role: Role,
     lot: Option<Arc<ParkingLot>>,
     exit: Arc<AtomicU8>,
-) -> ResumeOutcome {
-    let served = |outcome: &FlightOutcome, parked: bool| outcome_for(outcome, role, parked);
-    if let FlightEvent::Done(outcome) = flight.wait(Until::ParkedOrDone).await {
-        return served(&outcome, false);
-    }
-    let Some(lot) = lot else {
-        // Parking disabled: a retried Aborted waits without a slot (B22).
-        return served(&*done(&flight).await, false);
-    };
-    // B24: the flight may have finished between the transition and now.
-    if let Some(outcome) = flight.outcome() {
-        return served(&outcome, false);
-    }
-    let Some(slot) = lot.try_admit() else {
-        return ResumeOutcome {
-            result: Err(ResolveError::LotFull),
-            resume: ResumeLabel::Unknown,
-            parked: false,
+) -> impl Future<Output = ResumeOutcome> + Send {
+    async move {
+        let served = |outcome: &FlightOutcome, parked: bool| outcome_for(outcome, role, parked);
+        if let FlightEvent::Done(outcome) = flight.wait(Until::ParkedOrDone).await {
+            return served(&outcome, false);
+        }
+        let Some(lot) = lot else {
+            // Parking disabled: a retried Aborted waits without a slot (B22).
+            return served(&*done(&flight).await, false);
         };
-    };
-    let mut parked = ParkedCaller::new(slot, &flight, exit);
-    let outcome = done(&flight).await;
-    parked.release(wait_outcome(&outcome));
-    served(&outcome, true)
+        // B24: the flight may have finished between the transition and now.
+        if let Some(outcome) = flight.outcome() {
+            return served(&outcome, false);
+        }
+        let Some(slot) = lot.try_admit() else {
+            return ResumeOutcome {
+                result: Err(ResolveError::LotFull),
+                resume: ResumeLabel::Unknown,
+                parked: false,
+            };
+        };
+        let mut parked = ParkedCaller::new(slot, &flight, exit);
+        let outcome = done(&flight).await;
+        parked.release(wait_outcome(&outcome));
+        served(&outcome, true)
+    }
 }
 
 async fn done(flight: &Arc<Flight>) -> Arc<FlightOutcome> {

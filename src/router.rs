@@ -58,7 +58,7 @@ impl Router {
         let env = Arc::new(EnvBuilder::new().cq_count(cores).name_prefix("atenet-grpc").build());
         let metrics = Metrics::new();
         metrics.parking_lot_max.set(config.parking.max as i64);
-        let timer = TimerThread::start();
+        let timer = TimerThread::start_observed(Some(metrics.timer_lateness.clone()));
 
         let ateapi = Arc::new(
             AteapiClient::connect(

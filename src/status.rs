@@ -157,6 +157,7 @@ impl StatusPage {
                 let code = m.get_label().first().map(|l| l.get_value().to_string()).unwrap_or_default();
                 (code, m.get_counter().get_value() as u64)
             })
+            .filter(|(_, n)| *n > 0)
             .collect();
         counts.sort();
         counts

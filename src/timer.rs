@@ -70,8 +70,8 @@ impl Queue {
         None
     }
 
-    /// Takes every task due at `now`, earliest first.
-    fn take_due(&mut self, now: Instant) -> Vec<Task> {
+    /// Takes every task due at `now` with its deadline, earliest first.
+    fn take_due(&mut self, now: Instant) -> Vec<(Instant, Task)> {
         let mut due = Vec::new();
         while let Some(Reverse((at, id))) = self.order.peek().copied() {
             if at > now {
@@ -79,7 +79,7 @@ impl Queue {
             }
             self.order.pop();
             if let Some(task) = self.tasks.remove(&id) {
-                due.push(task);
+                due.push((at, task));
             }
         }
         due
@@ -93,6 +93,8 @@ impl Queue {
 struct Shared {
     queue: Mutex<Queue>,
     wake: Condvar,
+    /// Records how late each task ran against its deadline, in seconds.
+    lateness: Option<prometheus::Histogram>,
 }
 
 /// The process's one timer thread.
@@ -104,7 +106,12 @@ pub struct TimerThread {
 impl TimerThread {
     /// Starts the thread.
     pub fn start() -> Arc<TimerThread> {
-        let shared = Arc::new(Shared { queue: Mutex::new(Queue::default()), wake: Condvar::new() });
+        TimerThread::start_observed(None)
+    }
+
+    /// Starts the thread, recording each task's lateness in `lateness`.
+    pub fn start_observed(lateness: Option<prometheus::Histogram>) -> Arc<TimerThread> {
+        let shared = Arc::new(Shared { queue: Mutex::new(Queue::default()), wake: Condvar::new(), lateness });
         let worker = Arc::clone(&shared);
         let thread = std::thread::Builder::new()
             .name("atenet-timer".into())
@@ -137,7 +144,7 @@ impl Drop for TimerThread {
 impl Scheduler for TimerThread {
     fn schedule(&self, at: Instant, task: Task) -> TimerId {
         let mut queue = self.shared.queue.lock();
-        let was_first = queue.next_deadline().map_or(true, |first| at < first);
+        let was_first = queue.next_deadline().is_none_or(|first| at < first);
         let id = queue.push(at, task);
         drop(queue);
         if was_first {
@@ -158,10 +165,14 @@ fn run(shared: &Shared) {
             queue.tasks.clear();
             return;
         }
-        let due = queue.take_due(Instant::now());
+        let now = Instant::now();
+        let due = queue.take_due(now);
         if !due.is_empty() {
             drop(queue);
-            for task in due {
+            for (at, task) in due {
+                if let Some(lateness) = &shared.lateness {
+                    lateness.observe(now.saturating_duration_since(at).as_secs_f64());
+                }
                 task();
             }
             queue = shared.queue.lock();
@@ -200,7 +211,7 @@ impl ManualScheduler {
                 Some(at) if at <= end => {
                     self.clock.set(at);
                     let due = self.queue.lock().take_due(at);
-                    for task in due {
+                    for (_, task) in due {
                         task();
                     }
                 }

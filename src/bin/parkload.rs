@@ -1,0 +1,112 @@
+//! `parkload`: an ext_proc load generator playing Envoy's part against a
+//! running atenet-router. See `parkload --help` and `atenet_router::load`.
+
+use std::net::{SocketAddr, ToSocketAddrs};
+use std::process::ExitCode;
+use std::time::Duration;
+
+use argh::FromArgs;
+use atenet_router::godur;
+use atenet_router::load::{self, Distribution, LoadSpec, Stop};
+
+#[derive(FromArgs)]
+/// Load generator for atenet-router's ext_proc port: one stream per request,
+/// like Envoy. Prints progress to stderr and a summary (or --json) to stdout.
+struct Args {
+    /// router ext_proc address (host:port)
+    #[argh(option, default = "String::from(\"127.0.0.1:50051\")")]
+    target: String,
+    /// requests in flight at most (closed loop: exactly this many)
+    #[argh(option, default = "16")]
+    concurrency: usize,
+    /// requests per second (open loop); 0 runs a closed loop
+    #[argh(option, default = "0.0")]
+    rate: f64,
+    /// run this long (Go duration), unless --count is given
+    #[argh(option, default = "String::from(\"10s\")")]
+    duration: String,
+    /// stop after this many requests instead of a duration
+    #[argh(option)]
+    count: Option<u64>,
+    /// actors, comma-separated, with ranges: demo/actor-{0..63}
+    #[argh(option, default = "String::from(\"demo/actor-{0..63}\")")]
+    actors: String,
+    /// uniform, zipf or hot
+    #[argh(option, default = "String::from(\"uniform\")")]
+    distribution: String,
+    /// zipf exponent
+    #[argh(option, default = "1.1")]
+    zipf_s: f64,
+    /// share of requests for the first actor with --distribution hot
+    #[argh(option, default = "0.9")]
+    hot_fraction: f64,
+    /// stream-hold mode: open N streams at once and hold them until each gets its verdict
+    #[argh(option)]
+    hold: Option<u64>,
+    /// print the summary as JSON
+    #[argh(switch)]
+    json: bool,
+    /// seconds between progress lines (0 silences them)
+    #[argh(option, default = "1.0")]
+    progress: f64,
+}
+
+fn spec(args: &Args) -> Result<LoadSpec, String> {
+    let target: SocketAddr = args
+        .target
+        .to_socket_addrs()
+        .map_err(|e| format!("--target {:?}: {e}", args.target))?
+        .next()
+        .ok_or_else(|| format!("--target {:?} resolves to nothing", args.target))?;
+    let actors = load::expand_actors(&args.actors).map_err(|e| format!("--actors: {e}"))?;
+    let distribution = match args.distribution.as_str() {
+        "uniform" => Distribution::Uniform,
+        "zipf" if args.zipf_s > 0.0 => Distribution::Zipf(args.zipf_s),
+        "zipf" => return Err("--zipf-s must be positive".into()),
+        "hot" if (0.0..=1.0).contains(&args.hot_fraction) => Distribution::Hot(args.hot_fraction),
+        "hot" => return Err("--hot-fraction must be in [0, 1]".into()),
+        other => return Err(format!("--distribution must be uniform, zipf or hot, got {other:?}")),
+    };
+    let duration = godur::parse(&args.duration).map_err(|e| format!("--duration: {e}"))?;
+    let (concurrency, stop, rate) = match args.hold {
+        Some(n) if n > 0 => (n as usize, Stop::Count(n), None),
+        Some(_) => return Err("--hold must be positive".into()),
+        None => {
+            if args.concurrency == 0 {
+                return Err("--concurrency must be positive".into());
+            }
+            let stop = match args.count {
+                Some(n) => Stop::Count(n),
+                None => Stop::After(duration.positive().ok_or("--duration must be positive")?),
+            };
+            let rate = (args.rate > 0.0).then_some(args.rate);
+            (args.concurrency, stop, rate)
+        }
+    };
+    let progress = (args.progress > 0.0).then(|| Duration::from_secs_f64(args.progress));
+    Ok(LoadSpec { target, concurrency, rate, stop, actors, distribution, progress })
+}
+
+fn main() -> ExitCode {
+    let args: Args = argh::from_env();
+    let spec = match spec(&args) {
+        Ok(spec) => spec,
+        Err(e) => {
+            eprintln!("parkload: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    if let Some(n) = args.hold {
+        eprintln!("parkload: holding {n} streams against {}", spec.target);
+    }
+    let report = load::run(&spec);
+    if args.json {
+        println!("{}", report.json());
+    } else {
+        print!("{}", report.summary());
+    }
+    if report.completed == 0 {
+        return ExitCode::FAILURE;
+    }
+    ExitCode::SUCCESS
+}
