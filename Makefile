@@ -72,8 +72,8 @@ test-rust: deps
 test-compat: build venv
 	ATENET_BIN_DIR=$(BIN) $(VENV)/bin/python -m pytest -q tests/compat
 
-bench: ## Benchmarks (not yet: the performance work adds parkload and the suite).
-	@echo "make bench: no benchmark suite yet; it arrives with the performance issue (parkload)."
+bench: deps ## Benchmarks: router vs a baseline, five scenarios (about 4 minutes); see BENCHMARKS.md.
+	cargo bench --profile release --bench parking $(if $(ONLY),-- --only $(ONLY))
 
 lint: ## rustfmt and clippy, warnings as errors.
 	cargo fmt --check
@@ -106,7 +106,7 @@ docker: ## Build the container image atenet-router:VERSION (needs a Docker engin
 
 package: build ## Tarball of the binaries and packaging files in dist/.
 	rm -rf dist/atenet-router-$(VERSION) && mkdir -p dist/atenet-router-$(VERSION)/bin
-	cp $(BIN)/atenet-router $(BIN)/ateapi-sim dist/atenet-router-$(VERSION)/bin/
+	cp $(BIN)/atenet-router $(BIN)/ateapi-sim $(BIN)/parkload dist/atenet-router-$(VERSION)/bin/
 	cp -r packaging README.md dist/atenet-router-$(VERSION)/
 	tar -C dist -czf dist/atenet-router-$(VERSION)-linux-$$(uname -m).tar.gz atenet-router-$(VERSION)
 	@echo dist/atenet-router-$(VERSION)-linux-$$(uname -m).tar.gz

@@ -28,7 +28,7 @@ use crate::backoff::{Backoff, BackoffPolicy};
 use crate::clock::Clock;
 use crate::resume::{AttemptResult, Code, ResumeError, Resumed, Resumer};
 use crate::target::ActorId;
-use crate::timer::Scheduler;
+use crate::timer::{Scheduler, TimerId};
 
 /// How flights behave; derived once from the configuration.
 #[derive(Clone, Copy, Debug)]
@@ -106,6 +106,10 @@ struct FlightState {
     next_waiter: u64,
     /// Callers holding a lot slot on this flight (for the status page).
     parked_callers: usize,
+    /// The late-serve deadline check, cancelled when the flight ends early:
+    /// most flights end in a millisecond, and their checks should not keep
+    /// the timer busy for a whole budget.
+    deadline_timer: Option<TimerId>,
 }
 
 impl Flight {
@@ -274,6 +278,7 @@ impl FlightTable {
                     waiters: HashMap::new(),
                     next_waiter: 0,
                     parked_callers: 0,
+                    deadline_timer: None,
                 }),
             });
             shard.insert(actor.clone(), Arc::clone(&flight));
@@ -281,7 +286,9 @@ impl FlightTable {
         };
         if self.inner.policy.late_serve {
             let (inner, flight) = (Arc::clone(&self.inner), Arc::clone(&created));
-            self.inner.scheduler.schedule(created.deadline, Box::new(move || inner.on_deadline(&flight)));
+            let timer =
+                self.inner.scheduler.schedule(created.deadline, Box::new(move || inner.on_deadline(&flight)));
+            created.state.lock().deadline_timer = Some(timer);
         }
         Inner::start_attempt(&self.inner, &created);
         (created, Role::Leader)
@@ -372,6 +379,7 @@ impl Inner {
     fn on_deadline(&self, flight: &Arc<Flight>) {
         let wake: Vec<Waker> = {
             let mut state = flight.state.lock();
+            state.deadline_timer = None;
             if state.outcome.is_some() || !state.attempt_running {
                 return;
             }
@@ -400,15 +408,18 @@ impl Inner {
                 shard.remove(&flight.actor);
             }
         }
-        let wake: Vec<Waker> = {
+        let (wake, timer) = {
             let mut state = flight.state.lock();
             state.attempt_running = false;
             if state.outcome.is_some() {
                 return;
             }
             state.outcome = Some(Arc::new(outcome));
-            state.waiters.drain().map(|(_, w)| w).collect()
+            (state.waiters.drain().map(|(_, w)| w).collect::<Vec<Waker>>(), state.deadline_timer.take())
         };
+        if let Some(timer) = timer {
+            self.scheduler.cancel(timer);
+        }
         wake.into_iter().for_each(Waker::wake);
     }
 }
@@ -518,6 +529,7 @@ pub(crate) mod tests {
         assert!(poll(&mut wait).is_pending());
         h.resumer.answer(&a, ok(true));
         assert!(h.table.is_empty(), "B14: finished flight removed");
+        assert_eq!(h.scheduler.pending(), 0, "the late-serve check is cancelled with the flight");
         assert!(matches!(done(&mut wait), FlightOutcome::Resumed(r) if r.resumed));
         let (_, role) = h.table.join(&a);
         assert_eq!(role, Role::Leader, "B14: no caching; a new flight starts");

@@ -33,6 +33,8 @@ pub enum Distribution {
     Zipf(f64),
     /// The first actor gets `fraction` of requests; the rest share the remainder.
     Hot(f64),
+    /// Each request takes the next actor in order, wrapping around.
+    RoundRobin,
 }
 
 /// When a run ends.
@@ -142,8 +144,10 @@ impl LoadReport {
 #[derive(Clone, Debug)]
 pub struct ActorPicker {
     actors: Arc<Vec<String>>,
-    /// Cumulative weights, last = 1.0; empty for uniform.
+    /// Cumulative weights, last = 1.0; empty for uniform and round robin.
     cdf: Arc<Vec<f64>>,
+    /// The next index, for round robin.
+    next: Option<Arc<AtomicU64>>,
 }
 
 impl ActorPicker {
@@ -151,7 +155,7 @@ impl ActorPicker {
         assert!(!actors.is_empty(), "at least one actor");
         let n = actors.len();
         let weights: Vec<f64> = match distribution {
-            Distribution::Uniform => Vec::new(),
+            Distribution::Uniform | Distribution::RoundRobin => Vec::new(),
             Distribution::Zipf(s) => (0..n).map(|i| 1.0 / ((i + 1) as f64).powf(*s)).collect(),
             Distribution::Hot(fraction) if n == 1 => vec![fraction.max(1.0)],
             Distribution::Hot(fraction) => {
@@ -168,10 +172,15 @@ impl ActorPicker {
                 running
             })
             .collect();
-        ActorPicker { actors: Arc::new(actors), cdf: Arc::new(cdf) }
+        let next = (*distribution == Distribution::RoundRobin).then(|| Arc::new(AtomicU64::new(0)));
+        ActorPicker { actors: Arc::new(actors), cdf: Arc::new(cdf), next }
     }
 
     pub fn pick(&self) -> &str {
+        if let Some(next) = &self.next {
+            let i = next.fetch_add(1, Ordering::Relaxed) as usize % self.actors.len();
+            return &self.actors[i];
+        }
         if self.cdf.is_empty() {
             return &self.actors[fastrand::usize(..self.actors.len())];
         }
@@ -441,8 +450,12 @@ mod tests {
         let first = (0..10_000).filter(|_| zipf.pick() == "demo/a0").count();
         let last = (0..10_000).filter(|_| zipf.pick() == "demo/a9").count();
         assert!(first > 5 * last, "{first} vs {last}");
-        let uniform = ActorPicker::new(actors, &Distribution::Uniform);
+        let uniform = ActorPicker::new(actors.clone(), &Distribution::Uniform);
         assert!((0..1000).all(|_| uniform.pick().starts_with("demo/a")));
+        let rr = ActorPicker::new(actors, &Distribution::RoundRobin);
+        let order: Vec<&str> = (0..12).map(|_| rr.pick()).collect();
+        assert_eq!(&order[..3], ["demo/a0", "demo/a1", "demo/a2"]);
+        assert_eq!(order[10], "demo/a0");
     }
 
     #[test]

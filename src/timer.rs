@@ -41,13 +41,29 @@ pub trait Scheduler: Send + Sync + 'static {
     fn cancel(&self, id: TimerId);
 }
 
+/// What the timer thread is doing, so `schedule` wakes it only when a new
+/// task is due before it would wake anyway.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+enum ThreadState {
+    /// Running tasks; it looks at the queue again before it sleeps.
+    #[default]
+    Running,
+    Until(Instant),
+    Forever,
+}
+
 /// The pending tasks, shared by both schedulers.
+///
+/// A cancelled task leaves its heap entry behind (removing from the middle
+/// of a heap is O(n)); entries whose task is gone are skipped when they
+/// reach the top, and the heap is rebuilt when they outnumber live tasks.
 #[derive(Default)]
 struct Queue {
     order: BinaryHeap<Reverse<(Instant, u64)>>,
     tasks: HashMap<u64, Task>,
     next_id: u64,
     stopped: bool,
+    thread: ThreadState,
 }
 
 impl Queue {
@@ -87,6 +103,16 @@ impl Queue {
 
     fn len(&self) -> usize {
         self.tasks.len()
+    }
+
+    fn cancel(&mut self, id: u64) {
+        if self.tasks.remove(&id).is_some()
+            && self.order.len() > 1024
+            && self.order.len() > 4 * self.tasks.len()
+        {
+            let tasks = &self.tasks;
+            self.order.retain(|Reverse((_, id))| tasks.contains_key(id));
+        }
     }
 }
 
@@ -144,17 +170,24 @@ impl Drop for TimerThread {
 impl Scheduler for TimerThread {
     fn schedule(&self, at: Instant, task: Task) -> TimerId {
         let mut queue = self.shared.queue.lock();
-        let was_first = queue.next_deadline().is_none_or(|first| at < first);
+        let wake = match queue.thread {
+            ThreadState::Running => false,
+            ThreadState::Until(until) => at < until,
+            ThreadState::Forever => true,
+        };
         let id = queue.push(at, task);
+        if wake {
+            queue.thread = ThreadState::Running;
+        }
         drop(queue);
-        if was_first {
+        if wake {
             self.shared.wake.notify_one();
         }
         id
     }
 
     fn cancel(&self, id: TimerId) {
-        self.shared.queue.lock().tasks.remove(&id.0);
+        self.shared.queue.lock().cancel(id.0);
     }
 }
 
@@ -180,10 +213,15 @@ fn run(shared: &Shared) {
         }
         match queue.next_deadline() {
             Some(at) => {
+                queue.thread = ThreadState::Until(at);
                 shared.wake.wait_until(&mut queue, at);
             }
-            None => shared.wake.wait(&mut queue),
+            None => {
+                queue.thread = ThreadState::Forever;
+                shared.wake.wait(&mut queue);
+            }
         }
+        queue.thread = ThreadState::Running;
     }
 }
 
@@ -233,7 +271,7 @@ impl Scheduler for ManualScheduler {
     }
 
     fn cancel(&self, id: TimerId) {
-        self.queue.lock().tasks.remove(&id.0);
+        self.queue.lock().cancel(id.0);
     }
 }
 
@@ -334,6 +372,36 @@ mod tests {
         assert_eq!(got, vec![1, 2, 3]);
         assert!(rx.try_recv().is_err());
         assert_eq!(timer.pending(), 0);
+        timer.stop();
+    }
+
+    #[test]
+    fn cancelled_entries_do_not_accumulate() {
+        let clock = ManualClock::new();
+        let scheduler = ManualScheduler::new(clock.clone());
+        let far = clock.now() + Duration::from_secs(3600);
+        scheduler.schedule(far, Box::new(|| {}));
+        for i in 0..100_000u64 {
+            let id = scheduler.schedule(far + Duration::from_millis(i), Box::new(|| {}));
+            scheduler.cancel(id);
+        }
+        assert_eq!(scheduler.pending(), 1);
+        assert!(scheduler.queue.lock().order.len() <= 1025, "heap rebuilt once cancelled entries dominate");
+    }
+
+    #[test]
+    fn timer_thread_wakes_for_an_earlier_task_scheduled_while_it_sleeps() {
+        let timer = TimerThread::start();
+        let (tx, rx) = unbounded();
+        let now = Instant::now();
+        let late = tx.clone();
+        timer.schedule(now + Duration::from_secs(3600), Box::new(move || late.send("late").unwrap()));
+        // Let the thread go to sleep until the far deadline.
+        while timer.shared.queue.lock().thread == ThreadState::Running {
+            std::thread::yield_now();
+        }
+        timer.schedule(now + Duration::from_millis(5), Box::new(move || tx.send("early").unwrap()));
+        assert_eq!(rx.recv_timeout(Duration::from_secs(10)).unwrap(), "early");
         timer.stop();
     }
 

@@ -31,7 +31,7 @@ struct Args {
     /// actors, comma-separated, with ranges: demo/actor-{0..63}
     #[argh(option, default = "String::from(\"demo/actor-{0..63}\")")]
     actors: String,
-    /// uniform, zipf or hot
+    /// uniform, zipf, hot or round-robin
     #[argh(option, default = "String::from(\"uniform\")")]
     distribution: String,
     /// zipf exponent
@@ -65,7 +65,10 @@ fn spec(args: &Args) -> Result<LoadSpec, String> {
         "zipf" => return Err("--zipf-s must be positive".into()),
         "hot" if (0.0..=1.0).contains(&args.hot_fraction) => Distribution::Hot(args.hot_fraction),
         "hot" => return Err("--hot-fraction must be in [0, 1]".into()),
-        other => return Err(format!("--distribution must be uniform, zipf or hot, got {other:?}")),
+        "round-robin" => Distribution::RoundRobin,
+        other => {
+            return Err(format!("--distribution must be uniform, zipf, hot or round-robin, got {other:?}"))
+        }
     };
     let duration = godur::parse(&args.duration).map_err(|e| format!("--duration: {e}"))?;
     let (concurrency, stop, rate) = match args.hold {
