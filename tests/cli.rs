@@ -162,3 +162,59 @@ fn sim_binary_serves_and_stops_on_sigterm() {
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("--unavailable-rate"));
 }
+
+#[test]
+fn parkload_points_at_a_running_router_and_reports() {
+    let (mut sim, sim_line) =
+        start_until(SIM, &["--listen", "127.0.0.1:0", "--workers", "8"], "listening on");
+    let sim_addr = word_after(&sim_line, "listening on ").to_string();
+    let (mut router, line) = start_until(
+        ROUTER,
+        &[
+            "serve",
+            "--ateapi-insecure",
+            "--ateapi-address",
+            &sim_addr,
+            "--port-extproc",
+            "0",
+            "--metrics-listen-addr",
+            "127.0.0.1:0",
+            "--status-port",
+            "0",
+            "--drain-delay",
+            "0s",
+            "--envoy-admin-address",
+            "",
+            "--drain-complete-file",
+            "",
+        ],
+        "serving",
+    );
+    let target = word_after(&line, "ext_proc on ");
+    let out = Command::new(env!("CARGO_BIN_EXE_parkload"))
+        .args([
+            "--target",
+            target,
+            "--count",
+            "200",
+            "--concurrency",
+            "8",
+            "--actors",
+            "demo/actor-{0..3},demo/nope",
+            "--json",
+            "--progress",
+            "0",
+        ])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let json = String::from_utf8(out.stdout).unwrap();
+    assert!(json.starts_with("{\"requests\":200,"), "{json}");
+    assert!(json.contains("\"200 routed\":") && json.contains("\"404 atenet_not_found\":"), "{json}");
+    let bad =
+        Command::new(env!("CARGO_BIN_EXE_parkload")).args(["--distribution", "bogus"]).output().unwrap();
+    assert_eq!(bad.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("--distribution"));
+    assert_eq!(terminate(&mut router), 0);
+    assert_eq!(terminate(&mut sim), 0);
+}
