@@ -37,6 +37,19 @@ impl std::fmt::Display for StartError {
 
 impl std::error::Error for StartError {}
 
+/// The largest ext_proc message accepted or sent. A request_headers message
+/// carries the client's headers; Envoy's own header limits (60 KiB by
+/// default, at most 8 MiB when raised) keep real messages far below this.
+pub const MAX_MESSAGE_BYTES: i32 = 16 * 1024 * 1024;
+
+/// HTTP/2 streams allowed on one Envoy connection: twice the effective
+/// circuit breaker, since Envoy never holds more than the breaker in flight
+/// per cluster; the excess absorbs streams Envoy has reset but the router has
+/// not yet seen end.
+pub fn max_streams_per_connection(config: &Config) -> i32 {
+    i32::try_from(config.extproc_max_requests.saturating_mul(2)).unwrap_or(i32::MAX)
+}
+
 /// A running router.
 pub struct Router {
     grpc: Server,
@@ -94,9 +107,14 @@ impl Router {
             },
         );
 
-        // Without this gRPC sets SO_REUSEPORT, and a second router on the
-        // same port would start silently instead of failing.
-        let args = ChannelBuilder::new(Arc::clone(&env)).reuse_port(false).build_args();
+        // Without reuse_port(false) gRPC sets SO_REUSEPORT, and a second
+        // router on the same port would start silently instead of failing.
+        let args = ChannelBuilder::new(Arc::clone(&env))
+            .reuse_port(false)
+            .max_concurrent_stream(max_streams_per_connection(config))
+            .max_receive_message_len(MAX_MESSAGE_BYTES)
+            .max_send_message_len(MAX_MESSAGE_BYTES)
+            .build_args();
         let mut grpc = ServerBuilder::new(Arc::clone(&env))
             .channel_args(args)
             .register_service(extproc.service())
@@ -106,6 +124,12 @@ impl Router {
             .add_listening_port(config.extproc_addr.to_string(), ServerCredentials::insecure())
             .map_err(|_| StartError(format!("cannot listen for ext_proc on {}", config.extproc_addr)))?;
         let extproc_addr = SocketAddr::new(config.extproc_addr.ip(), port);
+        if !extproc_addr.ip().is_loopback() {
+            crate::warn!(
+                "ext_proc listens on {extproc_addr}, not loopback: it is unauthenticated, so only Envoy \
+                 should be able to reach it (a firewall or network policy must ensure that)"
+            );
+        }
 
         let http = HttpServer::start(
             config.metrics_addr,
