@@ -136,19 +136,14 @@ impl ExtProc {
     /// parked request keeps only what its verdict and the status page need.
     fn prepare(&self, request: ProcessingRequest) -> Prepared {
         let received = Instant::now();
-        let headers = match request.request {
-            Some(processing_request::Request::RequestHeaders(headers)) => headers,
-            Some(other) => return Prepared::Reply(empty_reply(&other)),
-            None => {
+        match classify(request) {
+            Classified::Reply(reply) => Prepared::Reply(reply),
+            Classified::Ignore => {
                 crate::debug!("ext_proc message with no known request kind; ignored");
-                return Prepared::Ignore;
+                Prepared::Ignore
             }
-        };
-        let header_map = headers.headers.into_option().unwrap_or_default();
-        let line = RequestLine::of(&header_map);
-        match target::resolve(&header_map, &request.attributes) {
-            Ok(target) => Prepared::Route(Pending { target, line, received }),
-            Err(_) => {
+            Classified::Route(target, line) => Prepared::Route(Pending { target, line, received }),
+            Classified::InvalidTarget(line) => {
                 let (verdict, label) = verdict::invalid_target();
                 self.finish(&line, "", &verdict, received, label, ResumeLabel::Unknown);
                 Prepared::Reply(response_for(&verdict))
@@ -262,6 +257,34 @@ fn send(
     Box::pin(sink.send((reply, WriteFlags::default())))
 }
 
+/// What a message asks for, decided without waiting or side effects.
+#[derive(Debug)]
+pub enum Classified {
+    /// The empty reply of the message's own kind (B9).
+    Reply(ProcessingResponse),
+    /// No known request kind: nothing to answer.
+    Ignore,
+    /// request_headers for an actor.
+    Route(Target, RequestLine),
+    /// request_headers naming no valid actor: the 404 (B4).
+    InvalidTarget(RequestLine),
+}
+
+/// Classifies one message from Envoy. Pure, so it can be fuzzed.
+pub fn classify(request: ProcessingRequest) -> Classified {
+    let headers = match request.request {
+        Some(processing_request::Request::RequestHeaders(headers)) => headers,
+        Some(other) => return Classified::Reply(empty_reply(&other)),
+        None => return Classified::Ignore,
+    };
+    let header_map = headers.headers.into_option().unwrap_or_default();
+    let line = RequestLine::of(&header_map);
+    match target::resolve(&header_map, &request.attributes) {
+        Ok(target) => Classified::Route(target, line),
+        Err(_) => Classified::InvalidTarget(line),
+    }
+}
+
 /// What [`ExtProc::prepare`] made of a message.
 enum Prepared {
     Reply(ProcessingResponse),
@@ -287,7 +310,8 @@ enum Woken {
 ///
 /// One allocation, method then path without its query, both bounded: it
 /// is held for as long as the request waits.
-struct RequestLine {
+#[derive(Debug)]
+pub struct RequestLine {
     bytes: Box<[u8]>,
     method_len: usize,
 }
@@ -302,11 +326,12 @@ impl RequestLine {
         RequestLine { bytes: [method, path].concat().into_boxed_slice(), method_len: method.len() }
     }
 
-    fn method(&self) -> &[u8] {
+    pub fn method(&self) -> &[u8] {
         &self.bytes[..self.method_len]
     }
 
-    fn path(&self) -> &[u8] {
+    /// The path, without its query string.
+    pub fn path(&self) -> &[u8] {
         &self.bytes[self.method_len..]
     }
 }
