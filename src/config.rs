@@ -40,6 +40,9 @@ pub struct ServeArgs {
     /// talk to ateapi in plaintext (development only; no TLS flag allowed)
     #[argh(switch)]
     pub ateapi_insecure: bool,
+    /// file holding a bearer token for ateapi (re-read on change; needs TLS)
+    #[argh(option, default = "String::new()")]
+    pub ateapi_token_file: String,
     /// address the ext_proc gRPC server binds
     #[argh(option, default = "String::from(\"127.0.0.1\")")]
     pub extproc_address: String,
@@ -143,6 +146,8 @@ pub struct Parking {
 pub struct Config {
     pub ateapi_address: String,
     pub ateapi_transport: AteapiTransport,
+    /// A bearer token file, sent as `authorization: Bearer ...` (TLS only).
+    pub ateapi_token_file: Option<PathBuf>,
     pub extproc_addr: SocketAddr,
     pub metrics_addr: SocketAddr,
     pub status_addr: Option<SocketAddr>,
@@ -229,6 +234,12 @@ impl Config {
         let port_http = port("--port-http", args.port_http)?;
 
         let ateapi_transport = transport(args)?;
+        let ateapi_token_file = non_empty(&args.ateapi_token_file).map(PathBuf::from);
+        if ateapi_token_file.is_some() && ateapi_transport == AteapiTransport::Insecure {
+            return Err(invalid(
+                "--ateapi-token-file needs TLS: a bearer token is never sent in plaintext (drop --ateapi-insecure)",
+            ));
+        }
         if args.ateapi_address.trim().is_empty() {
             return Err(invalid("--ateapi-address must not be empty"));
         }
@@ -252,6 +263,7 @@ impl Config {
         Ok(Config {
             ateapi_address: args.ateapi_address.trim().to_string(),
             ateapi_transport,
+            ateapi_token_file,
             extproc_addr,
             metrics_addr,
             status_addr,
@@ -317,6 +329,10 @@ impl Config {
             ("--ateapi-ca-file", ca),
             ("--ateapi-client-cert", cert),
             ("--ateapi-server-name", name),
+            (
+                "--ateapi-token-file",
+                self.ateapi_token_file.as_ref().map(|p| p.display().to_string()).unwrap_or_default(),
+            ),
             ("--extproc-address", self.extproc_addr.ip().to_string()),
             ("--port-extproc", self.extproc_addr.port().to_string()),
             ("--metrics-listen-addr", self.metrics_addr.to_string()),
@@ -531,6 +547,7 @@ mod tests {
             (&["--metrics-listen-addr", "9090"], "--metrics-listen-addr"),
             (&["--log-level", "loud"], "--log-level"),
             (&["--ateapi-ca-file", "/ca.pem"], "--ateapi-insecure"),
+            (&["--ateapi-token-file", "/token"], "--ateapi-token-file"),
             (&["--no-such-flag"], "--no-such-flag"),
         ];
         for (args, flag) in cases {

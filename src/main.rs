@@ -69,6 +69,12 @@ fn main() -> ExitCode {
 
 fn serve(config: &Config) -> ExitCode {
     log::set_level(config.log_level);
+    // gRPC core logs every failed connection attempt itself; the router logs
+    // an ateapi outage once (and its end), so keep gRPC quiet unless an
+    // operator asks for its logs. Set before gRPC starts, on one thread.
+    if std::env::var_os("GRPC_VERBOSITY").is_none() {
+        std::env::set_var("GRPC_VERBOSITY", "NONE");
+    }
     // Registered before any socket opens so an early SIGTERM is not lost.
     let mut signals = match Signals::new([SIGTERM, SIGINT]) {
         Ok(signals) => signals,

@@ -15,7 +15,7 @@ use grpcio::{ChannelBuilder, EnvBuilder, Environment, Server, ServerBuilder, Ser
 
 use crate::ateapi::AteapiClient;
 use crate::clock::SystemClock;
-use crate::config::Config;
+use crate::config::{AteapiTransport, Config};
 use crate::extproc::{ExtProc, ExtProcSettings};
 use crate::flight::{FlightPolicy, FlightTable};
 use crate::http::{self, HttpServer};
@@ -23,7 +23,7 @@ use crate::lot::ParkingLot;
 use crate::metrics::Metrics;
 use crate::resolver::Resolver;
 use crate::status::{RecentRequests, StatusPage};
-use crate::timer::TimerThread;
+use crate::timer::{self, TimerThread};
 
 /// Why the router could not start.
 #[derive(Debug)]
@@ -36,6 +36,9 @@ impl std::fmt::Display for StartError {
 }
 
 impl std::error::Error for StartError {}
+
+/// How often credential files are checked for rotation.
+const CREDENTIALS_CHECK: Duration = Duration::from_secs(1);
 
 /// The largest ext_proc message accepted or sent. A request_headers message
 /// carries the client's headers; Envoy's own header limits (60 KiB by
@@ -78,6 +81,7 @@ impl Router {
                 Arc::clone(&env),
                 &config.ateapi_address,
                 &config.ateapi_transport,
+                config.ateapi_token_file.as_deref(),
                 metrics.clone(),
             )
             .map_err(|e| StartError(format!("ateapi client: {e}")))?,
@@ -94,6 +98,10 @@ impl Router {
             .enabled
             .then(|| ParkingLot::new(config.parking.max, Arc::new(SystemClock), metrics.clone()));
         let resolver = Resolver::new(flights, lot);
+        if config.ateapi_transport != AteapiTransport::Insecure || config.ateapi_token_file.is_some() {
+            let watched = Arc::clone(&ateapi);
+            timer::every(timer.clone(), CREDENTIALS_CHECK, Arc::new(move || watched.refresh()));
+        }
         let ready = Arc::new(AtomicBool::new(true));
         let recent = Arc::new(RecentRequests::default());
         let extproc = ExtProc::new(

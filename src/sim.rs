@@ -24,8 +24,8 @@ use std::time::{Duration, Instant};
 
 use futures::channel::oneshot;
 use grpcio::{
-    ChannelBuilder, EnvBuilder, RpcContext, RpcStatus, RpcStatusCode, Server, ServerBuilder,
-    ServerCredentials, ServiceBuilder, UnarySink,
+    CertificateRequestType, ChannelBuilder, EnvBuilder, RpcContext, RpcStatus, RpcStatusCode, Server,
+    ServerBuilder, ServerCredentials, ServerCredentialsBuilder, ServiceBuilder, UnarySink,
 };
 use parking_lot::{Condvar, Mutex};
 use protobuf::MessageField;
@@ -56,6 +56,32 @@ pub struct SimConfig {
     /// Every `outage_every`, answer Unavailable for `outage_for` (zero disables).
     pub outage_every: Duration,
     pub outage_for: Duration,
+    /// Fraction of restores that take `slow_restore` instead (beyond a
+    /// router's budget, say).
+    pub slow_restore_rate: f64,
+    pub slow_restore: Duration,
+    /// Serve TLS (and require client certificates when `client_ca` is set).
+    pub tls: Option<SimTls>,
+}
+
+/// The sim's TLS identity, PEM-encoded.
+#[derive(Clone, Debug)]
+pub struct SimTls {
+    pub cert_chain: Vec<u8>,
+    pub key: Vec<u8>,
+    /// When set, clients must present a certificate this CA signed.
+    pub client_ca: Option<Vec<u8>>,
+}
+
+/// Faults the pool model injected, for soak reports.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Faults {
+    pub unavailable: u64,
+    pub outage: u64,
+    pub aborted: u64,
+    pub exhausted: u64,
+    pub not_found: u64,
+    pub slow_restores: u64,
 }
 
 impl Default for SimConfig {
@@ -72,6 +98,9 @@ impl Default for SimConfig {
             aborted_rate: 0.0,
             outage_every: Duration::ZERO,
             outage_for: Duration::ZERO,
+            slow_restore_rate: 0.0,
+            slow_restore: Duration::from_secs(10),
+            tls: None,
         }
     }
 }
@@ -147,6 +176,9 @@ struct State {
     calls_changed: Condvar,
     gates: Mutex<HashMap<String, Vec<oneshot::Sender<()>>>>,
     timer: Arc<TimerThread>,
+    faults: Mutex<Faults>,
+    /// The `authorization` header of the latest call.
+    last_authorization: Mutex<Option<String>>,
 }
 
 /// A running simulated control plane.
@@ -171,6 +203,8 @@ impl Sim {
             calls: Mutex::new(HashMap::new()),
             calls_changed: Condvar::new(),
             gates: Mutex::new(HashMap::new()),
+            faults: Mutex::new(Faults::default()),
+            last_authorization: Mutex::new(None),
             timer: TimerThread::start(),
             config,
         });
@@ -182,6 +216,12 @@ impl Sim {
                       request: ResumeActorRequest,
                       sink: UnarySink<ResumeActorResponse>| {
                     let state = Arc::clone(&handler_state);
+                    let authorization = ctx
+                        .request_headers()
+                        .iter()
+                        .find(|(key, _)| key.eq_ignore_ascii_case("authorization"))
+                        .map(|(_, value)| String::from_utf8_lossy(value).into_owned());
+                    *state.last_authorization.lock() = authorization;
                     let (id, answer, after) = state.answer(&request);
                     let deadline = Instant::now() + answer.delay;
                     let scheduler: Arc<dyn Scheduler> = state.timer.clone();
@@ -211,8 +251,22 @@ impl Sim {
             .register_service(service)
             .build()
             .map_err(|e| format!("building the sim server: {e}"))?;
+        let credentials = match &state.config.tls {
+            None => ServerCredentials::insecure(),
+            Some(tls) => {
+                let mut builder =
+                    ServerCredentialsBuilder::new().add_cert(tls.cert_chain.clone(), tls.key.clone());
+                if let Some(ca) = &tls.client_ca {
+                    builder = builder.root_cert(
+                        ca.clone(),
+                        CertificateRequestType::RequestAndRequireClientCertificateAndVerify,
+                    );
+                }
+                builder.build()
+            }
+        };
         let port = server
-            .add_listening_port(state.config.listen.to_string(), ServerCredentials::insecure())
+            .add_listening_port(state.config.listen.to_string(), credentials)
             .map_err(|_| format!("cannot listen on {}", state.config.listen))?;
         server.start();
         let addr = SocketAddr::new(state.config.listen.ip(), port);
@@ -271,6 +325,16 @@ impl Sim {
         true
     }
 
+    /// The `authorization` header of the latest call, if any.
+    pub fn last_authorization(&self) -> Option<String> {
+        self.state.last_authorization.lock().clone()
+    }
+
+    /// Faults injected so far (pool model).
+    pub fn faults(&self) -> Faults {
+        *self.state.faults.lock()
+    }
+
     /// Workers free now (pool model).
     pub fn free_workers(&self) -> usize {
         let mut pool = self.state.pool.lock();
@@ -311,17 +375,22 @@ impl State {
 
     fn pool_answer(&self, id: &str) -> (Answer, Option<AfterAnswer>) {
         let now = Instant::now();
+        let fault = |f: fn(&mut Faults) -> &mut u64| *f(&mut self.faults.lock()) += 1;
         if self.in_outage(now) {
+            fault(|f| &mut f.outage);
             return (Answer::error(Code::Unavailable, "control plane restarting"), None);
         }
         let mut pool = self.pool.lock();
         if !pool.actors.contains_key(id) {
+            fault(|f| &mut f.not_found);
             return (Answer::error(Code::NotFound, &format!("actor {id} not found")), None);
         }
         if fastrand::f64() < self.config.unavailable_rate {
+            fault(|f| &mut f.unavailable);
             return (Answer::error(Code::Unavailable, "connection reset"), None);
         }
         if fastrand::f64() < self.config.aborted_rate {
+            fault(|f| &mut f.aborted);
             return (Answer::error(Code::Aborted, "concurrent operation in progress"), None);
         }
         self.suspend_idle(&mut pool, now);
@@ -333,11 +402,17 @@ impl State {
             ActorSim::Resuming => (Answer::error(Code::Aborted, "actor is being resumed"), None),
             ActorSim::Suspended => {
                 let Some(worker) = pool.free.pop() else {
+                    fault(|f| &mut f.exhausted);
                     return (Answer::error(Code::ResourceExhausted, "no free workers available"), None);
                 };
                 pool.actors.insert(id.to_string(), ActorSim::Resuming);
                 let spread = self.config.restore_jitter * (2.0 * fastrand::f64() - 1.0);
-                let delay = self.config.restore_latency.mul_f64((1.0 + spread).max(0.0));
+                let delay = if fastrand::f64() < self.config.slow_restore_rate {
+                    fault(|f| &mut f.slow_restores);
+                    self.config.slow_restore
+                } else {
+                    self.config.restore_latency.mul_f64((1.0 + spread).max(0.0))
+                };
                 let id = id.to_string();
                 let after: AfterAnswer = Box::new(move |state: &State| {
                     let running = ActorSim::Running { worker, last_resume: Instant::now() };

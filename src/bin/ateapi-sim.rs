@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use argh::FromArgs;
 use atenet_router::godur;
-use atenet_router::sim::{Sim, SimConfig};
+use atenet_router::sim::{Sim, SimConfig, SimTls};
 use signal_hook::consts::{SIGINT, SIGTERM};
 use signal_hook::iterator::Signals;
 
@@ -51,6 +51,21 @@ struct Args {
     /// file of scripted answers per actor (see atenet_router::sim::parse_script)
     #[argh(option)]
     script: Option<String>,
+    /// fraction of restores that take --slow-restore-latency instead
+    #[argh(option, default = "0.0")]
+    slow_restore_rate: f64,
+    /// how long a slow restore takes
+    #[argh(option, default = "String::from(\"10s\")")]
+    slow_restore_latency: String,
+    /// PEM certificate chain: serve TLS
+    #[argh(option)]
+    tls_cert: Option<String>,
+    /// PEM private key for --tls-cert
+    #[argh(option)]
+    tls_key: Option<String>,
+    /// PEM CA: require client certificates it signed (mTLS)
+    #[argh(option)]
+    tls_client_ca: Option<String>,
 }
 
 fn duration(flag: &str, text: &str) -> Result<Duration, String> {
@@ -87,7 +102,23 @@ fn config(args: &Args) -> Result<SimConfig, String> {
         aborted_rate: rate("--aborted-rate", args.aborted_rate)?,
         outage_every: duration("--outage-every", &args.outage_every)?,
         outage_for: duration("--outage-duration", &args.outage_duration)?,
+        slow_restore_rate: rate("--slow-restore-rate", args.slow_restore_rate)?,
+        slow_restore: duration("--slow-restore-latency", &args.slow_restore_latency)?,
+        tls: tls(args)?,
     })
+}
+
+fn tls(args: &Args) -> Result<Option<SimTls>, String> {
+    let read = |flag: &str, path: &str| std::fs::read(path).map_err(|e| format!("{flag} {path}: {e}"));
+    match (&args.tls_cert, &args.tls_key) {
+        (None, None) if args.tls_client_ca.is_none() => Ok(None),
+        (Some(cert), Some(key)) => Ok(Some(SimTls {
+            cert_chain: read("--tls-cert", cert)?,
+            key: read("--tls-key", key)?,
+            client_ca: args.tls_client_ca.as_deref().map(|ca| read("--tls-client-ca", ca)).transpose()?,
+        })),
+        _ => Err("--tls-cert and --tls-key go together (and --tls-client-ca needs them)".into()),
+    }
 }
 
 fn read_script(path: &str) -> Result<Vec<(String, atenet_router::sim::Answer)>, String> {

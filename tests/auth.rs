@@ -1,0 +1,338 @@
+//! An authenticated control plane: TLS, mTLS, server name override, bearer
+//! tokens, and credentials rotated on disk without a restart. Certificates
+//! are generated at test time with the openssl command.
+
+mod common;
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::time::Duration;
+
+use atenet_router::config::parse_serve_args;
+
+use atenet_router::router::Router;
+use atenet_router::sim::{Answer, Sim, SimConfig, SimTls};
+use common::*;
+use parking_lot::Mutex;
+
+/// A throwaway PKI: two CAs; a server certificate for `ateapi.test` only
+/// (no IP), signed by `ca1`; client bundles signed by each CA.
+struct Pki {
+    dir: PathBuf,
+}
+
+impl Pki {
+    fn new(name: &str) -> Pki {
+        let dir = std::env::temp_dir().join(format!("atenet-pki-{}-{name}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let pki = Pki { dir };
+        for ca in ["ca1", "ca2"] {
+            pki.openssl(&[
+                "req",
+                "-x509",
+                "-newkey",
+                "ec",
+                "-pkeyopt",
+                "ec_paramgen_curve:prime256v1",
+                "-nodes",
+                "-keyout",
+                &format!("{ca}.key"),
+                "-out",
+                &format!("{ca}.pem"),
+                "-days",
+                "2",
+                "-subj",
+                &format!("/CN={ca}"),
+            ]);
+        }
+        pki.issue("server", "ca1", "subjectAltName=DNS:ateapi.test");
+        pki.issue("client1", "ca1", "extendedKeyUsage=clientAuth");
+        pki.issue("client2", "ca2", "extendedKeyUsage=clientAuth");
+        pki
+    }
+
+    fn openssl(&self, args: &[&str]) {
+        let out =
+            Command::new("openssl").args(args).current_dir(&self.dir).output().expect("openssl is installed");
+        assert!(out.status.success(), "openssl {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    }
+
+    fn issue(&self, name: &str, ca: &str, ext: &str) {
+        std::fs::write(self.dir.join(format!("{name}.ext")), format!("{ext}\n")).unwrap();
+        self.openssl(&[
+            "req",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:prime256v1",
+            "-nodes",
+            "-keyout",
+            &format!("{name}.key"),
+            "-out",
+            &format!("{name}.csr"),
+            "-subj",
+            &format!("/CN={name}"),
+        ]);
+        self.openssl(&[
+            "x509",
+            "-req",
+            "-in",
+            &format!("{name}.csr"),
+            "-CA",
+            &format!("{ca}.pem"),
+            "-CAkey",
+            &format!("{ca}.key"),
+            "-CAcreateserial",
+            "-out",
+            &format!("{name}.pem"),
+            "-days",
+            "2",
+            "-extfile",
+            &format!("{name}.ext"),
+        ]);
+        let bundle = [self.read(&format!("{name}.pem")), self.read(&format!("{name}.key"))].concat();
+        std::fs::write(self.dir.join(format!("{name}.bundle")), bundle).unwrap();
+    }
+
+    fn read(&self, file: &str) -> Vec<u8> {
+        std::fs::read(self.dir.join(file)).unwrap()
+    }
+
+    fn path(&self, file: &str) -> PathBuf {
+        self.dir.join(file)
+    }
+
+    /// A file the test rotates: starts as a copy of `from`.
+    fn rotating(&self, name: &str, from: &str) -> PathBuf {
+        let path = self.path(name);
+        std::fs::copy(self.path(from), &path).unwrap();
+        path
+    }
+
+    fn sim(&self) -> Sim {
+        Sim::start(SimConfig {
+            listen: "127.0.0.1:0".parse().unwrap(),
+            actors: 0,
+            workers: 0,
+            tls: Some(SimTls {
+                cert_chain: self.read("server.pem"),
+                key: self.read("server.key"),
+                client_ca: Some(self.read("ca1.pem")),
+            }),
+            ..SimConfig::default()
+        })
+        .unwrap()
+    }
+}
+
+impl Drop for Pki {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn router(sim: &Sim, ca: &Path, bundle: &Path, extra: &[&str]) -> (Router, Envoy) {
+    let address = sim.addr().to_string();
+    let (ca, bundle) = (ca.to_str().unwrap(), bundle.to_str().unwrap());
+    let mut args = vec![
+        "--ateapi-address",
+        &address,
+        "--ateapi-ca-file",
+        ca,
+        "--ateapi-client-cert",
+        bundle,
+        "--ateapi-server-name",
+        "ateapi.test",
+        "--port-extproc",
+        "0",
+        "--metrics-listen-addr",
+        "127.0.0.1:0",
+        "--status-port",
+        "0",
+        "--parked-request-retry-interval",
+        "50ms",
+    ];
+    args.extend_from_slice(extra);
+    let router = Router::start(&parse_serve_args(&args).unwrap()).unwrap();
+    let envoy = Envoy::connect(router.extproc_addr());
+    (router, envoy)
+}
+
+fn stop(router: Router) {
+    router.stop(Duration::from_secs(5), &crossbeam_channel::never());
+}
+
+#[test]
+fn mtls_with_server_name_override_and_a_rotating_bearer_token() {
+    let pki = Pki::new("mtls");
+    let sim = pki.sim();
+    sim.script("demo/a", vec![Answer::ok("10.0.0.1", true)]);
+    let token = pki.path("token");
+    std::fs::write(&token, "first-token\n").unwrap();
+    let (router, envoy) = router(
+        &sim,
+        &pki.path("ca1.pem"),
+        &pki.path("client1.bundle"),
+        &["--ateapi-token-file", token.to_str().unwrap()],
+    );
+    assert_eq!(routed(&envoy.route_now("demo/a")).0, "demo/a");
+    assert_eq!(sim.last_authorization().as_deref(), Some("Bearer first-token"));
+    std::fs::write(&token, "second-token\n").unwrap();
+    let deadline = std::time::Instant::now() + PATIENCE;
+    loop {
+        routed(&envoy.route_now("demo/a"));
+        if sim.last_authorization().as_deref() == Some("Bearer second-token") {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "rotated token not picked up");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    stop(router);
+}
+
+#[test]
+fn server_name_must_match_without_the_override() {
+    let pki = Pki::new("name");
+    let sim = pki.sim();
+    sim.script("demo/a", vec![Answer::ok("10.0.0.1", true)]);
+    let address = sim.addr().to_string();
+    let (ca, bundle) = (pki.path("ca1.pem"), pki.path("client1.bundle"));
+    let args = [
+        "--ateapi-address",
+        &address,
+        "--ateapi-ca-file",
+        ca.to_str().unwrap(),
+        "--ateapi-client-cert",
+        bundle.to_str().unwrap(),
+        "--port-extproc",
+        "0",
+        "--metrics-listen-addr",
+        "127.0.0.1:0",
+        "--status-port",
+        "0",
+        "--parked-request-budget",
+        "500ms",
+    ];
+    let router = Router::start(&parse_serve_args(&args).unwrap()).unwrap();
+    let envoy = Envoy::connect(router.extproc_addr());
+    let reply = immediate(&envoy.route_now("demo/a"));
+    assert_eq!(
+        (reply.status, reply.body.as_str()),
+        (503, "actor demo/a unavailable"),
+        "127.0.0.1 is not in the certificate"
+    );
+    stop(router);
+}
+
+#[test]
+fn rotated_client_certificate_and_ca_are_picked_up_without_restart() {
+    let pki = Pki::new("rotate");
+    let sim = pki.sim();
+    sim.script("demo/a", vec![Answer::ok("10.0.0.1", true)]);
+    // A client certificate the sim does not trust: every attempt fails.
+    let bundle = pki.rotating("live.bundle", "client2.bundle");
+    let ca = pki.rotating("live-ca.pem", "ca2.pem");
+    let (router, envoy) = router(&sim, &ca, &bundle, &["--parked-request-budget", "500ms"]);
+    let reply = immediate(&envoy.route_now("demo/a"));
+    assert_eq!(reply.status, 503);
+    assert_eq!(reply.details, "atenet_budget_exhausted", "Unavailable parks, then the budget ends");
+    std::fs::copy(pki.path("ca1.pem"), &ca).unwrap();
+    std::fs::copy(pki.path("client1.bundle"), &bundle).unwrap();
+    let deadline = std::time::Instant::now() + PATIENCE;
+    while !envoy.route_now("demo/a").has_request_headers() {
+        assert!(std::time::Instant::now() < deadline, "rotated credentials not picked up");
+    }
+    stop(router);
+}
+
+#[test]
+fn wrong_ca_parks_then_503_and_the_log_names_the_tls_failure_once() {
+    let pki = Pki::new("wrongca");
+    let sim = pki.sim();
+    sim.script("demo/a", vec![Answer::ok("10.0.0.1", true)]);
+    let address = sim.addr().to_string();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_atenet-router"))
+        .args([
+            "serve",
+            "--ateapi-address",
+            &address,
+            "--ateapi-ca-file",
+            pki.path("ca2.pem").to_str().unwrap(),
+            "--ateapi-client-cert",
+            pki.path("client1.bundle").to_str().unwrap(),
+            "--ateapi-server-name",
+            "ateapi.test",
+            "--port-extproc",
+            "0",
+            "--metrics-listen-addr",
+            "127.0.0.1:0",
+            "--status-port",
+            "0",
+            "--parked-request-budget",
+            "700ms",
+            "--parked-request-retry-interval",
+            "20ms",
+            "--drain-delay",
+            "0s",
+            "--envoy-admin-address",
+            "",
+            "--drain-complete-file",
+            "",
+        ])
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let lines = Arc::new(Mutex::new(Vec::<String>::new()));
+    let mut reader = BufReader::new(child.stderr.take().unwrap()).lines();
+    let line = reader.by_ref().map_while(Result::ok).find(|l| l.contains("serving")).unwrap();
+    let sink = Arc::clone(&lines);
+    let drain = std::thread::spawn(move || reader.map_while(Result::ok).for_each(|l| sink.lock().push(l)));
+    let extproc = line.split("ext_proc on ").nth(1).unwrap().split(',').next().unwrap().parse().unwrap();
+    let envoy = Envoy::connect(extproc);
+    let replies =
+        futures::executor::block_on(futures::future::join_all((0..5).map(|_| envoy.route("demo/a"))));
+    for reply in &replies {
+        let r = immediate(reply);
+        assert_eq!((r.status, r.details.as_str()), (503, "atenet_budget_exhausted"));
+    }
+    assert_eq!(sim.calls("demo/a"), 0, "no call ever reached the control plane");
+    assert!(Command::new("kill").args(["-TERM", &child.id().to_string()]).status().unwrap().success());
+    assert_eq!(child.wait().unwrap().code(), Some(0));
+    drain.join().unwrap();
+    let log = lines.lock().clone();
+    let tls: Vec<&String> = log.iter().filter(|l| l.contains("ateapi TLS failure")).collect();
+    assert_eq!(tls.len(), 1, "logged once, not per request or attempt: {log:#?}");
+    assert!(!log.iter().any(|l| l.to_lowercase().contains("bearer")), "no token in the log");
+}
+
+#[test]
+fn missing_token_file_is_a_startup_error() {
+    let pki = Pki::new("token");
+    let out = Command::new(env!("CARGO_BIN_EXE_atenet-router"))
+        .args([
+            "serve",
+            "--ateapi-ca-file",
+            pki.path("ca1.pem").to_str().unwrap(),
+            "--ateapi-token-file",
+            "/nonexistent/token",
+            "--port-extproc",
+            "0",
+            "--metrics-listen-addr",
+            "127.0.0.1:0",
+        ])
+        .output()
+        .unwrap();
+    assert_ne!(out.status.code(), Some(0));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("--ateapi-token-file") && err.contains("/nonexistent/token"), "{err}");
+    let insecure = Command::new(env!("CARGO_BIN_EXE_atenet-router"))
+        .args(["serve", "--ateapi-insecure", "--ateapi-token-file", "/tmp/token"])
+        .output()
+        .unwrap();
+    assert_eq!(insecure.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&insecure.stderr)
+        .starts_with("invalid router configuration: --ateapi-token-file"));
+}
