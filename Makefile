@@ -23,7 +23,7 @@ DESTDIR ?=
 # Flags for `make envoy-config`: the router flags the Envoy config must match.
 ENVOY_FLAGS ?= --ateapi-insecure --ateapi-address $(SIM_LISTEN) --port-extproc $(EXTPROC_PORT)
 
-.PHONY: help deps venv build run test test-rust test-compat bench lint fmt install envoy-config \
+.PHONY: help deps venv build run test test-rust test-compat bench soak lint fmt install envoy-config \
 	k8s-envoy-config docker package clean
 
 help: ## List the targets.
@@ -74,6 +74,11 @@ test-compat: build venv
 
 bench: deps ## Benchmarks: router vs a baseline, five scenarios (about 4 minutes); see BENCHMARKS.md.
 	cargo bench --profile release --bench parking $(if $(ONLY),-- --only $(ONLY))
+
+SOAK_SECONDS ?= 600
+
+soak: deps ## Chaos run: faults, cancels, SIGTERM restarts; SOAK_SECONDS (600) long.
+	SOAK_SECONDS=$(SOAK_SECONDS) cargo test --release --test soak -- --nocapture
 
 lint: ## rustfmt and clippy, warnings as errors.
 	cargo fmt --check

@@ -144,6 +144,7 @@ impl ExtProc {
             }
             Classified::Route(target, line) => Prepared::Route(Pending { target, line, received }),
             Classified::InvalidTarget(line) => {
+                self.metrics.invalid_targets.inc();
                 let (verdict, label) = verdict::invalid_target();
                 self.finish(&line, "", &verdict, received, label, ResumeLabel::Unknown);
                 Prepared::Reply(response_for(&verdict))

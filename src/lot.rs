@@ -25,6 +25,33 @@ pub struct ParkingLot {
     served_wait: Mutex<Option<f64>>,
 }
 
+/// What happened to a caller at its lot decision, counted in
+/// `atenet_router_park_decisions_total` so that every caller that reached
+/// the lot is accounted for exactly once.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LotDecision {
+    /// Served without a slot: on the first attempt, or finished just before
+    /// taking one (B24).
+    Fast,
+    /// Took a slot.
+    Admitted,
+    /// Shed: the lot was full (B26).
+    Shed,
+    /// Went away before a decision was needed.
+    Left,
+}
+
+impl LotDecision {
+    pub fn label(self) -> &'static str {
+        match self {
+            LotDecision::Fast => "fast",
+            LotDecision::Admitted => "admitted",
+            LotDecision::Shed => "shed",
+            LotDecision::Left => "left",
+        }
+    }
+}
+
 /// Weight of the newest sample in [`ParkingLot::retry_after`]'s mean.
 const SERVED_WAIT_ALPHA: f64 = 0.2;
 /// Retry-After never promises more than this.
@@ -70,6 +97,11 @@ impl ParkingLot {
         });
     }
 
+    /// Counts a caller's lot decision.
+    pub fn note_decision(&self, decision: LotDecision) {
+        self.metrics.decision(decision).inc();
+    }
+
     /// Takes a slot, or counts a rejection and returns `None` when the lot is
     /// full (B26).
     pub fn try_admit(self: &Arc<Self>) -> Option<Slot> {
@@ -79,8 +111,10 @@ impl ParkingLot {
             .is_ok();
         if !admitted {
             self.metrics.parking_rejected.inc();
+            self.note_decision(LotDecision::Shed);
             return None;
         }
+        self.note_decision(LotDecision::Admitted);
         self.metrics.parking_active.inc();
         Some(Slot { lot: Arc::clone(self), taken: self.clock.now(), released: false })
     }

@@ -11,6 +11,7 @@ use prometheus::{
     TextEncoder,
 };
 
+use crate::lot::LotDecision;
 use crate::resume::Code;
 
 /// B32's buckets: from a millisecond up to the longest plausible park.
@@ -64,6 +65,7 @@ const WAIT_OUTCOMES: [WaitOutcome; 5] = [
 /// Label lookups resolved once: the hot path then touches only atomics,
 /// never the label-hashing map inside a metric vector.
 struct Handles {
+    decisions: Vec<IntCounter>,
     route: Vec<Histogram>,
     wait: Vec<Histogram>,
     attempts: Vec<IntCounter>,
@@ -84,6 +86,8 @@ pub struct Metrics {
     pub timer_lateness: Histogram,
     pub drain_verdicts: IntCounter,
     pub drain_cancelled: IntCounter,
+    pub park_decisions: IntCounterVec,
+    pub invalid_targets: IntCounter,
 }
 
 impl Metrics {
@@ -147,6 +151,19 @@ impl Metrics {
             "ext_proc streams cut by the final cancel when the drain timeout passed.",
         )
         .expect("valid metric");
+        let park_decisions = IntCounterVec::new(
+            Opts::new(
+                "atenet_router_park_decisions_total",
+                "Callers at the lot decision: fast (no slot needed), admitted, shed, left (gone first).",
+            ),
+            &["decision"],
+        )
+        .expect("valid metric");
+        let invalid_targets = IntCounter::new(
+            "atenet_router_invalid_target_total",
+            "Requests answered 404 invalid actor reference (B4).",
+        )
+        .expect("valid metric");
         for collector in [
             Box::new(parking_active.clone()) as Box<dyn prometheus::core::Collector>,
             Box::new(parking_wait.clone()),
@@ -158,10 +175,16 @@ impl Metrics {
             Box::new(timer_lateness.clone()),
             Box::new(drain_verdicts.clone()),
             Box::new(drain_cancelled.clone()),
+            Box::new(park_decisions.clone()),
+            Box::new(invalid_targets.clone()),
         ] {
             registry.register(collector).expect("unique metric names");
         }
         let handles = std::sync::Arc::new(Handles {
+            decisions: [LotDecision::Fast, LotDecision::Admitted, LotDecision::Shed, LotDecision::Left]
+                .iter()
+                .map(|d| park_decisions.with_label_values(&[d.label()]))
+                .collect(),
             route: ROUTE_OUTCOMES
                 .iter()
                 .flat_map(|o| RESUME_LABELS.iter().map(|r| route_duration.with_label_values(&[o, r])))
@@ -187,6 +210,8 @@ impl Metrics {
             timer_lateness,
             drain_verdicts,
             drain_cancelled,
+            park_decisions,
+            invalid_targets,
         }
     }
 
@@ -194,6 +219,11 @@ impl Metrics {
     pub fn wait(&self, outcome: WaitOutcome) -> &Histogram {
         let i = WAIT_OUTCOMES.iter().position(|o| *o == outcome).expect("every outcome is listed");
         &self.handles.wait[i]
+    }
+
+    /// The counter for one lot decision.
+    pub fn decision(&self, decision: LotDecision) -> &IntCounter {
+        &self.handles.decisions[decision as usize]
     }
 
     /// Counts one ResumeActor attempt (B36).

@@ -17,7 +17,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use crate::flight::{Flight, FlightEvent, FlightOutcome, FlightTable, FlightWait, Role, Until};
-use crate::lot::{ParkingLot, Slot};
+use crate::lot::{LotDecision, ParkingLot, Slot};
 use crate::metrics::WaitOutcome;
 use crate::resume::{ResumeError, Resumed};
 use crate::target::ActorId;
@@ -148,17 +148,24 @@ fn wait(
 ) -> impl Future<Output = ResumeOutcome> + Send {
     async move {
         let served = |outcome: &FlightOutcome, parked: bool| outcome_for(outcome, role, parked);
+        // Counts this caller's lot decision exactly once, `left` if it goes
+        // away first (for the soak's accounting invariant).
+        let mut decision = Decision { lot: lot.as_deref(), made: false };
         if let FlightEvent::Done(outcome) = flight.wait(Until::ParkedOrDone).await {
+            decision.made(LotDecision::Fast);
             return served(&outcome, false);
         }
-        let Some(lot) = lot else {
+        let Some(lot) = lot.as_ref() else {
             // Parking disabled: a retried Aborted waits without a slot (B22).
             return served(&*done(&flight).await, false);
         };
         // B24: the flight may have finished between the transition and now.
         if let Some(outcome) = flight.outcome() {
+            decision.made(LotDecision::Fast);
             return served(&outcome, false);
         }
+        // try_admit counts admitted or shed itself.
+        decision.made = true;
         let Some(slot) = lot.try_admit() else {
             return ResumeOutcome {
                 result: Err(ResolveError::LotFull),
@@ -170,6 +177,26 @@ fn wait(
         let outcome = done(&flight).await;
         parked.release(wait_outcome(&outcome));
         served(&outcome, true)
+    }
+}
+
+/// Records a caller's lot decision once; `left` when dropped undecided.
+struct Decision<'a> {
+    lot: Option<&'a ParkingLot>,
+    made: bool,
+}
+
+impl Decision<'_> {
+    fn made(&mut self, decision: LotDecision) {
+        if let (Some(lot), false) = (self.lot, std::mem::replace(&mut self.made, true)) {
+            lot.note_decision(decision);
+        }
+    }
+}
+
+impl Drop for Decision<'_> {
+    fn drop(&mut self) {
+        self.made(LotDecision::Left);
     }
 }
 
@@ -321,6 +348,8 @@ mod tests {
         }
         assert_eq!(s.metrics.parking_rejected.get(), 1);
         assert_eq!(active(&s), 2);
+        let decided = |d| s.metrics.decision(d).get();
+        assert_eq!((decided(LotDecision::Admitted), decided(LotDecision::Shed)), (2, 1));
         s.h.scheduler.advance(Duration::from_millis(100));
         assert_eq!(s.h.resumer.calls(&a), 2, "one RPC per attempt for N callers");
         s.h.resumer.answer(&a, ok(true));
@@ -374,7 +403,11 @@ mod tests {
         let mut caller = s.resolver.resolve(&a);
         assert!(poll(&mut caller).is_pending());
         drop(caller);
+        assert_eq!(s.metrics.decision(LotDecision::Left).get(), 1, "gone before the decision");
+        let mut fast = s.resolver.resolve(&a);
         s.h.resumer.answer(&a, ok(true));
+        assert!(ready(&mut fast).result.is_ok());
+        assert_eq!(s.metrics.decision(LotDecision::Fast).get(), 1);
         let total: u64 = ["served", "budget_exhausted", "canceled", "timeout", "error"]
             .iter()
             .map(|o| s.metrics.parking_wait.with_label_values(&[o]).get_sample_count())
