@@ -88,6 +88,22 @@ fn b43_envoy_admin_sees_two_posts_in_order_then_polls_until_zero() {
 }
 
 #[test]
+fn b43_envoy_window_elapses_with_connections_still_active() {
+    let mut stack = Stack::start(&[]);
+    let admin = FakeAdmin::start(vec![3]);
+    let router = stack.router.take().unwrap();
+    let mut plan = plan(Some(admin.addr.clone()), Duration::from_secs(5), None);
+    plan.envoy_window = Duration::from_millis(300);
+    let started = Instant::now();
+    let report = drain(router, &plan, &crossbeam_channel::never());
+    assert_eq!(report.envoy, EnvoyDrain::WindowElapsed);
+    assert!(started.elapsed() >= Duration::from_millis(300), "waited the whole window");
+    assert!(report.streams_finished, "then ext_proc drained as usual");
+    let polls = admin.log.lock().iter().filter(|l| l.starts_with("GET /stats")).count();
+    assert!(polls >= 3, "kept polling every poll interval: {polls}");
+}
+
+#[test]
 fn b43_unreachable_admin_counts_as_drained() {
     let mut stack = Stack::start(&[]);
     let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();

@@ -110,7 +110,12 @@ impl Stack {
 }
 
 impl Drop for Stack {
+    /// B30 after every test: a test that passed must leave no slot held and
+    /// no flight behind.
     fn drop(&mut self) {
+        if self.router.is_some() && !std::thread::panicking() {
+            self.assert_quiescent();
+        }
         if let Some(router) = self.router.take() {
             router.stop(Duration::from_secs(5), &crossbeam_channel::never());
         }
