@@ -3,14 +3,13 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader};
-use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use atenet_router::drain::{drain, DrainPlan, EnvoyDrain};
 use atenet_router::resume::Code;
 use atenet_router::sim::{Answer, Sim, SimConfig};
+use common::process::{eventually_within, router_args, signal, spawn_router, wait_exit};
 use common::*;
 use futures::executor::block_on;
 use parking_lot::Mutex;
@@ -169,72 +168,6 @@ fn b44_parked_requests_get_verdicts_during_drain() {
     assert_eq!(metrics.drain_verdicts.get(), 5, "verdicts given during drain are counted");
 }
 
-/// The router binary and where it listens.
-struct Binary {
-    child: std::process::Child,
-    extproc: std::net::SocketAddr,
-    metrics: std::net::SocketAddr,
-}
-
-/// Starts the router binary against `sim`.
-fn start_binary(sim: &str, extra: &[&str]) -> Binary {
-    let mut args = vec![
-        "serve",
-        "--ateapi-insecure",
-        "--ateapi-address",
-        sim,
-        "--port-extproc",
-        "0",
-        "--metrics-listen-addr",
-        "127.0.0.1:0",
-        "--status-port",
-        "0",
-        "--envoy-admin-address",
-        "",
-    ];
-    args.extend_from_slice(extra);
-    let mut child = Command::new(env!("CARGO_BIN_EXE_atenet-router"))
-        .args(&args)
-        .stderr(Stdio::piped())
-        .stdout(Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
-    let line = lines.by_ref().map_while(Result::ok).find(|l| l.contains("serving")).expect("router starts");
-    std::thread::spawn(move || lines.for_each(drop));
-    let after = |prefix: &str| {
-        line.split(prefix).nth(1).unwrap().split([' ', ',', '/']).next().unwrap().parse().unwrap()
-    };
-    Binary { child, extproc: after("ext_proc on "), metrics: after("metrics on http://") }
-}
-
-fn signal(child: &std::process::Child, name: &str) {
-    assert!(Command::new("kill")
-        .args([&format!("-{name}"), &child.id().to_string()])
-        .status()
-        .unwrap()
-        .success());
-}
-
-fn wait_exit(child: &mut std::process::Child, limit: Duration) -> i32 {
-    let deadline = Instant::now() + limit;
-    loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            return status.code().unwrap_or(-1);
-        }
-        assert!(Instant::now() < deadline, "router did not exit within {limit:?}");
-        std::thread::sleep(Duration::from_millis(10));
-    }
-}
-
-fn eventually(what: &str, mut check: impl FnMut() -> bool) {
-    let deadline = Instant::now() + PATIENCE;
-    while !check() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(5));
-    }
-}
-
 fn scripted_sim() -> Sim {
     Sim::start(SimConfig {
         listen: "127.0.0.1:0".parse().unwrap(),
@@ -252,17 +185,10 @@ fn b43_b44_b45_sigterm_to_the_binary_with_requests_parked() {
     std::fs::create_dir_all(marker.parent().unwrap()).unwrap();
     std::fs::write(&marker, "stale\n").unwrap();
     let marker_arg = marker.to_str().unwrap().to_string();
-    let mut router = start_binary(
+    let mut router = spawn_router(&router_args(
         &sim.addr().to_string(),
-        &[
-            "--drain-delay",
-            "0s",
-            "--drain-complete-file",
-            &marker_arg,
-            "--parked-request-retry-interval",
-            "10ms",
-        ],
-    );
+        &["--drain-complete-file", &marker_arg, "--parked-request-retry-interval", "10ms"],
+    ));
     assert!(!marker.exists(), "B45: stale marker removed at startup");
     sim.script("demo/hot", vec![Answer::error(Code::ResourceExhausted, "no free workers available")]);
     let envoy = Envoy::connect(router.extproc);
@@ -270,14 +196,14 @@ fn b43_b44_b45_sigterm_to_the_binary_with_requests_parked() {
         block_on(futures::future::join_all((0..5).map(|_| envoy.route("demo/hot"))))
     });
     let gauge = |m| Metrics(http_get(m, "/metrics").1).value("atenet_router_parking_active", &[]);
-    eventually("five parked", || gauge(router.metrics) == 5.0);
-    signal(&router.child, "TERM");
-    eventually("not ready", || http_get(router.metrics, "/readyz").0 == 503);
+    eventually_within(PATIENCE, "five parked", || gauge(router.metrics) == 5.0);
+    signal(&router.process.child, "TERM");
+    eventually_within(PATIENCE, "not ready", || http_get(router.metrics, "/readyz").0 == 503);
     assert_eq!(http_get(router.metrics, "/healthz").0, 200);
     sim.script("demo/hot", vec![Answer::ok("10.0.0.1", true)]);
     let replies = requests.join().unwrap();
     assert!(replies.iter().all(|r| routed(r).0 == "demo/hot"), "B44: every parked request got its verdict");
-    assert_eq!(wait_exit(&mut router.child, PATIENCE), 0);
+    assert_eq!(wait_exit(&mut router.process.child, PATIENCE), 0);
     let text = std::fs::read_to_string(&marker).unwrap();
     assert!(text.ends_with("Z\n") && text.starts_with("20"), "{text:?}");
     std::fs::remove_dir_all(marker.parent().unwrap().parent().unwrap()).unwrap();
@@ -286,10 +212,9 @@ fn b43_b44_b45_sigterm_to_the_binary_with_requests_parked() {
 #[test]
 fn b43_second_signal_skips_the_waits() {
     let sim = scripted_sim();
-    let mut router =
-        start_binary(&sim.addr().to_string(), &["--drain-delay", "1h", "--drain-complete-file", ""]);
-    signal(&router.child, "TERM");
-    eventually("not ready", || http_get(router.metrics, "/readyz").0 == 503);
-    signal(&router.child, "INT");
-    assert_eq!(wait_exit(&mut router.child, PATIENCE), 0);
+    let mut router = spawn_router(&router_args(&sim.addr().to_string(), &["--drain-delay", "1h"]));
+    signal(&router.process.child, "TERM");
+    eventually_within(PATIENCE, "not ready", || http_get(router.metrics, "/readyz").0 == 503);
+    signal(&router.process.child, "INT");
+    assert_eq!(wait_exit(&mut router.process.child, PATIENCE), 0);
 }

@@ -6,9 +6,10 @@
 //! in `make soak`).
 
 use std::collections::BTreeMap;
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{SocketAddr, TcpStream};
-use std::process::{Child, Command, Stdio};
+mod common;
+
+use std::net::SocketAddr;
+use std::process::Child;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -17,6 +18,8 @@ use atenet_router::load::{request_for, verdict_key};
 use atenet_router::proto::EXT_PROC_PROCESS;
 use atenet_router::sim::{Sim, SimConfig};
 use atenet_router::timer::{sleep_until, Scheduler, TimerThread};
+use common::process::{router_args, signal, spawn_router, wait_exit, RouterProcess};
+use common::{http_get, Metrics};
 use futures::future::{select, Either};
 use futures::{SinkExt, StreamExt};
 use grpcio::{CallOption, ChannelBuilder, Client, EnvBuilder, WriteFlags};
@@ -54,28 +57,13 @@ impl Ledger {
     }
 }
 
-/// The router process for one phase.
-struct RouterProcess {
-    child: Child,
-    extproc: SocketAddr,
-    metrics: SocketAddr,
-    status: SocketAddr,
-    log: Arc<Mutex<Vec<String>>>,
-}
-
-fn start_router(sim: SocketAddr) -> RouterProcess {
+fn start_router(sim: SocketAddr) -> (RouterProcess, SocketAddr) {
     let status_port =
         std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port().to_string();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_atenet-router"))
-        .args([
-            "serve",
-            "--ateapi-insecure",
-            "--ateapi-address",
-            &sim.to_string(),
-            "--port-extproc",
-            "0",
-            "--metrics-listen-addr",
-            "127.0.0.1:0",
+    let sim = sim.to_string();
+    let args = router_args(
+        &sim,
+        &[
             "--status-port",
             &status_port,
             "--parked-request-budget",
@@ -86,53 +74,15 @@ fn start_router(sim: SocketAddr) -> RouterProcess {
             "50ms",
             "--late-serve-limit",
             "10s",
-            "--drain-delay",
-            "0s",
             "--drain-timeout",
             "20s",
-            "--envoy-admin-address",
-            "",
-            "--drain-complete-file",
-            "",
-        ])
-        .stderr(Stdio::piped())
-        .stdout(Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
-    let line = lines.by_ref().map_while(Result::ok).find(|l| l.contains("serving")).expect("router starts");
-    let log = Arc::new(Mutex::new(vec![line.clone()]));
-    let sink = Arc::clone(&log);
-    std::thread::spawn(move || lines.map_while(Result::ok).for_each(|l| sink.lock().push(l)));
-    let field =
-        |p: &str| line.split(p).nth(1).unwrap().split([' ', ',', '/']).next().unwrap().parse().unwrap();
-    RouterProcess {
-        child,
-        extproc: field("ext_proc on "),
-        metrics: field("metrics on http://"),
-        status: format!("127.0.0.1:{status_port}").parse().unwrap(),
-        log,
-    }
+        ],
+    );
+    (spawn_router(&args), format!("127.0.0.1:{status_port}").parse().unwrap())
 }
 
-fn http_get(addr: SocketAddr, path: &str) -> String {
-    let mut stream = TcpStream::connect(addr).unwrap();
-    write!(stream, "GET {path} HTTP/1.0\r\n\r\n").unwrap();
-    let mut text = String::new();
-    stream.read_to_string(&mut text).unwrap();
-    text.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default()
-}
-
-fn metric(router: &RouterProcess, name: &str, label: &str) -> f64 {
-    http_get(router.metrics, "/metrics")
-        .lines()
-        .filter(|l| !l.starts_with('#'))
-        .filter(|l| {
-            let series = l.rsplit_once(' ').map_or("", |(s, _)| s);
-            series.split('{').next() == Some(name) && series.contains(label)
-        })
-        .filter_map(|l| l.rsplit_once(' ').and_then(|(_, v)| v.parse::<f64>().ok()))
-        .sum()
+fn metric(router: &RouterProcess, name: &str, labels: &[(&str, &str)]) -> f64 {
+    Metrics(http_get(router.metrics, "/metrics").1).value(name, labels)
 }
 
 fn rss_kib(child: &Child) -> u64 {
@@ -241,7 +191,7 @@ fn soak() {
         aborted_rate: 0.03,
         outage_every: Duration::from_secs(13),
         outage_for: Duration::from_millis(1500),
-        slow_restore_rate: 0.02,
+        slow_restore_rate: 0.2,
         slow_restore: BUDGET + Duration::from_secs(1),
         ..SimConfig::default()
     })
@@ -253,7 +203,7 @@ fn soak() {
     let mut rss = (0, 0);
     for n in 0..phases {
         let last = n + 1 == phases;
-        let router = start_router(sim.addr());
+        let (router, status) = start_router(sim.addr());
         let stop = Arc::new(AtomicBool::new(false));
         let driver = {
             let (ledger, stop, timer, extproc) =
@@ -263,34 +213,34 @@ fn soak() {
         let phase = if last { 2 * unit } else { unit };
         // Warm-up reading for the RSS invariant (last phase).
         std::thread::sleep(phase / 3);
-        let warm_rss = rss_kib(&router.child);
+        let warm_rss = rss_kib(&router.process.child);
         std::thread::sleep(phase - phase / 3);
         if last {
             // Traffic stops: the router must return to rest.
             stop.store(true, Ordering::Release);
             driver.join().unwrap();
             eventually("parking_active back to 0", || {
-                metric(&router, "atenet_router_parking_active", "") == 0.0
+                metric(&router, "atenet_router_parking_active", &[]) == 0.0
             });
             eventually("flight table empty", || {
-                http_get(router.status, "/statusz?format=json").contains("\"flights\":0,")
+                http_get(status, "/statusz?format=json").1.contains("\"flights\":0,")
             });
-            let waits = metric(&router, "atenet_router_parking_wait_duration_seconds_count", "");
-            let admitted = metric(&router, "atenet_router_park_decisions_total", "decision=\"admitted\"");
+            let waits = metric(&router, "atenet_router_parking_wait_duration_seconds_count", &[]);
+            let admitted = metric(&router, "atenet_router_park_decisions_total", &[("decision", "admitted")]);
             assert_eq!(
                 waits, admitted,
                 "invariant breach: wait samples {waits} != admitted parks {admitted}"
             );
-            let decisions = metric(&router, "atenet_router_park_decisions_total", "");
-            let routes = metric(&router, "atenet_router_route_duration_seconds_count", "");
-            let invalid = metric(&router, "atenet_router_invalid_target_total", "");
+            let decisions = metric(&router, "atenet_router_park_decisions_total", &[]);
+            let routes = metric(&router, "atenet_router_route_duration_seconds_count", &[]);
+            let invalid = metric(&router, "atenet_router_invalid_target_total", &[]);
             assert_eq!(
                 decisions,
                 routes - invalid,
                 "invariant breach: fast + admitted + shed + left = {decisions}, requests that reached the lot = {}",
                 routes - invalid
             );
-            rss = (warm_rss, rss_kib(&router.child));
+            rss = (warm_rss, rss_kib(&router.process.child));
             checks.push(format!(
                 "phase {n}: at rest after traffic stopped (parked 0, flights 0); wait samples = admitted = {waits}; \
                  decisions = {decisions} = requests - invalid"
@@ -299,11 +249,7 @@ fn soak() {
             // SIGTERM with requests in flight; like Envoy draining, no new
             // requests start, and every in-flight one must get its verdict.
             let in_flight = ledger.in_flight();
-            assert!(Command::new("kill")
-                .args(["-TERM", &router.child.id().to_string()])
-                .status()
-                .unwrap()
-                .success());
+            signal(&router.process.child, "TERM");
             stop.store(true, Ordering::Release);
             driver.join().unwrap();
             restarts += 1;
@@ -311,15 +257,11 @@ fn soak() {
         }
         let mut router = router;
         if last {
-            assert!(Command::new("kill")
-                .args(["-TERM", &router.child.id().to_string()])
-                .status()
-                .unwrap()
-                .success());
+            signal(&router.process.child, "TERM");
         }
-        let code = router.child.wait().unwrap().code();
-        assert_eq!(code, Some(0), "router exit status after drain");
-        let log = router.log.lock().clone();
+        let code = wait_exit(&mut router.process.child, PATIENCE);
+        assert_eq!(code, 0, "router exit status after drain");
+        let log = router.process.log.lock().clone();
         assert!(!log.iter().any(|l| l.contains("panicked")), "invariant breach: panic in the log: {log:#?}");
         let broken: u64 = ledger
             .endings

@@ -6,6 +6,8 @@
 
 #![allow(dead_code)]
 
+pub mod process;
+
 use std::collections::HashMap;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};

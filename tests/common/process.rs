@@ -1,0 +1,117 @@
+//! The real binaries as child processes: start, read where they listen,
+//! collect their logs, signal them.
+
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
+
+pub const ROUTER_BIN: &str = env!("CARGO_BIN_EXE_atenet-router");
+pub const SIM_BIN: &str = env!("CARGO_BIN_EXE_ateapi-sim");
+
+/// `serve` flags for a router on loopback, any free ports, plaintext to
+/// `ateapi`, and no drain waits or Envoy admin; flags in `extra` replace
+/// these defaults or add to them.
+pub fn router_args(ateapi: &str, extra: &[&str]) -> Vec<String> {
+    let defaults = [
+        ("--ateapi-address", ateapi),
+        ("--port-extproc", "0"),
+        ("--metrics-listen-addr", "127.0.0.1:0"),
+        ("--status-port", "0"),
+        ("--drain-delay", "0s"),
+        ("--envoy-admin-address", ""),
+        ("--drain-complete-file", ""),
+    ];
+    let mut args = vec!["serve".to_string(), "--ateapi-insecure".to_string()];
+    for (flag, value) in defaults {
+        if !extra.contains(&flag) {
+            args.extend([flag.to_string(), value.to_string()]);
+        }
+    }
+    args.extend(extra.iter().map(|s| s.to_string()));
+    args
+}
+
+/// A child process and its stderr, line by line.
+pub struct Spawned {
+    pub child: Child,
+    /// The first line containing the marker it was started with.
+    pub line: String,
+    /// Every later stderr line.
+    pub log: Arc<Mutex<Vec<String>>>,
+}
+
+/// Starts `program` and waits for a stderr line containing `marker`.
+pub fn spawn_until<S: AsRef<std::ffi::OsStr>>(program: &str, args: &[S], marker: &str) -> Spawned {
+    let mut child =
+        Command::new(program).args(args).stderr(Stdio::piped()).stdout(Stdio::null()).spawn().expect("spawn");
+    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+    let line = lines
+        .by_ref()
+        .map_while(Result::ok)
+        .find(|l| l.contains(marker))
+        .unwrap_or_else(|| panic!("{program} exited before printing {marker:?}"));
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let sink = Arc::clone(&log);
+    // Keep draining stderr so the child never blocks on a full pipe.
+    std::thread::spawn(move || lines.map_while(Result::ok).for_each(|l| sink.lock().push(l)));
+    Spawned { child, line, log }
+}
+
+/// The word after `prefix` in a line (up to a space or comma).
+pub fn word_after<'a>(line: &'a str, prefix: &str) -> &'a str {
+    let start = line.find(prefix).unwrap_or_else(|| panic!("{prefix:?} in {line:?}")) + prefix.len();
+    line[start..].split([' ', ',']).next().unwrap()
+}
+
+/// A running router binary.
+pub struct RouterProcess {
+    pub process: Spawned,
+    pub extproc: SocketAddr,
+    pub metrics: SocketAddr,
+}
+
+/// Starts the router binary with `args` (see [`router_args`]).
+pub fn spawn_router(args: &[String]) -> RouterProcess {
+    let process = spawn_until(ROUTER_BIN, args, "serving");
+    let extproc = word_after(&process.line, "ext_proc on ").parse().unwrap();
+    let metrics =
+        word_after(&process.line, "metrics on http://").trim_end_matches("/metrics").parse().unwrap();
+    RouterProcess { process, extproc, metrics }
+}
+
+/// Sends a signal by name (`TERM`, `INT`).
+pub fn signal(child: &Child, name: &str) {
+    let status = Command::new("kill").args([&format!("-{name}"), &child.id().to_string()]).status().unwrap();
+    assert!(status.success());
+}
+
+/// Waits for the child to exit; panics after `limit`.
+pub fn wait_exit(child: &mut Child, limit: Duration) -> i32 {
+    let deadline = Instant::now() + limit;
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            return status.code().unwrap_or(-1);
+        }
+        assert!(Instant::now() < deadline, "process did not exit within {limit:?}");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// SIGTERM, then the exit code.
+pub fn terminate(child: &mut Child) -> i32 {
+    signal(child, "TERM");
+    wait_exit(child, super::PATIENCE)
+}
+
+/// Polls until `check` holds; panics with `what` after `limit`.
+pub fn eventually_within(limit: Duration, what: &str, mut check: impl FnMut() -> bool) {
+    let deadline = Instant::now() + limit;
+    while !check() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
