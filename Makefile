@@ -38,7 +38,6 @@ deps: ## Install missing tools (cmake, g++, libssl-dev, python3-venv; chromium, 
 	python3 -c 'import venv, ensurepip' 2>/dev/null || missing="$$missing python3-venv"; \
 	command -v chromium >/dev/null || missing="$$missing chromium"; \
 	command -v promtool >/dev/null || missing="$$missing prometheus"; \
-	command -v systemd-analyze >/dev/null || missing="$$missing systemd"; \
 	if [ -n "$$missing" ]; then \
 		echo "installing:$$missing"; \
 		$(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq $$missing; \
