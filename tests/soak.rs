@@ -211,10 +211,11 @@ fn soak() {
             std::thread::spawn(move || drive(extproc, &ledger, &stop, &timer))
         };
         let phase = if last { 2 * unit } else { unit };
-        // Warm-up reading for the RSS invariant (last phase).
-        std::thread::sleep(phase / 3);
+        // Warm-up reading for the RSS invariant (last phase), once the
+        // allocator has seen the load's full mix.
+        std::thread::sleep(phase / 2);
         let warm_rss = rss_kib(&router.process.child);
-        std::thread::sleep(phase - phase / 3);
+        std::thread::sleep(phase - phase / 2);
         if last {
             // Traffic stops: the router must return to rest.
             stop.store(true, Ordering::Release);
