@@ -16,6 +16,9 @@ EXTPROC_PORT ?= 50051
 METRICS_ADDR ?= 127.0.0.1:9090
 STATUS_PORT ?= 4040
 RUN_FLAGS ?=
+# A pool small enough that a little load parks requests: 64 actors share 16
+# workers, and an actor idle for 2 s gives its worker back.
+SIM_FLAGS ?= --workers 16 --idle-suspend 2s
 
 VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -n 1)
 PREFIX ?= /usr/local
@@ -56,7 +59,7 @@ build: deps ## Build the router and the simulator (release).
 run: build ## Run ateapi-sim and the router on loopback (Ctrl-C stops both).
 	@echo "ateapi-sim on $(SIM_LISTEN); router ext_proc on 127.0.0.1:$(EXTPROC_PORT)"
 	@echo "metrics: http://$(METRICS_ADDR)/metrics  health: http://$(METRICS_ADDR)/healthz"
-	@$(BIN)/ateapi-sim --listen $(SIM_LISTEN) & sim=$$!; \
+	@$(BIN)/ateapi-sim --listen $(SIM_LISTEN) $(SIM_FLAGS) & sim=$$!; \
 	trap 'kill $$sim 2>/dev/null; wait $$sim 2>/dev/null' EXIT INT TERM; \
 	$(BIN)/atenet-router serve --ateapi-insecure --ateapi-address $(SIM_LISTEN) \
 		--extproc-address 127.0.0.1 --port-extproc $(EXTPROC_PORT) \
