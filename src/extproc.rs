@@ -105,13 +105,17 @@ impl ExtProc {
                     Some(Ok(request)) => request,
                     _ => break,
                 };
-                // In observability mode Envoy does not read replies (wire.md).
-                let answer = !request.observability_mode;
+                // In observability mode Envoy neither reads a reply nor waits
+                // for one (wire.md): a verdict would change nothing, so no
+                // actor is resumed for it either.
+                if request.observability_mode {
+                    continue;
+                }
                 // Two steps, so that no reply-sized value is held while a
                 // request waits: every byte here is paid per parked request.
                 let pending = match self.prepare(request) {
                     Prepared::Reply(reply) => {
-                        if answer && send(&mut sink, reply).await.is_err() {
+                        if send(&mut sink, reply).await.is_err() {
                             return;
                         }
                         continue;
@@ -122,7 +126,7 @@ impl ExtProc {
                 let Some(reply) = self.route(pending, &mut sink, deadline).await else {
                     return;
                 };
-                if answer && send(&mut sink, reply).await.is_err() {
+                if send(&mut sink, reply).await.is_err() {
                     return;
                 }
             }

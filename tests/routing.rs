@@ -281,11 +281,15 @@ fn observability_mode_gets_no_reply() {
         observed.set_response_headers(HttpHeaders::new());
         observed.observability_mode = true;
         stream.send(observed).await;
+        let mut observed_headers = headers_request(&[("ate-target-actor", "demo/observed")]);
+        observed_headers.observability_mode = true;
+        stream.send(observed_headers).await;
         stream.send(headers_request(&[("ate-target-actor", "demo/a")])).await;
-        // The first reply is the routing verdict: the observed message got none.
-        assert!(stream.recv().await.has_request_headers());
+        // The first reply is the routing verdict: the observed messages got none.
+        assert_eq!(routed(&stream.recv().await).0, "demo/a");
         stream.tx.cancel();
     });
+    assert_eq!(stack.sim.calls("demo/observed"), 0, "no actor is resumed for an observed request");
 }
 
 #[test]
