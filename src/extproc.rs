@@ -3,9 +3,11 @@
 //! Each stream is a future spawned on a grpcio completion-queue thread. It
 //! answers every message Envoy sends with exactly one reply of the matching
 //! kind (B9); a `request_headers` message is resolved to a routing verdict.
-//! While a request waits for its actor, the task also watches its own stream:
-//! an error there means the client (or Envoy) went away, and dropping the
-//! wait frees the request's lot slot at once (B27, B28).
+//! While a request waits for its actor, the task also watches its own call:
+//! when the client (or Envoy) resets it or its deadline passes, dropping the
+//! wait frees the request's lot slot at once (B27, B28). A flight that runs
+//! past its budget makes the task ask Envoy, once, to keep waiting for the
+//! late verdict (`override_message_timeout`).
 
 use std::future::Future;
 use std::pin::Pin;
