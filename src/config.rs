@@ -303,14 +303,6 @@ impl Config {
         }
     }
 
-    /// How long Kubernetes or systemd must allow for a stop: drain delay,
-    /// Envoy's drain window and the ext_proc drain timeout, plus 10 s of
-    /// slack, rounded up to 10 s (60 s at defaults).
-    pub fn stop_grace(&self) -> Duration {
-        let total = self.drain_delay + ENVOY_DRAIN_WINDOW + self.drain_timeout + Duration::from_secs(10);
-        Duration::from_secs(total.as_secs().div_ceil(10) * 10)
-    }
-
     /// The effective values, as `(flag, value)` pairs, for the status page.
     /// Holds paths, never file contents.
     pub fn effective_flags(&self) -> Vec<(&'static str, String)> {

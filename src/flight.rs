@@ -146,8 +146,6 @@ impl Flight {
             age: now.saturating_duration_since(self.started),
             budget_left: self.deadline.saturating_duration_since(now),
             attempts: state.attempts,
-            attempt_running: state.attempt_running,
-            parked: state.parked,
             parked_callers: state.parked_callers,
             waiters: state.waiters.len(),
             last_code: state.last_code,
@@ -162,8 +160,6 @@ pub struct FlightSnapshot {
     pub age: Duration,
     pub budget_left: Duration,
     pub attempts: u32,
-    pub attempt_running: bool,
-    pub parked: bool,
     pub parked_callers: usize,
     /// Callers currently waiting on this flight, parked or not.
     pub waiters: usize,

@@ -21,11 +21,6 @@ impl SignedDuration {
     pub fn positive(self) -> Option<Duration> {
         (!self.negative && !self.magnitude.is_zero()).then_some(self.magnitude)
     }
-
-    /// True when the value is zero or below.
-    pub fn is_non_positive(self) -> bool {
-        self.positive().is_none()
-    }
 }
 
 /// Why a string is not a duration.

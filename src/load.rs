@@ -214,23 +214,32 @@ pub fn expand_actors(spec: &str) -> Result<Vec<String>, String> {
     Ok(out)
 }
 
-/// The request Envoy sends for `actor`.
-pub fn request_for(actor: &str) -> ProcessingRequest {
+/// A request_headers message carrying `headers` as raw values, with
+/// end_of_stream set, as Envoy sends a GET.
+pub fn headers_request(headers: &[(&str, &str)]) -> ProcessingRequest {
     let mut map = HeaderMap::new();
-    for (key, value) in
-        [(":method", "GET"), (":path", "/"), (":authority", "load.test"), ("ate-target-actor", actor)]
-    {
+    for (key, value) in headers {
         let mut h = HeaderValue::new();
         h.key = key.to_string();
         h.raw_value = value.as_bytes().to_vec();
         map.headers.push(h);
     }
-    let mut headers = HttpHeaders::new();
-    headers.headers = Some(map).into();
-    headers.end_of_stream = true;
+    let mut http = HttpHeaders::new();
+    http.headers = Some(map).into();
+    http.end_of_stream = true;
     let mut request = ProcessingRequest::new();
-    request.set_request_headers(headers);
+    request.set_request_headers(http);
     request
+}
+
+/// The request Envoy sends for `actor`.
+pub fn request_for(actor: &str) -> ProcessingRequest {
+    headers_request(&[
+        (":method", "GET"),
+        (":path", "/"),
+        (":authority", "load.test"),
+        ("ate-target-actor", actor),
+    ])
 }
 
 /// The verdict's key in [`LoadReport::verdicts`].

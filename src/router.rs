@@ -3,7 +3,8 @@
 //!
 //! Threads, whatever the load: grpcio's completion-queue threads (one per
 //! core, shared by the ext_proc server and the ateapi channel), one timer
-//! thread, two HTTP threads per listener, and the caller's own.
+//! thread, two HTTP threads per listener, a credential-file watcher when
+//! ateapi uses TLS or a token, and the caller's own.
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -23,7 +24,7 @@ use crate::lot::ParkingLot;
 use crate::metrics::Metrics;
 use crate::resolver::Resolver;
 use crate::status::{RecentRequests, StatusPage};
-use crate::timer::{self, TimerThread};
+use crate::timer::TimerThread;
 
 /// Why the router could not start.
 #[derive(Debug)]
@@ -63,7 +64,42 @@ pub struct Router {
     metrics: Metrics,
     ready: Arc<AtomicBool>,
     extproc_addr: SocketAddr,
+    credentials: Option<CredentialWatcher>,
     _env: Arc<Environment>,
+}
+
+/// Re-reads ateapi's credential files every [`CREDENTIALS_CHECK`] on a
+/// thread of its own: file reads have no place on the timer thread, whose
+/// tasks must never wait.
+struct CredentialWatcher {
+    stop: Option<crossbeam_channel::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl CredentialWatcher {
+    fn start(ateapi: Arc<AteapiClient>) -> CredentialWatcher {
+        let (stop, stopped) = bounded::<()>(0);
+        let thread = std::thread::Builder::new()
+            .name("atenet-credentials".into())
+            .spawn(move || {
+                while let Err(crossbeam_channel::RecvTimeoutError::Timeout) =
+                    stopped.recv_timeout(CREDENTIALS_CHECK)
+                {
+                    ateapi.refresh();
+                }
+            })
+            .expect("spawning the credentials thread");
+        CredentialWatcher { stop: Some(stop), thread: Some(thread) }
+    }
+}
+
+impl Drop for CredentialWatcher {
+    fn drop(&mut self) {
+        drop(self.stop.take());
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
 }
 
 impl Router {
@@ -98,10 +134,6 @@ impl Router {
             .enabled
             .then(|| ParkingLot::new(config.parking.max, Arc::new(SystemClock), metrics.clone()));
         let resolver = Resolver::new(flights, lot);
-        if config.ateapi_transport != AteapiTransport::Insecure || config.ateapi_token_file.is_some() {
-            let watched = Arc::clone(&ateapi);
-            timer::every(timer.clone(), CREDENTIALS_CHECK, Arc::new(move || watched.refresh()));
-        }
         let ready = Arc::new(AtomicBool::new(true));
         let recent = Arc::new(RecentRequests::default());
         let extproc = ExtProc::new(
@@ -152,7 +184,7 @@ impl Router {
                     config: config.clone(),
                     resolver: resolver.clone(),
                     recent,
-                    ateapi,
+                    ateapi: Arc::clone(&ateapi),
                     metrics: metrics.clone(),
                     started: Instant::now(),
                 });
@@ -161,6 +193,9 @@ impl Router {
                 Some(server)
             }
         };
+        let credentials = (config.ateapi_transport != AteapiTransport::Insecure
+            || config.ateapi_token_file.is_some())
+        .then(|| CredentialWatcher::start(Arc::clone(&ateapi)));
         grpc.start();
         Ok(Router {
             grpc,
@@ -171,6 +206,7 @@ impl Router {
             metrics,
             ready,
             extproc_addr,
+            credentials,
             _env: env,
         })
     }
@@ -235,6 +271,7 @@ impl Router {
         for server in [self.http.take(), self.status.take()].into_iter().flatten() {
             server.stop();
         }
+        self.credentials.take();
         self.timer.stop();
         (finished, cancelled)
     }

@@ -335,13 +335,6 @@ impl Sim {
         *self.state.faults.lock()
     }
 
-    /// Workers free now (pool model).
-    pub fn free_workers(&self) -> usize {
-        let mut pool = self.state.pool.lock();
-        self.state.suspend_idle(&mut pool, Instant::now());
-        pool.free.len()
-    }
-
     /// Stops the server, waiting for it.
     pub fn stop(mut self) {
         let _ = futures::executor::block_on(self.server.shutdown());

@@ -275,19 +275,6 @@ impl Scheduler for ManualScheduler {
     }
 }
 
-/// Runs `task` every `period` on `scheduler`, until the scheduler stops.
-pub fn every(scheduler: Arc<dyn Scheduler>, period: Duration, task: Arc<dyn Fn() + Send + Sync>) {
-    let next = Instant::now() + period;
-    let again = Arc::clone(&scheduler);
-    scheduler.schedule(
-        next,
-        Box::new(move || {
-            task();
-            every(again, period, task);
-        }),
-    );
-}
-
 /// A future that completes at an instant; dropping it cancels its timer.
 pub struct Sleep {
     state: Arc<SleepState>,

@@ -134,31 +134,41 @@ impl Drop for Pki {
     }
 }
 
-fn router(sim: &Sim, ca: &Path, bundle: &Path, extra: &[&str]) -> (Router, Envoy) {
-    let address = sim.addr().to_string();
-    let (ca, bundle) = (ca.to_str().unwrap(), bundle.to_str().unwrap());
-    let mut args = vec![
-        "--ateapi-address",
-        &address,
-        "--ateapi-ca-file",
-        ca,
-        "--ateapi-client-cert",
-        bundle,
-        "--ateapi-server-name",
-        "ateapi.test",
-        "--port-extproc",
-        "0",
-        "--metrics-listen-addr",
-        "127.0.0.1:0",
-        "--status-port",
-        "0",
-        "--parked-request-retry-interval",
-        "50ms",
+/// `serve` flags for a router on loopback that reaches `sim` with `ca` and
+/// the client `bundle`, expecting the name `ateapi.test` when `named`.
+fn tls_flags(sim: &Sim, ca: &Path, bundle: &Path, named: bool, extra: &[&str]) -> Vec<String> {
+    let mut args: Vec<String> = vec![
+        "--ateapi-address".into(),
+        sim.addr().to_string(),
+        "--ateapi-ca-file".into(),
+        ca.display().to_string(),
+        "--ateapi-client-cert".into(),
+        bundle.display().to_string(),
+        "--port-extproc".into(),
+        "0".into(),
+        "--metrics-listen-addr".into(),
+        "127.0.0.1:0".into(),
+        "--status-port".into(),
+        "0".into(),
     ];
-    args.extend_from_slice(extra);
+    if named {
+        args.extend(["--ateapi-server-name".into(), "ateapi.test".into()]);
+    }
+    args.extend(extra.iter().map(|s| s.to_string()));
+    args
+}
+
+fn start(args: &[String]) -> (Router, Envoy) {
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let router = Router::start(&parse_serve_args(&args).unwrap()).unwrap();
     let envoy = Envoy::connect(router.extproc_addr());
     (router, envoy)
+}
+
+fn router(sim: &Sim, ca: &Path, bundle: &Path, extra: &[&str]) -> (Router, Envoy) {
+    let mut extra = extra.to_vec();
+    extra.extend(["--parked-request-retry-interval", "50ms"]);
+    start(&tls_flags(sim, ca, bundle, true, &extra))
 }
 
 fn stop(router: Router) {
@@ -198,26 +208,14 @@ fn server_name_must_match_without_the_override() {
     let pki = Pki::new("name");
     let sim = pki.sim();
     sim.script("demo/a", vec![Answer::ok("10.0.0.1", true)]);
-    let address = sim.addr().to_string();
-    let (ca, bundle) = (pki.path("ca1.pem"), pki.path("client1.bundle"));
-    let args = [
-        "--ateapi-address",
-        &address,
-        "--ateapi-ca-file",
-        ca.to_str().unwrap(),
-        "--ateapi-client-cert",
-        bundle.to_str().unwrap(),
-        "--port-extproc",
-        "0",
-        "--metrics-listen-addr",
-        "127.0.0.1:0",
-        "--status-port",
-        "0",
-        "--parked-request-budget",
-        "500ms",
-    ];
-    let router = Router::start(&parse_serve_args(&args).unwrap()).unwrap();
-    let envoy = Envoy::connect(router.extproc_addr());
+    let args = tls_flags(
+        &sim,
+        &pki.path("ca1.pem"),
+        &pki.path("client1.bundle"),
+        false,
+        &["--parked-request-budget", "500ms"],
+    );
+    let (router, envoy) = start(&args);
     let reply = immediate(&envoy.route_now("demo/a"));
     assert_eq!(
         (reply.status, reply.body.as_str()),
@@ -253,24 +251,12 @@ fn wrong_ca_parks_then_503_and_the_log_names_the_tls_failure_once() {
     let pki = Pki::new("wrongca");
     let sim = pki.sim();
     sim.script("demo/a", vec![Answer::ok("10.0.0.1", true)]);
-    let address = sim.addr().to_string();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_atenet-router"))
-        .args([
-            "serve",
-            "--ateapi-address",
-            &address,
-            "--ateapi-ca-file",
-            pki.path("ca2.pem").to_str().unwrap(),
-            "--ateapi-client-cert",
-            pki.path("client1.bundle").to_str().unwrap(),
-            "--ateapi-server-name",
-            "ateapi.test",
-            "--port-extproc",
-            "0",
-            "--metrics-listen-addr",
-            "127.0.0.1:0",
-            "--status-port",
-            "0",
+    let flags = tls_flags(
+        &sim,
+        &pki.path("ca2.pem"),
+        &pki.path("client1.bundle"),
+        true,
+        &[
             "--parked-request-budget",
             "700ms",
             "--parked-request-retry-interval",
@@ -281,7 +267,11 @@ fn wrong_ca_parks_then_503_and_the_log_names_the_tls_failure_once() {
             "",
             "--drain-complete-file",
             "",
-        ])
+        ],
+    );
+    let mut child = Command::new(env!("CARGO_BIN_EXE_atenet-router"))
+        .arg("serve")
+        .args(&flags)
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();

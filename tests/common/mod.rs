@@ -15,8 +15,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use atenet_router::config::parse_serve_args;
-use atenet_router::proto::base::{HeaderMap, HeaderValue};
-use atenet_router::proto::external_processor::{HttpHeaders, ProcessingRequest, ProcessingResponse};
+use atenet_router::proto::external_processor::{ProcessingRequest, ProcessingResponse};
 use atenet_router::proto::EXT_PROC_PROCESS;
 use atenet_router::router::Router;
 use atenet_router::sim::{Sim, SimConfig};
@@ -195,23 +194,7 @@ impl Envoy {
     }
 }
 
-/// A request_headers message carrying `headers` as raw values, as Envoy
-/// sends them.
-pub fn headers_request(headers: &[(&str, &str)]) -> ProcessingRequest {
-    let mut map = HeaderMap::new();
-    for (key, value) in headers {
-        let mut h = HeaderValue::new();
-        h.key = key.to_string();
-        h.raw_value = value.as_bytes().to_vec();
-        map.headers.push(h);
-    }
-    let mut http = HttpHeaders::new();
-    http.headers = Some(map).into();
-    http.end_of_stream = true;
-    let mut request = ProcessingRequest::new();
-    request.set_request_headers(http);
-    request
-}
+pub use atenet_router::load::headers_request;
 
 /// Adds a string attribute under the ext_proc filter's key.
 pub fn with_attribute(mut request: ProcessingRequest, name: &str, value: &str) -> ProcessingRequest {
