@@ -76,6 +76,10 @@ fn start_router(sim: SocketAddr) -> (RouterProcess, SocketAddr) {
             "10s",
             "--drain-timeout",
             "20s",
+            // As in production, the router keeps accepting streams for a
+            // moment after SIGTERM, while its clients stop sending.
+            "--drain-delay",
+            "1s",
         ],
     );
     (spawn_router(&args), format!("127.0.0.1:{status_port}").parse().unwrap())
@@ -247,11 +251,12 @@ fn soak() {
                  decisions = {decisions} = requests - invalid"
             ));
         } else {
-            // SIGTERM with requests in flight; like Envoy draining, no new
-            // requests start, and every in-flight one must get its verdict.
+            // SIGTERM with requests in flight. Like Envoy once the router
+            // fails its health check, clients stop starting requests (within
+            // the drain delay); every in-flight one must get its verdict.
             let in_flight = ledger.in_flight();
-            signal(&router.process.child, "TERM");
             stop.store(true, Ordering::Release);
+            signal(&router.process.child, "TERM");
             driver.join().unwrap();
             restarts += 1;
             checks.push(format!("phase {n}: SIGTERM with {in_flight} requests in flight; all ended"));
