@@ -1,8 +1,11 @@
-//! Generates the protobuf messages from the hand-written subsets in `proto/`.
+//! Generates the protobuf messages from the hand-written subsets in `proto/`,
+//! and records the git revision the binary is built from.
 //!
 //! Pure mode: the parser is protobuf-parse's own, so no `protoc` is needed on
 //! the build machine. Service descriptors are written by hand in
 //! `src/proto.rs`, because grpcio-compiler cannot emit protobuf v3 services.
+
+use std::process::Command;
 
 fn main() {
     let inputs = [
@@ -18,4 +21,34 @@ fn main() {
         .cargo_out_dir("protos")
         .run_from_script();
     println!("cargo:rerun-if-changed=proto");
+    println!("cargo:rustc-env=ATENET_GIT_REVISION={}", revision());
+}
+
+/// `ATENET_GIT_REVISION` when set (a container build has no `.git`), else
+/// the checkout's commit, else `unknown`.
+fn revision() -> String {
+    println!("cargo:rerun-if-env-changed=ATENET_GIT_REVISION");
+    if let Some(revision) = std::env::var("ATENET_GIT_REVISION").ok().filter(|r| !r.trim().is_empty()) {
+        return revision.trim().to_string();
+    }
+    let git = |args: &[&str]| {
+        Command::new("git")
+            .args(args)
+            .output()
+            .ok()
+            .filter(|out| out.status.success())
+            .map(|out| String::from_utf8_lossy(&out.stdout).trim().to_string())
+    };
+    // A new commit moves HEAD or the branch it points to.
+    // (A path that does not exist would make cargo rerun this every time.)
+    if let Some(dir) = git(&["rev-parse", "--git-dir"]) {
+        let reference = git(&["symbolic-ref", "-q", "HEAD"]);
+        let watched = ["HEAD".to_string(), reference.unwrap_or_default(), "packed-refs".to_string()];
+        for path in watched.iter().filter(|p| !p.is_empty()).map(|p| format!("{dir}/{p}")) {
+            if std::path::Path::new(&path).exists() {
+                println!("cargo:rerun-if-changed={path}");
+            }
+        }
+    }
+    git(&["rev-parse", "--short=12", "HEAD"]).unwrap_or_else(|| "unknown".to_string())
 }

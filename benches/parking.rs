@@ -48,7 +48,7 @@ fn main() {
         "machine: {} cores, {}; {}",
         std::thread::available_parallelism().map_or(0, |n| n.get()),
         cpu_model(),
-        atenet_router::log::rfc3339(std::time::SystemTime::now())
+        atenet_router::logging::rfc3339(std::time::SystemTime::now())
     ));
     if run("fast-path") {
         fast_path(&mut report);

@@ -15,6 +15,7 @@
 //! sent as `authorization: Bearer ...` and is never logged or shown.
 
 use std::fs;
+use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -26,6 +27,7 @@ use parking_lot::{Mutex, RwLock};
 
 use crate::config::AteapiTransport;
 use crate::metrics::Metrics;
+use crate::pem;
 use crate::proto::ateapi::{ObjectRef, ResumeActorRequest, ResumeActorResponse};
 use crate::proto::ATEAPI_RESUME_ACTOR;
 use crate::resume::{AttemptDone, AttemptResult, Code, ResumeError, Resumed, Resumer};
@@ -68,8 +70,9 @@ pub struct AteapiClient {
     live: RwLock<Live>,
     metrics: Metrics,
     health: Arc<Health>,
-    /// Serialises refreshes, so two never rebuild the channel at once.
-    refreshing: Mutex<()>,
+    /// Serialises refreshes, so two never rebuild the channel at once; holds
+    /// the problem last logged, so a bad file is reported once.
+    refreshing: Mutex<Option<String>>,
 }
 
 impl AteapiClient {
@@ -93,7 +96,7 @@ impl AteapiClient {
             live: RwLock::new(live),
             metrics,
             health: Arc::new(Health::default()),
-            refreshing: Mutex::new(()),
+            refreshing: Mutex::new(None),
         })
     }
 
@@ -101,23 +104,27 @@ impl AteapiClient {
     /// channel built from the new contents. A file that cannot be read (a
     /// rotation in progress) keeps the current credentials.
     pub fn refresh(&self) {
-        let _one = self.refreshing.lock();
-        let files = match read_files(&self.transport, self.token_file.as_deref()) {
-            Ok(files) => files,
-            Err(e) => {
-                crate::warn!("ateapi credentials not reloaded, keeping the current ones: {e}");
-                return;
-            }
-        };
-        if files == self.live.read().files {
+        let mut rejected = self.refreshing.lock();
+        let files = read_files(&self.transport, self.token_file.as_deref());
+        if files.as_ref().is_ok_and(|files| *files == self.live.read().files) {
+            *rejected = None;
             return;
         }
-        match build(&self.env, &self.address, &self.transport, self.token_file.is_some(), files) {
+        let problem = match files.and_then(|files| {
+            build(&self.env, &self.address, &self.transport, self.token_file.is_some(), files)
+        }) {
             Ok(live) => {
                 *self.live.write() = live;
-                crate::info!("ateapi credentials changed on disk: reloaded");
+                *rejected = None;
+                log::info!("ateapi credentials changed on disk: reloaded");
+                return;
             }
-            Err(e) => crate::warn!("ateapi credentials not reloaded, keeping the current ones: {e}"),
+            Err(e) => e.to_string(),
+        };
+        // Checked every second: say it once, not every second (B60).
+        if rejected.as_deref() != Some(problem.as_str()) {
+            log::warn!("ateapi credentials not reloaded, keeping the last good ones: {problem}");
+            *rejected = Some(problem);
         }
     }
 
@@ -134,8 +141,19 @@ impl AteapiClient {
     }
 }
 
+/// Credential files are small; anything bigger is the wrong file (or a
+/// device), and is refused rather than read without bound.
+const MAX_CREDENTIAL_FILE: u64 = 1024 * 1024;
+
 fn read(flag: &str, path: &Path) -> Result<Vec<u8>, CredentialsError> {
-    fs::read(path).map_err(|e| CredentialsError(format!("{flag} {}: {e}", path.display())))
+    let fail = |why: String| CredentialsError(format!("{flag} {}: {why}", path.display()));
+    let file = fs::File::open(path).map_err(|e| fail(e.to_string()))?;
+    let mut bytes = Vec::new();
+    file.take(MAX_CREDENTIAL_FILE + 1).read_to_end(&mut bytes).map_err(|e| fail(e.to_string()))?;
+    if bytes.len() as u64 > MAX_CREDENTIAL_FILE {
+        return Err(fail(format!("larger than {} KiB: not a credential file", MAX_CREDENTIAL_FILE / 1024)));
+    }
+    Ok(bytes)
 }
 
 fn read_files(transport: &AteapiTransport, token_file: Option<&Path>) -> Result<Files, CredentialsError> {
@@ -159,16 +177,27 @@ fn build(
     with_token: bool,
     files: Files,
 ) -> Result<Live, CredentialsError> {
+    // Everything is checked before gRPC sees it: gRPC panics on some bad
+    // input and silently fails every handshake on other (B60).
+    let authorization = if with_token {
+        let token = bearer_token(&files.token)
+            .map_err(|why| CredentialsError(format!("--ateapi-token-file: {why}")))?;
+        Some(Arc::from(format!("Bearer {token}")))
+    } else {
+        None
+    };
     let builder = ChannelBuilder::new(Arc::clone(env))
         .primary_user_agent(concat!("atenet-router/", env!("CARGO_PKG_VERSION")))
         .keepalive_time(std::time::Duration::from_secs(30))
         .keepalive_timeout(std::time::Duration::from_secs(10));
     let channel: Channel = match transport {
         AteapiTransport::Insecure => builder.connect(address),
-        AteapiTransport::Tls { client_cert, server_name, .. } => {
-            let mut creds = ChannelCredentialsBuilder::new().root_cert(files.ca.clone());
+        AteapiTransport::Tls { ca_file, client_cert, server_name } => {
+            let ca = pem::certificates(&files.ca)
+                .map_err(|why| CredentialsError(format!("--ateapi-ca-file {}: {why}", ca_file.display())))?;
+            let mut creds = ChannelCredentialsBuilder::new().root_cert(ca);
             if let Some(path) = client_cert {
-                let (chain, key) = split_pem_bundle(&files.bundle).map_err(|why| {
+                let (chain, key) = pem::split_bundle(&files.bundle).map_err(|why| {
                     CredentialsError(format!("--ateapi-client-cert {}: {why}", path.display()))
                 })?;
                 creds = creds.cert(chain, key);
@@ -180,18 +209,34 @@ fn build(
             builder.connect(address)
         }
     };
-    let authorization = if with_token {
-        let token = std::str::from_utf8(&files.token)
-            .map(str::trim)
-            .map_err(|_| CredentialsError("--ateapi-token-file: the token is not UTF-8".into()))?;
-        if token.is_empty() || token.contains(['\r', '\n']) {
-            return Err(CredentialsError("--ateapi-token-file: expected one non-empty line".into()));
-        }
-        Some(Arc::from(format!("Bearer {token}")))
-    } else {
-        None
-    };
     Ok(Live { client: Arc::new(Client::new(channel)), authorization, files })
+}
+
+/// The token of a token file: one line of RFC 6750's `b64token` characters
+/// (letters, digits, `-._~+/`, then any `=` padding), surrounding
+/// whitespace ignored. Anything else could not be sent as an HTTP/2 header
+/// value, and a token that is silently not sent fails every call with
+/// Unauthenticated. The reason never quotes the token.
+pub fn bearer_token(bytes: &[u8]) -> Result<&str, String> {
+    let token = std::str::from_utf8(bytes).map_err(|_| "the token is not UTF-8 text".to_string())?.trim();
+    if token.is_empty() {
+        return Err("the file is empty".into());
+    }
+    let body = token.trim_end_matches('=');
+    if body.is_empty() {
+        return Err("the token is only padding".into());
+    }
+    let allowed = |c: char| c.is_ascii_alphanumeric() || "-._~+/".contains(c);
+    match body.char_indices().find(|(_, c)| !allowed(*c)) {
+        None => Ok(token),
+        Some((at, c)) if c.is_whitespace() => {
+            Err(format!("whitespace inside the token (character {}); expected one token on one line", at + 1))
+        }
+        Some((at, _)) => Err(format!(
+            "character {} is not allowed in a bearer token (letters, digits and -._~+/ only, then = padding)",
+            at + 1
+        )),
+    }
 }
 
 impl Resumer for AteapiClient {
@@ -208,8 +253,10 @@ impl Resumer for AteapiClient {
         let mut options = CallOption::default();
         if let Some(value) = authorization {
             let mut headers = MetadataBuilder::with_capacity(1);
-            if headers.add_str("authorization", &value).is_ok() {
-                options = options.headers(headers.build());
+            // bearer_token() admits only characters a header value can carry.
+            match headers.add_str("authorization", &value) {
+                Ok(_) => options = options.headers(headers.build()),
+                Err(e) => log::error!("ateapi token not sent: {e}"),
             }
         }
         let (metrics, health, actor) = (self.metrics.clone(), Arc::clone(&self.health), actor.clone());
@@ -240,16 +287,16 @@ fn report(metrics: &Metrics, health: &Health, actor: &ActorId, result: &AttemptR
         Ok(_) => {
             metrics.count_attempt(Code::Ok);
             if health.down.swap(false, Ordering::AcqRel) {
-                crate::info!("ateapi reachable again");
+                log::info!("ateapi reachable again");
             }
         }
         Err(e) => {
             metrics.count_attempt(e.code);
             if e.code == Code::Unavailable && !health.down.swap(true, Ordering::AcqRel) {
                 let kind = if is_tls_failure(&e.message) { "TLS failure" } else { "unreachable" };
-                crate::warn!("ateapi {kind}: {}; requests park until it recovers (logged once)", e.message);
+                log::warn!("ateapi {kind}: {}; requests park until it recovers (logged once)", e.message);
             }
-            crate::debug!("ResumeActor {actor}: {e}");
+            log::debug!("ResumeActor {actor}: {e}");
         }
     }
 }
@@ -263,16 +310,16 @@ fn is_tls_failure(message: &str) -> bool {
 /// Maps a call's result to the router's terms.
 fn attempt_result(result: grpcio::Result<ResumeActorResponse>) -> AttemptResult {
     match result {
-        Ok(response) => Ok(Resumed {
-            resumed: response.resumed,
-            worker_ips: response
+        Ok(response) => {
+            let ips = response
                 .actor
                 .as_ref()
                 .and_then(|a| a.status.as_ref())
                 .and_then(|s| s.worker_assignment.as_ref())
-                .map(|w| w.worker_pod_ips.clone())
-                .unwrap_or_default(),
-        }),
+                .map(|w| w.worker_pod_ips.as_slice())
+                .unwrap_or_default();
+            Ok(Resumed::from_pod_ips(response.resumed, ips))
+        }
         Err(grpcio::Error::RpcFailure(status)) => {
             Err(ResumeError::new(Code::from_i32(status.code().into()), status.message()))
         }
@@ -280,54 +327,28 @@ fn attempt_result(result: grpcio::Result<ResumeActorResponse>) -> AttemptResult 
     }
 }
 
-/// Splits one PEM bundle into its certificate chain and its private key,
-/// each re-encoded as PEM, as gRPC's credential API wants them apart.
-pub fn split_pem_bundle(bundle: &[u8]) -> Result<(Vec<u8>, Vec<u8>), String> {
-    let text = std::str::from_utf8(bundle).map_err(|_| "not a PEM file".to_string())?;
-    let (mut chain, mut key) = (String::new(), String::new());
-    let mut rest = text;
-    while let Some(start) = rest.find("-----BEGIN ") {
-        let block = &rest[start..];
-        let label_end = block[11..].find("-----").ok_or("truncated PEM header")? + 11;
-        let label = &block[11..label_end];
-        let end_marker = format!("-----END {label}-----");
-        let end = block.find(&end_marker).ok_or_else(|| format!("unterminated PEM block {label}"))?
-            + end_marker.len();
-        let pem = format!("{}\n", &block[..end]);
-        if label == "CERTIFICATE" {
-            chain.push_str(&pem);
-        } else if label.ends_with("PRIVATE KEY") {
-            if !key.is_empty() {
-                return Err("more than one private key".into());
-            }
-            key = pem;
-        }
-        rest = &block[end..];
-    }
-    if chain.is_empty() {
-        return Err("no CERTIFICATE block".into());
-    }
-    if key.is_empty() {
-        return Err("no PRIVATE KEY block".into());
-    }
-    Ok((chain.into_bytes(), key.into_bytes()))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
-    fn splits_bundle() {
-        let bundle = "-----BEGIN CERTIFICATE-----\nAAA\n-----END CERTIFICATE-----\n\
-                      -----BEGIN CERTIFICATE-----\nBBB\n-----END CERTIFICATE-----\n\
-                      -----BEGIN PRIVATE KEY-----\nKKK\n-----END PRIVATE KEY-----\n";
-        let (chain, key) = split_pem_bundle(bundle.as_bytes()).unwrap();
-        let chain = String::from_utf8(chain).unwrap();
-        assert_eq!(chain.matches("BEGIN CERTIFICATE").count(), 2);
-        assert!(String::from_utf8(key).unwrap().contains("KKK"));
-        assert!(split_pem_bundle(b"-----BEGIN CERTIFICATE-----\nAAA\n-----END CERTIFICATE-----\n").is_err());
-        assert!(split_pem_bundle(b"garbage").is_err());
+    fn bearer_tokens() {
+        assert_eq!(bearer_token(b"  abc.DEF-123_~+/==\n"), Ok("abc.DEF-123_~+/=="));
+        for (bad, why) in [
+            (&b""[..], "empty"),
+            (b" \n", "empty"),
+            (b"==", "padding"),
+            (b"ab\tc", "whitespace"),
+            (b"ab c", "whitespace"),
+            (b"line1\nline2", "whitespace"),
+            ("t\u{f6}ken".as_bytes(), "not allowed"),
+            (b"a=b", "not allowed"),
+            (b"\xff\xfe", "UTF-8"),
+        ] {
+            let e = bearer_token(bad).unwrap_err();
+            assert!(e.contains(why), "{bad:?}: {e}");
+        }
+        assert!(!bearer_token(b"s3cr3t value").unwrap_err().contains("s3cr3t"), "never quotes the token");
     }
 
     #[test]

@@ -32,8 +32,8 @@ impl Backoff {
     /// The sample is a parameter so tests can pin it.
     pub fn next_delay(&mut self, unit_sample: f64) -> Duration {
         let base = self.next_base;
-        self.next_base = base.mul_f64(self.policy.factor.max(1.0)).min(MAX_DELAY);
-        base.mul_f64(1.0 + self.policy.jitter * unit_sample).min(MAX_DELAY)
+        self.next_base = scaled(base, self.policy.factor.max(1.0));
+        scaled(base, 1.0 + self.policy.jitter * unit_sample)
     }
 
     /// The delay before the next attempt with a fresh random sample.
@@ -45,6 +45,19 @@ impl Backoff {
 /// Keeps the arithmetic finite: no budget comes near a day, so a delay this
 /// long only ever means "after the deadline".
 const MAX_DELAY: Duration = Duration::from_secs(86_400);
+
+/// `d * factor`, saturating at [`MAX_DELAY`]. Computed in floating point and
+/// compared before converting back, because `Duration::mul_f64` panics on a
+/// product it cannot hold: a large factor must mean "a long delay", never a
+/// panic on the thread that schedules the retry.
+fn scaled(d: Duration, factor: f64) -> Duration {
+    let seconds = d.as_secs_f64() * factor;
+    if seconds.is_finite() && seconds < MAX_DELAY.as_secs_f64() {
+        Duration::from_secs_f64(seconds.max(0.0))
+    } else {
+        MAX_DELAY
+    }
+}
 
 #[cfg(test)]
 mod tests {
@@ -93,5 +106,17 @@ mod tests {
             last = d;
         }
         assert_eq!(last, Duration::from_secs(10_000));
+    }
+
+    #[test]
+    fn huge_factors_saturate_instead_of_panicking() {
+        for factor in [2e14, 1e300, f64::MAX] {
+            let mut b = Backoff::new(policy(100, factor, 0.9));
+            let delays: Vec<Duration> = (0..6).map(|_| b.next_delay(0.999)).collect();
+            assert_eq!(delays[0], Duration::from_millis(100).mul_f64(1.0 + 0.9 * 0.999));
+            assert!(delays[2..].iter().all(|d| *d == MAX_DELAY), "{factor}: {delays:?}");
+        }
+        let mut b = Backoff::new(BackoffPolicy { interval: MAX_DELAY, factor: 1.0, jitter: 0.99 });
+        assert_eq!(b.next_delay(0.999), MAX_DELAY, "jitter on a saturated delay stays finite");
     }
 }

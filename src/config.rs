@@ -55,6 +55,9 @@ pub struct ServeArgs {
     /// port of the /statusz page (<= 0 disables)
     #[argh(option, default = "4040")]
     pub status_port: i64,
+    /// address the /statusz page binds (it shows actor ids, paths and worker IPs)
+    #[argh(option, default = "String::from(\"127.0.0.1\")")]
+    pub status_address: String,
     /// how long a resume flight may keep retrying (Go duration)
     #[argh(option, default = "String::from(\"5s\")")]
     pub parked_request_budget: String,
@@ -73,6 +76,9 @@ pub struct ServeArgs {
     /// circuit breaker of the ext_proc cluster in Envoy (0 derives it)
     #[argh(option, default = "0")]
     pub extproc_max_requests: i64,
+    /// max actors resumed at once: flights and ResumeActor calls in progress (0 derives it)
+    #[argh(option, default = "0")]
+    pub flight_max: i64,
     /// port the workers serve on
     #[argh(option, default = "443")]
     pub worker_port: i64,
@@ -94,12 +100,21 @@ pub struct ServeArgs {
     /// log level: error, warn, info, debug or trace
     #[argh(option, default = "String::from(\"info\")")]
     pub log_level: String,
+    /// log line format: text or json (one JSON object per line)
+    #[argh(option, default = "String::from(\"text\")")]
+    pub log_format: String,
     /// how long past the budget Envoy waits for a late verdict (0 disables)
     #[argh(option, default = "String::from(\"30s\")")]
     pub late_serve_limit: String,
     /// port of the HTTP listener in the generated Envoy config
     #[argh(option, default = "8080")]
     pub port_http: i64,
+    /// port of Envoy's health-check listener (GET /ready) in the generated config
+    #[argh(option, default = "8081")]
+    pub port_health: i64,
+    /// port of Envoy's metrics listener (GET /stats/prometheus) in the generated config
+    #[argh(option, default = "9902")]
+    pub port_stats: i64,
 }
 
 /// A flag value the router refuses.
@@ -154,6 +169,8 @@ pub struct Config {
     pub parking: Parking,
     /// Effective Envoy circuit breaker for the ext_proc cluster (B39).
     pub extproc_max_requests: u64,
+    /// Effective cap on flights in progress (B58).
+    pub flight_max: usize,
     pub worker_port: u16,
     pub drain_delay: Duration,
     /// Effective ext_proc drain timeout (B40).
@@ -161,13 +178,37 @@ pub struct Config {
     pub envoy_admin_address: Option<String>,
     pub drain_complete_file: Option<PathBuf>,
     pub route_timeout: Duration,
-    pub log_level: crate::log::Level,
+    pub log_level: log::LevelFilter,
+    pub log_format: crate::logging::Format,
     /// How long past the budget a late verdict may still arrive; zero when
     /// late serve is disabled.
     pub late_serve_limit: Duration,
     /// Envoy's HTTP listener port, for `envoy-config`.
     pub port_http: u16,
+    /// Envoy's health-check listener port, for `envoy-config`.
+    pub port_health: u16,
+    /// Envoy's metrics listener port, for `envoy-config`.
+    pub port_stats: u16,
 }
+
+/// The derived flight cap is never below this, so that a small lot (or none)
+/// still leaves room for many actors resuming at once (B58).
+pub const MIN_FLIGHT_MAX: usize = 4096;
+
+/// Envoy's admin port when `--envoy-admin-address` names none.
+pub const DEFAULT_ENVOY_ADMIN_PORT: u16 = 9901;
+
+/// The largest retry factor: beyond it the second retry already lands
+/// hours after the first, so a larger value can only be a typo.
+pub const MAX_RETRY_FACTOR: f64 = 100.0;
+
+/// What the derived drain timeout allows past the budget, at least: room
+/// for the last attempt's answer and the verdict's way back (B40).
+pub const DRAIN_SLACK: Duration = Duration::from_secs(15);
+
+/// The longest `message_timeout` and `max_message_timeout` Envoy accepts
+/// (their validation rule is `lte: 3600s`).
+pub const MAX_ENVOY_MESSAGE_TIMEOUT: Duration = Duration::from_secs(3600);
 
 /// What Envoy already grants past the budget: its ext_proc message timeout
 /// is budget + 5 s, so the router's own verdict always arrives first.
@@ -186,8 +227,12 @@ impl Config {
             .unwrap_or(Duration::from_millis(100));
         let factor = match args.parked_request_retry_factor {
             0.0 => 1.1,
-            f if f.is_finite() && f >= 1.0 => f,
-            f => return Err(invalid(format!("--parked-request-retry-factor must be >= 1, got {f}"))),
+            f if (1.0..=MAX_RETRY_FACTOR).contains(&f) => f,
+            f => {
+                return Err(invalid(format!(
+                    "--parked-request-retry-factor must be in [1, {MAX_RETRY_FACTOR}], got {f}"
+                )))
+            }
         };
         let jitter = args.parked_request_retry_jitter;
         if !(jitter.is_finite() && (0.0..1.0).contains(&jitter)) {
@@ -210,18 +255,12 @@ impl Config {
         }
         let extproc_max_requests =
             if explicit_breaker > 0 { explicit_breaker } else { (2 * parking_max as u64).max(1024) };
+        let flight_max = match args.flight_max {
+            0 => parking_max.saturating_mul(4).max(MIN_FLIGHT_MAX),
+            n if n > 0 => usize::try_from(n).unwrap_or(usize::MAX),
+            n => return Err(invalid(format!("--flight-max must not be negative, got {n}"))),
+        };
 
-        let drain_delay = non_negative("--drain-delay", &args.drain_delay)?;
-        let drain_timeout_flag = non_negative("--drain-timeout", &args.drain_timeout)?;
-        if enabled && !drain_timeout_flag.is_zero() && drain_timeout_flag < budget {
-            return Err(invalid(format!(
-                "--drain-timeout ({}) is below --parked-request-budget ({}): parked requests would be cut off",
-                godur::format(drain_timeout_flag),
-                godur::format(budget)
-            )));
-        }
-        let drain_timeout =
-            if drain_timeout_flag.is_zero() { budget + Duration::from_secs(15) } else { drain_timeout_flag };
         let route_timeout = non_negative("--route-timeout", &args.route_timeout)?;
         let late_serve_limit = non_negative("--late-serve-limit", &args.late_serve_limit)?;
         if !late_serve_limit.is_zero() && late_serve_limit <= MESSAGE_TIMEOUT_MARGIN {
@@ -231,7 +270,63 @@ impl Config {
                 godur::format(MESSAGE_TIMEOUT_MARGIN)
             )));
         }
+        // The longest a caller can wait for its verdict: the budget, then the
+        // late-serve limit while an attempt runs on (B19, B49). Envoy takes
+        // at most an hour for either of its ext_proc message timeouts.
+        let longest_wait = budget + late_serve_limit;
+        if budget + MESSAGE_TIMEOUT_MARGIN > MAX_ENVOY_MESSAGE_TIMEOUT
+            || (!late_serve_limit.is_zero() && longest_wait > MAX_ENVOY_MESSAGE_TIMEOUT)
+        {
+            return Err(invalid(format!(
+                "--parked-request-budget ({}) plus {} must stay within Envoy's {} ext_proc message timeout \
+                 (with --late-serve-limit {})",
+                godur::format(budget),
+                godur::format(if late_serve_limit.is_zero() {
+                    MESSAGE_TIMEOUT_MARGIN
+                } else {
+                    late_serve_limit
+                }),
+                godur::format(MAX_ENVOY_MESSAGE_TIMEOUT),
+                godur::format(late_serve_limit)
+            )));
+        }
+
+        let drain_delay = non_negative("--drain-delay", &args.drain_delay)?;
+        let drain_timeout_flag = non_negative("--drain-timeout", &args.drain_timeout)?;
+        if enabled && !drain_timeout_flag.is_zero() && drain_timeout_flag < longest_wait {
+            return Err(invalid(format!(
+                "--drain-timeout ({}) is below --parked-request-budget ({}) plus --late-serve-limit ({}): \
+                 parked or late-served requests would be cut off",
+                godur::format(drain_timeout_flag),
+                godur::format(budget),
+                godur::format(late_serve_limit)
+            )));
+        }
+        let drain_timeout = if drain_timeout_flag.is_zero() {
+            budget + DRAIN_SLACK.max(late_serve_limit)
+        } else {
+            drain_timeout_flag
+        };
         let port_http = port("--port-http", args.port_http)?;
+        let port_health = port("--port-health", args.port_health)?;
+        let port_stats = port("--port-stats", args.port_stats)?;
+        let envoy_admin_address = non_empty(&args.envoy_admin_address);
+        let admin_port = envoy_admin_address
+            .as_deref()
+            .and_then(|a| a.rsplit_once(':'))
+            .and_then(|(_, p)| p.parse::<u16>().ok())
+            .unwrap_or(DEFAULT_ENVOY_ADMIN_PORT);
+        let envoy_ports = [
+            ("--port-http", port_http),
+            ("--port-health", port_health),
+            ("--port-stats", port_stats),
+            ("--envoy-admin-address", admin_port),
+        ];
+        for (i, (flag, p)) in envoy_ports.iter().enumerate() {
+            if let Some((other, _)) = envoy_ports[i + 1..].iter().find(|(_, q)| q == p) {
+                return Err(invalid(format!("{flag} and {other} give Envoy the same port {p}")));
+            }
+        }
 
         let ateapi_transport = transport(args)?;
         let ateapi_token_file = non_empty(&args.ateapi_token_file).map(PathBuf::from);
@@ -250,15 +345,19 @@ impl Config {
             None
         } else {
             let p = port("--status-port", args.status_port)?;
-            Some(SocketAddr::new(metrics_addr.ip(), p))
+            Some(socket_addr("--status-address", &args.status_address, p)?)
         };
         let worker_port = port("--worker-port", args.worker_port)?;
-        let log_level = args.log_level.parse().map_err(|_| {
+        let log_level = crate::logging::parse_level(&args.log_level).ok_or_else(|| {
             invalid(format!(
                 "--log-level must be error, warn, info, debug or trace, got {:?}",
                 args.log_level
             ))
         })?;
+        let log_format = args
+            .log_format
+            .parse()
+            .map_err(|_| invalid(format!("--log-format must be text or json, got {:?}", args.log_format)))?;
 
         Ok(Config {
             ateapi_address: args.ateapi_address.trim().to_string(),
@@ -275,15 +374,19 @@ impl Config {
                 backoff: BackoffPolicy { interval, factor, jitter },
             },
             extproc_max_requests,
+            flight_max,
             worker_port,
             drain_delay,
             drain_timeout,
-            envoy_admin_address: non_empty(&args.envoy_admin_address),
+            envoy_admin_address,
             drain_complete_file: non_empty(&args.drain_complete_file).map(PathBuf::from),
             route_timeout,
             log_level,
+            log_format,
             late_serve_limit,
             port_http,
+            port_health,
+            port_stats,
         })
     }
 
@@ -329,12 +432,14 @@ impl Config {
             ("--port-extproc", self.extproc_addr.port().to_string()),
             ("--metrics-listen-addr", self.metrics_addr.to_string()),
             ("--status-port", self.status_addr.map_or("disabled".into(), |a| a.port().to_string())),
+            ("--status-address", self.status_addr.map_or(String::new(), |a| a.ip().to_string())),
             ("--parked-request-budget", godur::format(self.parking.configured_budget)),
             ("--parked-request-max", self.parking.max.to_string()),
             ("--parked-request-retry-interval", godur::format(self.parking.backoff.interval)),
             ("--parked-request-retry-factor", self.parking.backoff.factor.to_string()),
             ("--parked-request-retry-jitter", self.parking.backoff.jitter.to_string()),
             ("--extproc-max-requests", self.extproc_max_requests.to_string()),
+            ("--flight-max", self.flight_max.to_string()),
             ("--worker-port", self.worker_port.to_string()),
             ("--drain-delay", godur::format(self.drain_delay)),
             ("--drain-timeout", godur::format(self.drain_timeout)),
@@ -345,7 +450,11 @@ impl Config {
             ),
             ("--route-timeout", godur::format(self.route_timeout)),
             ("--late-serve-limit", godur::format(self.late_serve_limit)),
-            ("--log-level", format!("{:?}", self.log_level).to_lowercase()),
+            ("--port-http", self.port_http.to_string()),
+            ("--port-health", self.port_health.to_string()),
+            ("--port-stats", self.port_stats.to_string()),
+            ("--log-level", self.log_level.as_str().to_lowercase()),
+            ("--log-format", self.log_format.to_string()),
         ]
     }
 }
@@ -504,7 +613,7 @@ mod tests {
         assert_eq!(c.ateapi_address, "api.ate-system.svc:443");
         assert_eq!(c.extproc_addr, "127.0.0.1:50051".parse().unwrap());
         assert_eq!(c.metrics_addr, "0.0.0.0:9090".parse().unwrap());
-        assert_eq!(c.status_addr, Some("0.0.0.0:4040".parse().unwrap()));
+        assert_eq!(c.status_addr, Some("127.0.0.1:4040".parse().unwrap()), "the status page stays local");
         assert!(c.parking.enabled);
         assert_eq!(c.parking.max, 1024);
         assert_eq!(c.parking.budget, Duration::from_secs(5));
@@ -514,7 +623,8 @@ mod tests {
         assert_eq!(c.extproc_max_requests, 2048, "B39: 2 x 1024");
         assert_eq!(c.worker_port, 443);
         assert_eq!(c.drain_delay, Duration::from_secs(13));
-        assert_eq!(c.drain_timeout, Duration::from_secs(20), "B40: 5s + 10s + 5s");
+        assert_eq!(c.drain_timeout, Duration::from_secs(35), "B40: 5s + max(15s, 30s late serve)");
+        assert_eq!(c.flight_max, 4096, "B58: max(4 x 1024, 4096)");
         assert_eq!(c.envoy_admin_address.as_deref(), Some("localhost:9901"));
         assert_eq!(c.drain_complete_file, Some(PathBuf::from("/var/run/atenet/drain-complete")));
         assert_eq!(c.route_timeout, Duration::from_secs(300));
@@ -532,12 +642,26 @@ mod tests {
             (&["--drain-delay", "-1s"], "--drain-delay"),
             (&["--drain-timeout", "-1s"], "--drain-timeout"),
             (&["--drain-timeout", "3s"], "--drain-timeout"),
+            (&["--drain-timeout", "34s"], "--drain-timeout"),
+            (&["--parked-request-retry-factor", "101"], "--parked-request-retry-factor"),
+            (&["--parked-request-retry-factor", "1e300"], "--parked-request-retry-factor"),
+            (&["--parked-request-retry-factor", "NaN"], "--parked-request-retry-factor"),
+            (&["--parked-request-retry-factor", "inf"], "--parked-request-retry-factor"),
+            (&["--flight-max", "-1"], "--flight-max"),
+            (&["--port-health", "8080"], "--port-health"),
+            (&["--port-stats", "9901"], "--port-stats"),
+            (&["--port-stats", "0"], "--port-stats"),
+            (&["--drain-delay", "99999999999999999999h"], "--drain-delay"),
+            (&["--parked-request-budget", "3596s"], "--parked-request-budget"),
+            (&["--parked-request-budget", "3571s"], "--parked-request-budget"),
+            (&["--parked-request-budget", "2562047h", "--late-serve-limit", "0"], "--parked-request-budget"),
             (&["--parked-request-budget", "soon"], "--parked-request-budget"),
             (&["--port-extproc", "70000"], "--port-extproc"),
             (&["--port-extproc", "x"], "--port-extproc"),
             (&["--worker-port", "0"], "--worker-port"),
             (&["--metrics-listen-addr", "9090"], "--metrics-listen-addr"),
             (&["--log-level", "loud"], "--log-level"),
+            (&["--log-format", "xml"], "--log-format"),
             (&["--ateapi-ca-file", "/ca.pem"], "--ateapi-insecure"),
             (&["--ateapi-token-file", "/token"], "--ateapi-token-file"),
             (&["--no-such-flag"], "--no-such-flag"),
@@ -554,7 +678,7 @@ mod tests {
         let c =
             parse_serve_args(&["--ateapi-insecure", "--parked-request-max=7", "--log-level=debug"]).unwrap();
         assert_eq!(c.parking.max, 7);
-        assert_eq!(c.log_level, crate::log::Level::Debug);
+        assert_eq!(c.log_level, log::LevelFilter::Debug);
         let c = parse_serve_args(&["--ateapi-insecure", "--envoy-admin-address="]).unwrap();
         assert_eq!(c.envoy_admin_address, None, "an empty value after = is a value");
     }
@@ -605,9 +729,21 @@ mod tests {
         let c = parse(&["--parked-request-max", "10", "--extproc-max-requests", "10"]).unwrap();
         assert_eq!(c.extproc_max_requests, 10);
         let c = parse(&["--parked-request-budget", "30s"]).unwrap();
-        assert_eq!(c.drain_timeout, Duration::from_secs(45));
-        let c = parse(&["--parked-request-budget", "30s", "--drain-timeout", "31s"]).unwrap();
+        assert_eq!(c.drain_timeout, Duration::from_secs(60), "B40: 30s + max(15s, 30s)");
+        let c = parse(&["--parked-request-budget", "30s", "--late-serve-limit", "0"]).unwrap();
+        assert_eq!(c.drain_timeout, Duration::from_secs(45), "B40: 30s + 15s without late serve");
+        let c = parse(&["--parked-request-budget", "30s", "--late-serve-limit", "10s"]).unwrap();
+        assert_eq!(c.drain_timeout, Duration::from_secs(45), "B40: 30s + max(15s, 10s)");
+        let c = parse(&["--parked-request-budget", "30s", "--drain-timeout", "60s"]).unwrap();
+        assert_eq!(c.drain_timeout, Duration::from_secs(60));
+        let c =
+            parse(&["--late-serve-limit", "0", "--parked-request-budget", "30s", "--drain-timeout", "31s"])
+                .unwrap();
         assert_eq!(c.drain_timeout, Duration::from_secs(31));
+        let c = parse(&["--parked-request-max", "5000"]).unwrap();
+        assert_eq!(c.flight_max, 20_000, "B58: 4 x the lot");
+        assert_eq!(parse(&["--parked-request-max", "0"]).unwrap().flight_max, 4096);
+        assert_eq!(parse(&["--flight-max", "7"]).unwrap().flight_max, 7);
     }
 
     #[test]

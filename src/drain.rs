@@ -36,7 +36,30 @@ pub struct DrainPlan {
     pub marker: Option<PathBuf>,
 }
 
+/// What the final cancel, the listeners' stop and the marker can take past
+/// the drain timeout.
+const STOP_SLACK: Duration = Duration::from_secs(10);
+
 impl DrainPlan {
+    /// The longest the Envoy step can take: the window, plus the two POSTs
+    /// and one last poll at their connect and answer timeouts.
+    fn envoy_bound(&self) -> Duration {
+        match self.envoy_admin {
+            Some(_) => self.envoy_window + 3 * (ADMIN_CONNECT_TIMEOUT + ADMIN_TIMEOUT),
+            None => Duration::ZERO,
+        }
+    }
+
+    /// The longest the ext_proc step and what follows can take.
+    fn stop_bound(&self) -> Duration {
+        self.timeout + STOP_SLACK
+    }
+
+    /// The longest the whole drain can take.
+    pub fn bound(&self) -> Duration {
+        self.delay + self.envoy_bound() + self.stop_bound()
+    }
+
     pub fn from_config(config: &Config) -> DrainPlan {
         DrainPlan {
             delay: config.drain_delay,
@@ -88,23 +111,37 @@ pub fn remove_stale_marker(path: &Path) -> io::Result<bool> {
 /// Runs the drain. `interrupt` delivers further signals; the first one
 /// received skips every remaining wait.
 pub fn drain(router: Router, plan: &DrainPlan, interrupt: &Receiver<()>) -> DrainReport {
+    drain_reporting(router, plan, interrupt, &|_| {})
+}
+
+/// As [`drain`], telling `progress` before each step how long the rest of
+/// the drain can take at most (for systemd's stop timeout, B64).
+pub fn drain_reporting(
+    router: Router,
+    plan: &DrainPlan,
+    interrupt: &Receiver<()>,
+    progress: &dyn Fn(Duration),
+) -> DrainReport {
     router.set_ready(false);
-    crate::info!("drain: not ready; waiting {} before draining Envoy", crate::godur::format(plan.delay));
+    progress(plan.delay + plan.envoy_bound() + plan.stop_bound());
+    log::info!("drain: not ready; waiting {} before draining Envoy", crate::godur::format(plan.delay));
     let mut skipping = interrupt.recv_timeout(plan.delay).is_ok();
+    progress(plan.envoy_bound() + plan.stop_bound());
     let envoy = match (&plan.envoy_admin, skipping) {
         (None, _) => EnvoyDrain::Disabled,
         (Some(_), true) => EnvoyDrain::Skipped,
         (Some(admin), false) => drain_envoy(admin, plan, interrupt),
     };
     skipping |= envoy == EnvoyDrain::Skipped;
-    crate::info!("drain: Envoy {envoy:?}; stopping ext_proc (up to {})", crate::godur::format(plan.timeout));
+    progress(plan.stop_bound());
+    log::info!("drain: Envoy {envoy:?}; stopping ext_proc (up to {})", crate::godur::format(plan.timeout));
     let timeout = if skipping { Duration::ZERO } else { plan.timeout };
     let (streams_finished, cancelled) = router.stop(timeout, interrupt);
     let marker_written = match &plan.marker {
         Some(path) => match write_marker(path) {
             Ok(()) => true,
             Err(e) => {
-                crate::error!("drain: cannot write {}: {e}", path.display());
+                log::error!("drain: cannot write {}: {e}", path.display());
                 false
             }
         },
@@ -114,20 +151,37 @@ pub fn drain(router: Router, plan: &DrainPlan, interrupt: &Receiver<()>) -> Drai
 }
 
 fn drain_envoy(admin: &str, plan: &DrainPlan, interrupt: &Receiver<()>) -> EnvoyDrain {
+    // Only a refused or unroutable connection means Envoy is gone. An error
+    // answer or a slow one comes from an Envoy that is still there, so the
+    // drain goes on: skipping the wait would cut its connections (B43).
     for path in ["/healthcheck/fail", "/drain_listeners?graceful&skip_exit"] {
-        if let Err(e) = http_request(admin, "POST", path) {
-            crate::warn!("drain: Envoy admin {admin} unreachable ({e}); treating Envoy as gone");
-            return EnvoyDrain::Unreachable;
+        match admin_request(admin, "POST", path) {
+            Ok(_) => {}
+            Err(AdminError::Unreachable(e)) => {
+                log::warn!("drain: Envoy admin {admin} unreachable ({e}); treating Envoy as gone");
+                return EnvoyDrain::Unreachable;
+            }
+            Err(AdminError::Failed(e)) => {
+                log::warn!("drain: Envoy admin {admin}: POST {path} failed ({e}); draining on")
+            }
         }
     }
     let deadline = Instant::now() + plan.envoy_window;
+    let mut poll_failed = false;
     loop {
-        match http_request(admin, "GET", "/stats?filter=downstream_cx_active") {
+        match admin_request(admin, "GET", "/stats?filter=downstream_cx_active") {
             Ok(stats) if active_connections(&stats) == 0 => return EnvoyDrain::Drained,
             Ok(_) => {}
-            Err(e) => {
-                crate::warn!("drain: Envoy admin {admin} stopped answering ({e}); treating Envoy as gone");
+            Err(AdminError::Unreachable(e)) => {
+                log::warn!("drain: Envoy admin {admin} stopped answering ({e}); treating Envoy as gone");
                 return EnvoyDrain::Unreachable;
+            }
+            Err(AdminError::Failed(e)) => {
+                if !std::mem::replace(&mut poll_failed, true) {
+                    log::warn!(
+                        "drain: Envoy admin {admin}: reading its connections failed ({e}); polling on"
+                    );
+                }
             }
         }
         let now = Instant::now();
@@ -140,54 +194,76 @@ fn drain_envoy(admin: &str, plan: &DrainPlan, interrupt: &Receiver<()>) -> Envoy
     }
 }
 
-/// Sums the `downstream_cx_active` gauges of every listener but the admin
-/// one (whose connection is this very poll).
+/// Why a request to Envoy's admin API got no usable answer.
+#[derive(Debug)]
+enum AdminError {
+    /// No connection could be made: nothing listens there any more.
+    Unreachable(io::Error),
+    /// Connected, but the answer was an error, malformed or too slow.
+    Failed(io::Error),
+}
+
+/// Sums the `downstream_cx_active` gauges of every listener but those that
+/// carry no client traffic: the admin's (whose connection is this very
+/// poll) and the generated health-check and metrics listeners' (a kubelet
+/// probe or a scrape must not hold the drain open).
 pub fn active_connections(stats: &str) -> u64 {
+    let ignored = ["admin", crate::envoy::HEALTH_STAT_PREFIX, crate::envoy::STATS_STAT_PREFIX];
     stats
         .lines()
         .filter_map(|line| line.split_once(':'))
-        .filter(|(name, _)| name.trim().ends_with("downstream_cx_active") && !name.contains("admin"))
+        .filter(|(name, _)| {
+            name.trim().ends_with("downstream_cx_active") && !ignored.iter().any(|i| name.contains(i))
+        })
         .filter_map(|(_, value)| value.trim().parse::<u64>().ok())
         .sum()
 }
 
 /// One HTTP/1.1 request to Envoy's admin API; the body on a 2xx answer.
 /// `localhost` may resolve to IPv6 or IPv4: each address is tried in turn.
-fn http_request(admin: &str, method: &str, path: &str) -> io::Result<String> {
-    let addrs: Vec<_> = admin.to_socket_addrs()?.collect();
+fn admin_request(admin: &str, method: &str, path: &str) -> Result<String, AdminError> {
+    let addrs: Vec<_> = admin.to_socket_addrs().map_err(AdminError::Unreachable)?.collect();
     let mut last = io::Error::new(io::ErrorKind::NotFound, format!("{admin} resolves to nothing"));
     for addr in addrs {
-        let mut stream = match TcpStream::connect_timeout(&addr, Duration::from_secs(1)) {
-            Ok(stream) => stream,
-            Err(e) => {
-                last = e;
-                continue;
-            }
-        };
-        stream.set_read_timeout(Some(Duration::from_secs(2)))?;
-        stream.set_write_timeout(Some(Duration::from_secs(2)))?;
-        write!(
-            stream,
-            "{method} {path} HTTP/1.1\r\nHost: {admin}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
-        )?;
-        let mut response = Vec::new();
-        stream.read_to_end(&mut response)?;
-        let text = String::from_utf8_lossy(&response);
-        let status: u16 = text.split_whitespace().nth(1).and_then(|s| s.parse().ok()).unwrap_or(0);
-        if !(200..300).contains(&status) {
-            return Err(io::Error::other(format!("{method} {path}: HTTP {status}")));
+        match TcpStream::connect_timeout(&addr, ADMIN_CONNECT_TIMEOUT) {
+            Ok(stream) => return exchange(stream, admin, method, path).map_err(AdminError::Failed),
+            Err(e) => last = e,
         }
-        return Ok(text.split_once("\r\n\r\n").map(|(_, body)| body.to_string()).unwrap_or_default());
     }
-    Err(last)
+    Err(AdminError::Unreachable(last))
 }
+
+fn exchange(mut stream: TcpStream, admin: &str, method: &str, path: &str) -> io::Result<String> {
+    stream.set_read_timeout(Some(ADMIN_TIMEOUT))?;
+    stream.set_write_timeout(Some(ADMIN_TIMEOUT))?;
+    write!(
+        stream,
+        "{method} {path} HTTP/1.1\r\nHost: {admin}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+    )?;
+    let mut response = Vec::new();
+    // Envoy's stats answer is small; a bound keeps a confused peer from
+    // growing this without limit.
+    stream.take(MAX_ADMIN_ANSWER).read_to_end(&mut response)?;
+    let text = String::from_utf8_lossy(&response);
+    let status: u16 = text.split_whitespace().nth(1).and_then(|s| s.parse().ok()).unwrap_or(0);
+    if !(200..300).contains(&status) {
+        return Err(io::Error::other(format!("{method} {path}: HTTP {status}")));
+    }
+    Ok(text.split_once("\r\n\r\n").map(|(_, body)| body.to_string()).unwrap_or_default())
+}
+
+/// How long connecting to the admin API may take.
+const ADMIN_CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
+/// How long one admin request may take to be written and answered.
+const ADMIN_TIMEOUT: Duration = Duration::from_secs(2);
+const MAX_ADMIN_ANSWER: u64 = 4 * 1024 * 1024;
 
 /// Writes the marker: an RFC 3339 UTC time and a newline, parents created.
 fn write_marker(path: &Path) -> io::Result<()> {
     if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
         fs::create_dir_all(parent)?;
     }
-    fs::write(path, format!("{}\n", crate::log::rfc3339(SystemTime::now())))
+    fs::write(path, format!("{}\n", crate::logging::rfc3339(SystemTime::now())))
 }
 
 #[cfg(test)]
@@ -200,6 +276,8 @@ mod tests {
                      http.ingress.downstream_cx_active: 2\n\
                      listener.0.0.0.0_8080.downstream_cx_active: 3\n\
                      listener.admin.downstream_cx_active: 1\n\
+                     http.atenet_health.downstream_cx_active: 4\n\
+                     listener.atenet_stats.downstream_cx_active: 2\n\
                      http.ingress.downstream_cx_total: 40\n";
         assert_eq!(active_connections(stats), 5);
         assert_eq!(active_connections(""), 0);

@@ -24,6 +24,7 @@ use protobuf::well_known_types::wrappers::BoolValue;
 use protobuf::MessageField;
 
 use crate::flight::{FlightEvent, FlightWait};
+use crate::logging::Throttle;
 use crate::metrics::Metrics;
 use crate::proto::base::{
     header_value_option::HeaderAppendAction, HeaderMap, HeaderValue, HeaderValueOption,
@@ -34,9 +35,10 @@ use crate::proto::external_processor::{
 };
 use crate::proto::http_status::HttpStatus;
 use crate::proto::EXT_PROC_PROCESS;
-use crate::resolver::{Abandon, Resolver, ResumeLabel};
+use crate::resolver::{Abandon, ResolveError, Resolver, ResumeLabel};
+use crate::resume::{BadWorkerIp, Resumed};
 use crate::status::{RecentRequest, RecentRequests};
-use crate::target::{self, Target, ACTOR_HEADER};
+use crate::target::{self, ActorId, Target, ACTOR_HEADER};
 use crate::verdict::{self, Rejection, Verdict};
 
 /// The dynamic-metadata namespace Envoy's ORIGINAL_DST cluster reads (B7).
@@ -53,7 +55,13 @@ pub struct ExtProc {
     /// Cleared when a drain starts.
     ready: Arc<AtomicBool>,
     recent: Arc<RecentRequests>,
+    routing_failures: Throttle,
+    resume_errors: Throttle,
 }
+
+/// At most one warning per this interval for each kind of server-side
+/// failure (routing failed, resume error or timeout).
+pub const ERROR_LOG_INTERVAL: Duration = Duration::from_secs(10);
 
 /// Settings of the ext_proc service.
 pub struct ExtProcSettings {
@@ -72,6 +80,8 @@ impl ExtProc {
             late_serve_limit: settings.late_serve_limit,
             ready: settings.ready,
             recent: settings.recent,
+            routing_failures: Throttle::new(ERROR_LOG_INTERVAL),
+            resume_errors: Throttle::new(ERROR_LOG_INTERVAL),
         })
     }
 
@@ -145,10 +155,16 @@ impl ExtProc {
         match classify(request) {
             Classified::Reply(reply) => Prepared::Reply(reply),
             Classified::Ignore => {
-                crate::debug!("ext_proc message with no known request kind; ignored");
+                log::debug!("ext_proc message with no known request kind; ignored");
                 Prepared::Ignore
             }
-            Classified::Route(target, line) => Prepared::Route(Pending { target, line, received }),
+            Classified::Route(target, line) => {
+                #[cfg(feature = "fault-injection")]
+                if target.actor.as_str() == "fault-injection/panic" {
+                    panic!("injected fault: a request for {}", target.actor);
+                }
+                Prepared::Route(Pending { target, line, received })
+            }
             Classified::InvalidTarget(line) => {
                 self.metrics.invalid_targets.inc();
                 let (verdict, label) = verdict::invalid_target();
@@ -174,10 +190,19 @@ impl ExtProc {
     ) -> impl Future<Output = Option<ProcessingResponse>> + Send + 'a {
         async move {
             let (target, received) = (&pending.target, pending.received);
+            // A stream reset before its request was even read costs nothing
+            // more: no flight, no ResumeActor call (B58). A client that sends
+            // random actors and resets at once loads the control plane only
+            // with the requests that outlive their own reading.
+            if Gone::now(sink) {
+                self.resolver.note_left_early();
+                self.observe(received, "cancelled", ResumeLabel::Unknown);
+                return None;
+            }
             let mut resolving = self.resolver.resolve(&target.actor);
             let mut override_pending = !self.late_serve_limit.is_zero();
             let outcome = loop {
-                let overtime = override_pending.then(|| resolving.overtime());
+                let overtime = override_pending.then(|| resolving.overtime()).flatten();
                 let woken =
                     match select(&mut resolving, select(Gone { sink: &mut *sink }, Overtime(overtime))).await
                     {
@@ -190,7 +215,7 @@ impl ExtProc {
                         override_pending = false;
                         let extend = override_timeout(self.late_serve_limit);
                         if send(sink, extend).await.is_err() {
-                            crate::debug!("stream for {} ended before the late-serve override", target.actor);
+                            log::debug!("stream for {} ended before the late-serve override", target.actor);
                         }
                     }
                     Woken::Gone => {
@@ -199,7 +224,7 @@ impl ExtProc {
                         } else {
                             (Abandon::Canceled, "cancelled")
                         };
-                        crate::debug!("stream for {} ended while waiting ({label})", target.actor);
+                        log::debug!("stream for {} ended while waiting ({label})", target.actor);
                         resolving.abandon(reason);
                         self.observe(received, label, ResumeLabel::Unknown);
                         return None;
@@ -208,15 +233,42 @@ impl ExtProc {
             };
             let retry_after = self.resolver.lot().map_or(1, |lot| lot.retry_after());
             let (verdict, label) = verdict::for_outcome(target, &outcome, self.worker_port, retry_after);
-            if let (Verdict::Reject(r), Err(e)) = (&verdict, &outcome.result) {
-                if r.status >= 500 && r.status != 503 {
-                    crate::warn!("actor {}: {} ({e:?})", target.actor, r.body);
-                } else {
-                    crate::debug!("actor {}: {} ({e:?})", target.actor, r.body);
-                }
+            if let Verdict::Reject(r) = &verdict {
+                self.log_rejection(&target.actor, r, &outcome.result);
             }
             self.finish(&pending.line, target.actor.as_str(), &verdict, received, label, outcome.resume);
             Some(response_for(&verdict))
+        }
+    }
+
+    /// Logs why a request was refused. The server-side failures (500, 504)
+    /// are warnings, at most one line per [`ERROR_LOG_INTERVAL`] each, saying
+    /// how many were left out: in a control-plane incident every request
+    /// fails the same way, and one line per request would flood the log
+    /// from the completion-queue threads. Everything else is debug.
+    fn log_rejection(&self, actor: &ActorId, rejection: &Rejection, result: &Result<Resumed, ResolveError>) {
+        if matches!(result, Err(ResolveError::FlightsFull)) {
+            self.metrics.flights_rejected.inc();
+        }
+        let (throttle, detail) = match result {
+            Ok(Resumed { worker: Err(BadWorkerIp(ip)), .. }) => {
+                (&self.routing_failures, format!("ateapi gave worker IP {ip:?}"))
+            }
+            Ok(_) => return,
+            Err(e) if rejection.status >= 500 && rejection.status != 503 => {
+                (&self.resume_errors, format!("{e:?}"))
+            }
+            Err(e) => {
+                log::debug!("actor {actor}: {} ({e:?})", rejection.body);
+                return;
+            }
+        };
+        if let Some(suppressed) = throttle.allow(Instant::now()) {
+            log::warn!(
+                "actor {actor}: {} ({detail}){}",
+                rejection.body,
+                crate::http::suppressed_note(suppressed)
+            );
         }
     }
 
@@ -398,6 +450,14 @@ fn override_timeout(limit: Duration) -> ProcessingResponse {
 /// `tests/parking.rs` (B27) exercises.
 struct Gone<'a> {
     sink: &'a mut DuplexSink<ProcessingResponse>,
+}
+
+impl Gone<'_> {
+    /// Whether the call is already over, without waiting.
+    fn now(sink: &mut DuplexSink<ProcessingResponse>) -> bool {
+        let waker = futures::task::noop_waker();
+        Pin::new(&mut Gone { sink }).poll(&mut Context::from_waker(&waker)).is_ready()
+    }
 }
 
 impl Future for Gone<'_> {

@@ -18,6 +18,7 @@ use std::collections::HashMap;
 use std::future::Future;
 use std::hash::{Hash, Hasher};
 use std::pin::Pin;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
@@ -41,7 +42,13 @@ pub struct FlightPolicy {
     /// Whether callers are told when the budget passes with an attempt
     /// still running (late serve).
     pub late_serve: bool,
+    /// Flights (and so ResumeActor calls) in progress at most (B58).
+    pub max_flights: usize,
 }
+
+/// A new flight would exceed [`FlightPolicy::max_flights`] (B58).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FlightsFull;
 
 /// How a flight ended (B20).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -225,6 +232,8 @@ type Shard = Mutex<HashMap<ActorId, Arc<Flight>>>;
 
 struct Inner {
     shards: Box<[Shard]>,
+    /// Flights in the table; never above `policy.max_flights` (B58).
+    active: AtomicUsize,
     clock: Arc<dyn Clock>,
     scheduler: Arc<dyn Scheduler>,
     resumer: Arc<dyn Resumer>,
@@ -241,7 +250,8 @@ impl FlightTable {
         resumer: Arc<dyn Resumer>,
     ) -> FlightTable {
         let shards = (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect();
-        FlightTable { inner: Arc::new(Inner { shards, clock, scheduler, resumer, policy }) }
+        let active = AtomicUsize::new(0);
+        FlightTable { inner: Arc::new(Inner { shards, active, clock, scheduler, resumer, policy }) }
     }
 
     /// The policy flights run under.
@@ -250,12 +260,24 @@ impl FlightTable {
     }
 
     /// Joins the actor's flight, or creates it and starts its first attempt
-    /// at once (B14, B15).
-    pub fn join(&self, actor: &ActorId) -> (Arc<Flight>, Role) {
+    /// at once (B14, B15). Creating one fails when `max_flights` are in
+    /// progress; joining never does (B58).
+    pub fn join(&self, actor: &ActorId) -> Result<(Arc<Flight>, Role), FlightsFull> {
         let created = {
             let mut shard = self.inner.shard(actor).lock();
             if let Some(flight) = shard.get(actor) {
-                return (Arc::clone(flight), Role::Joiner);
+                return Ok((Arc::clone(flight), Role::Joiner));
+            }
+            // Exact under any concurrency, as the lot is (B29): the count
+            // only rises here, and only below the cap.
+            let max = self.inner.policy.max_flights;
+            if self
+                .inner
+                .active
+                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| (n < max).then_some(n + 1))
+                .is_err()
+            {
+                return Err(FlightsFull);
             }
             let now = self.inner.clock.now();
             let flight = Arc::new(Flight {
@@ -287,12 +309,12 @@ impl FlightTable {
             created.state.lock().deadline_timer = Some(timer);
         }
         Inner::start_attempt(&self.inner, &created);
-        (created, Role::Leader)
+        Ok((created, Role::Leader))
     }
 
     /// How many flights are in progress.
     pub fn len(&self) -> usize {
-        self.inner.shards.iter().map(|s| s.lock().len()).sum()
+        self.inner.active.load(Ordering::Acquire)
     }
 
     /// True when no flight is in progress (B30).
@@ -344,30 +366,31 @@ impl Inner {
             return inner.finish(flight, FlightOutcome::Failed(error));
         }
         let now = inner.clock.now();
+        if now >= flight.deadline {
+            // No retry can start (B19): the flight ends here, and no caller
+            // sees a park transition first, so none can take a slot (or be
+            // shed) for a flight that has already ended (B24).
+            flight.state.lock().last_code = Some(error.code);
+            return inner.finish(flight, FlightOutcome::BudgetExhausted(error));
+        }
         let (wake, next) = {
             let mut state = flight.state.lock();
             state.attempt_running = false;
             state.last_code = Some(error.code);
-            state.last_retryable = Some(error.clone());
+            state.last_retryable = Some(error);
             let first = !state.parked;
             state.parked = true;
             let wake: Vec<Waker> =
                 if first { state.waiters.drain().map(|(_, w)| w).collect() } else { Vec::new() };
-            let next = (now < flight.deadline).then(|| now + state.backoff.next_random_delay());
-            (wake, next)
+            (wake, now + state.backoff.next_random_delay())
         };
         // Waiters re-register when they are polled again, if they still wait.
         wake.into_iter().for_each(Waker::wake);
-        match next {
-            None => inner.finish(flight, FlightOutcome::BudgetExhausted(error)),
-            Some(at) => {
-                // A retry due at or after the deadline would never start
-                // (B19), so wake at the deadline instead and end there.
-                let (at, retry) = if at < flight.deadline { (at, true) } else { (flight.deadline, false) };
-                let (inner2, flight2) = (Arc::clone(inner), Arc::clone(flight));
-                inner.scheduler.schedule(at, Box::new(move || inner2.on_timer(&flight2, retry)));
-            }
-        }
+        // A retry due at or after the deadline would never start (B19), so
+        // wake at the deadline instead and end there.
+        let (at, retry) = if next < flight.deadline { (next, true) } else { (flight.deadline, false) };
+        let (inner2, flight2) = (Arc::clone(inner), Arc::clone(flight));
+        inner.scheduler.schedule(at, Box::new(move || inner2.on_timer(&flight2, retry)));
     }
 
     /// At the budget deadline: an attempt still running will be awaited, so
@@ -402,6 +425,7 @@ impl Inner {
             let mut shard = self.shard(&flight.actor).lock();
             if shard.get(&flight.actor).is_some_and(|f| Arc::ptr_eq(f, flight)) {
                 shard.remove(&flight.actor);
+                self.active.fetch_sub(1, Ordering::AcqRel);
             }
         }
         let (wake, timer) = {
@@ -477,6 +501,7 @@ pub(crate) mod tests {
             backoff: BackoffPolicy { interval: Duration::from_millis(interval_ms), factor: 2.0, jitter: 0.0 },
             parking_enabled,
             late_serve: true,
+            max_flights: 3,
         };
         let table = FlightTable::new(
             policy,
@@ -492,7 +517,7 @@ pub(crate) mod tests {
     }
 
     pub(crate) fn ok(resumed: bool) -> AttemptResult {
-        Ok(Resumed { resumed, worker_ips: vec!["10.0.0.7".into()] })
+        Ok(Resumed::from_pod_ips(resumed, &["10.0.0.7".into()]))
     }
 
     pub(crate) fn err(code: Code, message: &str) -> AttemptResult {
@@ -502,6 +527,19 @@ pub(crate) mod tests {
     fn poll(wait: &mut FlightWait) -> Poll<FlightEvent> {
         let waker = noop_waker();
         Pin::new(wait).poll(&mut Context::from_waker(&waker))
+    }
+
+    /// Records how many flights the table holds each time it is woken.
+    struct TableProbe {
+        table: FlightTable,
+        seen: Arc<Mutex<Vec<usize>>>,
+    }
+
+    impl futures::task::ArcWake for TableProbe {
+        fn wake_by_ref(probe: &Arc<Self>) {
+            let flights = probe.table.inner.shards.iter().map(|s| s.lock().len()).sum();
+            probe.seen.lock().push(flights);
+        }
     }
 
     fn done(wait: &mut FlightWait) -> FlightOutcome {
@@ -515,28 +553,96 @@ pub(crate) mod tests {
     fn b14_leader_then_joiners_share_one_attempt_and_table_empties_before_wake() {
         let h = harness(1000, 100, true);
         let a = actor("a");
-        let (leader, role) = h.table.join(&a);
+        let (leader, role) = h.table.join(&a).unwrap();
         assert_eq!(role, Role::Leader);
-        let (joiner, role) = h.table.join(&a);
+        let (joiner, role) = h.table.join(&a).unwrap();
         assert_eq!(role, Role::Joiner);
         assert!(Arc::ptr_eq(&leader, &joiner));
         assert_eq!(h.resumer.calls(&a), 1, "B15: first attempt starts at once, once");
         let mut wait = joiner.wait(Until::Done);
-        assert!(poll(&mut wait).is_pending());
+        // A waker that looks at the table at the moment it is woken: the
+        // flight must be gone by then, so a request woken by it (or arriving
+        // with it) starts a fresh flight instead of joining a finished one.
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let waker =
+            futures::task::waker(Arc::new(TableProbe { table: h.table.clone(), seen: Arc::clone(&seen) }));
+        assert!(Pin::new(&mut wait).poll(&mut Context::from_waker(&waker)).is_pending());
         h.resumer.answer(&a, ok(true));
+        assert_eq!(*seen.lock(), vec![0], "B14: woken once, with the flight already removed");
         assert!(h.table.is_empty(), "B14: finished flight removed");
         assert_eq!(h.scheduler.pending(), 0, "the late-serve check is cancelled with the flight");
         assert!(matches!(done(&mut wait), FlightOutcome::Resumed(r) if r.resumed));
-        let (_, role) = h.table.join(&a);
+        let (_, role) = h.table.join(&a).unwrap();
         assert_eq!(role, Role::Leader, "B14: no caching; a new flight starts");
         assert_eq!(h.resumer.calls(&a), 2);
+    }
+
+    #[test]
+    fn b58_flights_beyond_the_cap_are_refused_while_joiners_still_join() {
+        let h = harness(1000, 100, true);
+        let actors: Vec<ActorId> = (0..3).map(|i| actor(&format!("a{i}"))).collect();
+        for a in &actors {
+            assert_eq!(h.table.join(a).unwrap().1, Role::Leader);
+        }
+        assert_eq!(h.table.len(), 3);
+        assert!(matches!(h.table.join(&actor("fourth")), Err(FlightsFull)));
+        assert_eq!(h.resumer.calls(&actor("fourth")), 0, "no ResumeActor call beyond the cap");
+        assert_eq!(h.table.join(&actors[0]).unwrap().1, Role::Joiner, "an existing flight is still joined");
+        h.resumer.answer(&actors[1], err(Code::NotFound, "gone"));
+        assert_eq!(h.table.len(), 2);
+        assert_eq!(h.table.join(&actor("fourth")).unwrap().1, Role::Leader, "room again once one ends");
+        for a in [&actors[0], &actors[2], &actor("fourth")] {
+            h.resumer.answer(a, ok(false));
+        }
+        assert!(h.table.is_empty());
+    }
+
+    #[test]
+    fn b58_cap_is_exact_under_concurrency() {
+        let h = harness(1000, 100, true);
+        let table = h.table.clone();
+        let barrier = Arc::new(std::sync::Barrier::new(8));
+        let created: usize = (0..8)
+            .map(|t| {
+                let (table, barrier) = (table.clone(), Arc::clone(&barrier));
+                std::thread::spawn(move || {
+                    barrier.wait();
+                    (0..50).filter(|i| table.join(&actor(&format!("t{t}-{i}"))).is_ok()).count()
+                })
+            })
+            .collect::<Vec<_>>()
+            .into_iter()
+            .map(|handle| handle.join().unwrap())
+            .sum();
+        assert_eq!(created, 3, "exactly max_flights of 400 distinct actors");
+        assert_eq!(h.table.len(), 3);
+        while h.resumer.running() > 0 {
+            let a = h.resumer.pending.lock()[0].0.clone();
+            h.resumer.answer(&a, ok(false));
+        }
+        assert!(h.table.is_empty());
+    }
+
+    #[test]
+    fn b24_a_late_retryable_error_ends_the_flight_without_a_park_transition() {
+        let h = harness(250, 100, true);
+        let a = actor("a");
+        let (flight, _) = h.table.join(&a).unwrap();
+        let mut wait = flight.wait(Until::ParkedOrDone);
+        assert!(poll(&mut wait).is_pending());
+        h.scheduler.advance(Duration::from_millis(300));
+        // The first attempt fails after the deadline: the waiter must see the
+        // end, never a park that would send it to the lot.
+        h.resumer.answer(&a, err(Code::ResourceExhausted, "full"));
+        assert!(!flight.state.lock().parked, "no park transition for an ended flight");
+        assert!(matches!(done(&mut wait), FlightOutcome::BudgetExhausted(_)));
     }
 
     #[test]
     fn b16_b17_retries_on_schedule_then_succeeds() {
         let h = harness(5000, 100, true);
         let a = actor("a");
-        let (flight, _) = h.table.join(&a);
+        let (flight, _) = h.table.join(&a).unwrap();
         let mut wait = flight.wait(Until::ParkedOrDone);
         h.resumer.answer(&a, err(Code::ResourceExhausted, "no free workers available"));
         assert!(matches!(poll(&mut wait), Poll::Ready(FlightEvent::Parked)), "B23 park transition");
@@ -562,7 +668,7 @@ pub(crate) mod tests {
     fn b19_budget_ends_retries_with_no_attempt_at_deadline() {
         let h = harness(250, 100, true);
         let a = actor("a");
-        let (flight, _) = h.table.join(&a);
+        let (flight, _) = h.table.join(&a).unwrap();
         h.resumer.answer(&a, err(Code::ResourceExhausted, "no free workers available"));
         h.scheduler.advance(Duration::from_millis(100));
         h.resumer.answer(&a, err(Code::ResourceExhausted, "still none"));
@@ -584,7 +690,7 @@ pub(crate) mod tests {
     fn b19_attempt_running_at_deadline_is_awaited_late_success_served() {
         let h = harness(250, 100, true);
         let a = actor("a");
-        let (flight, _) = h.table.join(&a);
+        let (flight, _) = h.table.join(&a).unwrap();
         h.resumer.answer(&a, err(Code::ResourceExhausted, "full"));
         h.scheduler.advance(Duration::from_millis(100));
         assert_eq!(h.resumer.running(), 1);
@@ -598,7 +704,7 @@ pub(crate) mod tests {
     fn b19_late_retryable_error_is_budget_exhausted() {
         let h = harness(250, 100, true);
         let a = actor("a");
-        let (flight, _) = h.table.join(&a);
+        let (flight, _) = h.table.join(&a).unwrap();
         h.resumer.answer(&a, err(Code::Aborted, "busy"));
         h.scheduler.advance(Duration::from_millis(100));
         h.scheduler.advance(Duration::from_secs(1));
@@ -614,7 +720,7 @@ pub(crate) mod tests {
     fn overtime_is_signalled_once_the_budget_passes_with_an_attempt_running() {
         let h = harness(250, 100, true);
         let a = actor("a");
-        let (flight, _) = h.table.join(&a);
+        let (flight, _) = h.table.join(&a).unwrap();
         let mut overtime = flight.wait(Until::OvertimeOrDone);
         assert!(poll(&mut overtime).is_pending());
         h.resumer.answer(&a, err(Code::ResourceExhausted, "full"));
@@ -630,7 +736,7 @@ pub(crate) mod tests {
     fn no_overtime_when_nothing_runs_at_the_deadline() {
         let h = harness(250, 100, true);
         let a = actor("a");
-        let (flight, _) = h.table.join(&a);
+        let (flight, _) = h.table.join(&a).unwrap();
         let mut overtime = flight.wait(Until::OvertimeOrDone);
         h.resumer.answer(&a, err(Code::ResourceExhausted, "full"));
         h.scheduler.advance(Duration::from_millis(100));
@@ -644,7 +750,7 @@ pub(crate) mod tests {
     fn b20_late_terminal_error_wins() {
         let h = harness(250, 100, true);
         let a = actor("a");
-        let (flight, _) = h.table.join(&a);
+        let (flight, _) = h.table.join(&a).unwrap();
         h.resumer.answer(&a, err(Code::ResourceExhausted, "full"));
         h.scheduler.advance(Duration::from_millis(100));
         h.scheduler.advance(Duration::from_secs(1));
@@ -659,14 +765,14 @@ pub(crate) mod tests {
     fn b22_parking_disabled_only_aborted_retries() {
         let h = harness(15_000, 100, false);
         let (a, b) = (actor("a"), actor("b"));
-        let (fa, _) = h.table.join(&a);
+        let (fa, _) = h.table.join(&a).unwrap();
         h.resumer.answer(&a, err(Code::ResourceExhausted, "full"));
         assert_eq!(
             *fa.outcome().unwrap(),
             FlightOutcome::Failed(ResumeError::new(Code::ResourceExhausted, "full"))
         );
         assert_eq!(h.resumer.calls(&a), 1, "B22: exactly one attempt");
-        let (fb, _) = h.table.join(&b);
+        let (fb, _) = h.table.join(&b).unwrap();
         h.resumer.answer(&b, err(Code::Aborted, "conflict"));
         h.scheduler.advance(Duration::from_millis(100));
         assert_eq!(h.resumer.calls(&b), 2, "B22: Aborted still retried");
@@ -678,12 +784,12 @@ pub(crate) mod tests {
     fn b18_budget_starts_with_leader_and_joiners_share_it() {
         let h = harness(300, 100, true);
         let a = actor("a");
-        let (flight, _) = h.table.join(&a);
+        let (flight, _) = h.table.join(&a).unwrap();
         h.resumer.answer(&a, err(Code::ResourceExhausted, "full"));
         h.scheduler.advance(Duration::from_millis(100));
         h.resumer.answer(&a, err(Code::ResourceExhausted, "full"));
         h.scheduler.advance(Duration::from_millis(150));
-        let (joined, role) = h.table.join(&a);
+        let (joined, role) = h.table.join(&a).unwrap();
         assert_eq!(role, Role::Joiner);
         let mut wait = joined.wait(Until::ParkedOrDone);
         assert!(matches!(poll(&mut wait), Poll::Ready(FlightEvent::Parked)), "B23: joins past park");
@@ -697,7 +803,7 @@ pub(crate) mod tests {
     fn dropped_waiter_unregisters() {
         let h = harness(300, 100, true);
         let a = actor("a");
-        let (flight, _) = h.table.join(&a);
+        let (flight, _) = h.table.join(&a).unwrap();
         let mut wait = flight.wait(Until::Done);
         assert!(poll(&mut wait).is_pending());
         assert_eq!(flight.state.lock().waiters.len(), 1);

@@ -40,6 +40,7 @@ impl std::error::Error for ParseError {}
 /// `0` is allowed, as in Go.
 pub fn parse(input: &str) -> Result<SignedDuration, ParseError> {
     let invalid = || ParseError(format!("invalid duration {input:?} (use e.g. 5s, 100ms, 1m30s)"));
+    let too_long = || ParseError(format!("duration {input:?} is out of range (at most about 2562047h)"));
     let (negative, mut rest) = match input.as_bytes().first() {
         Some(b'-') => (true, &input[1..]),
         Some(b'+') => (false, &input[1..]),
@@ -66,30 +67,41 @@ pub fn parse(input: &str) -> Result<SignedDuration, ParseError> {
             "h" => 3_600_000_000_000,
             _ => return Err(invalid()),
         };
-        total_nanos += scaled(number, unit_nanos).ok_or_else(invalid)?;
+        let nanos = match scaled(number, unit_nanos) {
+            Ok(nanos) => nanos,
+            Err(Number::Malformed) => return Err(invalid()),
+            Err(Number::TooLarge) => return Err(too_long()),
+        };
+        total_nanos = total_nanos.checked_add(nanos).ok_or_else(too_long)?;
         rest = after;
     }
-    let nanos = u64::try_from(total_nanos).map_err(|_| invalid())?;
+    // Go's durations are int64 nanoseconds; so are these.
+    let nanos = i64::try_from(total_nanos).map_err(|_| too_long())? as u64;
     Ok(SignedDuration { negative: negative && nanos > 0, magnitude: Duration::from_nanos(nanos) })
 }
 
+/// Why a number in a duration was refused.
+enum Number {
+    Malformed,
+    TooLarge,
+}
+
 /// `number` (decimal, maybe with a fraction) times `unit_nanos`, exactly.
-fn scaled(number: &str, unit_nanos: u128) -> Option<u128> {
+fn scaled(number: &str, unit_nanos: u128) -> Result<u128, Number> {
     let (whole, fraction) = number.split_once('.').unwrap_or((number, ""));
-    if whole.is_empty() && fraction.is_empty() {
-        return None;
+    let digits = |s: &str| s.bytes().all(|b| b.is_ascii_digit());
+    if (whole.is_empty() && fraction.is_empty()) || !digits(whole) || !digits(fraction) {
+        return Err(Number::Malformed);
     }
-    let whole: u128 = if whole.is_empty() { 0 } else { whole.parse().ok()? };
-    let mut nanos = whole.checked_mul(unit_nanos)?;
+    // Digits only, so a failed parse means too many of them.
+    let whole: u128 = if whole.is_empty() { 0 } else { whole.parse().map_err(|_| Number::TooLarge)? };
+    let mut nanos = whole.checked_mul(unit_nanos).ok_or(Number::TooLarge)?;
     let mut scale = unit_nanos;
     for digit in fraction.bytes() {
-        if !digit.is_ascii_digit() {
-            return None;
-        }
         scale /= 10;
-        nanos += u128::from(digit - b'0') * scale;
+        nanos = nanos.checked_add(u128::from(digit - b'0') * scale).ok_or(Number::TooLarge)?;
     }
-    Some(nanos)
+    Ok(nanos)
 }
 
 /// Formats a duration the way Go's `time.Duration.String` does: `5s`,
@@ -160,6 +172,23 @@ mod tests {
     fn rejects_garbage() {
         for bad in ["", "5", "s", "5x", "1m30", "--1s", "1..2s", "-", "abc", "5 s"] {
             assert!(parse(bad).is_err(), "{bad:?} should not parse");
+        }
+    }
+
+    #[test]
+    fn out_of_range_is_an_error_not_a_wrap() {
+        let max = "9223372036854775807ns";
+        assert_eq!(parse(max).unwrap().magnitude, Duration::from_nanos(i64::MAX as u64));
+        assert!(parse("2562047h").is_ok());
+        for big in [
+            "9223372036854775808ns",
+            "2562048h",
+            "340282366920938463463374607431768211455ns1ns",
+            "99999999999999999999999999999999999999999h",
+            "9999999999999999999.5h",
+        ] {
+            let e = parse(big).unwrap_err().to_string();
+            assert!(e.contains("out of range"), "{big}: {e}");
         }
     }
 

@@ -19,10 +19,10 @@ use futures::{SinkExt, StreamExt};
 use grpcio::{CallOption, ChannelBuilder, Client, EnvBuilder, WriteFlags};
 use parking_lot::Mutex;
 
+use crate::logging::json_string;
 use crate::proto::base::{HeaderMap, HeaderValue};
 use crate::proto::external_processor::{HttpHeaders, ProcessingRequest, ProcessingResponse};
 use crate::proto::EXT_PROC_PROCESS;
-use crate::status::json_string;
 
 /// How actors are picked for each request.
 #[derive(Clone, Debug, PartialEq)]

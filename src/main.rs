@@ -5,7 +5,9 @@ use std::process::ExitCode;
 use atenet_router::config::{parse_flags, Config, FlagsError};
 use atenet_router::drain::{self, DrainPlan};
 use atenet_router::router::Router;
-use atenet_router::{envoy, godur, info, log, warn};
+use atenet_router::systemd::Notifier;
+use atenet_router::{envoy, godur, logging, process, version};
+use log::{debug, error, info, warn};
 use signal_hook::consts::{SIGINT, SIGTERM};
 use signal_hook::iterator::Signals;
 
@@ -17,6 +19,7 @@ through transient worker-pool saturation.
 Commands:
   serve         Run the router: the ext_proc server Envoy calls for every request.
   envoy-config  Print the Envoy v3 bootstrap (YAML) matching the same flags.
+  version       Print the version and the git revision it was built from.
 
 Both commands take the same flags; see `atenet-router serve --help`.
 ";
@@ -31,13 +34,17 @@ fn main() -> ExitCode {
             print!("{HELP}");
             return ExitCode::SUCCESS;
         }
+        "version" | "--version" | "-V" => {
+            println!("{}", version::describe("atenet-router"));
+            return ExitCode::SUCCESS;
+        }
         "" => {
             eprint!("{HELP}");
             return ExitCode::from(2);
         }
         other => {
             eprintln!(
-                "invalid router configuration: unknown command {other:?} (expected serve or envoy-config)"
+                "invalid router configuration: unknown command {other:?} (expected serve, envoy-config or version)"
             );
             return ExitCode::from(2);
         }
@@ -68,18 +75,18 @@ fn main() -> ExitCode {
 }
 
 fn serve(config: &Config) -> ExitCode {
-    log::set_level(config.log_level);
-    // gRPC core logs every failed connection attempt itself; the router logs
-    // an ateapi outage once (and its end), so keep gRPC quiet unless an
-    // operator asks for its logs. Set before gRPC starts, on one thread.
-    if std::env::var_os("GRPC_VERBOSITY").is_none() {
-        std::env::set_var("GRPC_VERBOSITY", "NONE");
+    logging::init(config.log_level, config.log_format);
+    process::install_panic_policy();
+    match process::raise_fd_limit() {
+        Ok((old, new)) if old != new => debug!("open-file limit raised from {old} to {new}"),
+        Ok(_) => {}
+        Err(e) => warn!("cannot raise the open-file limit: {e}"),
     }
     // Registered before any socket opens so an early SIGTERM is not lost.
     let mut signals = match Signals::new([SIGTERM, SIGINT]) {
         Ok(signals) => signals,
         Err(e) => {
-            eprintln!("atenet-router: cannot install signal handlers: {e}");
+            error!("atenet-router: cannot install signal handlers: {e}");
             return ExitCode::FAILURE;
         }
     };
@@ -93,13 +100,14 @@ fn serve(config: &Config) -> ExitCode {
     let router = match Router::start(config) {
         Ok(router) => router,
         Err(e) => {
-            eprintln!("atenet-router: {e}");
+            error!("atenet-router: {e}");
             return ExitCode::FAILURE;
         }
     };
     let status = router.status_addr().map_or("disabled".to_string(), |a| format!("http://{a}/statusz"));
     info!(
-        "atenet-router serving: ext_proc on {}, metrics on http://{}/metrics, status {status}, ateapi at {}, parking {}",
+        "{} serving: ext_proc on {}, metrics on http://{}/metrics, status {status}, ateapi at {}, parking {}",
+        version::describe("atenet-router"),
         router.extproc_addr(),
         router.metrics_addr(),
         config.ateapi_address,
@@ -109,28 +117,35 @@ fn serve(config: &Config) -> ExitCode {
             "off".to_string()
         }
     );
+    // Every listener is bound and serving: only now is the unit started.
+    let systemd = Notifier::from_env();
+    systemd.ready(&format!("serving ext_proc on {}", router.extproc_addr()));
     let (signal_tx, signal_rx) = crossbeam_channel::unbounded();
-    std::thread::Builder::new()
-        .name("atenet-signals".into())
-        .spawn(move || {
-            for signal in signals.forever() {
-                if signal_tx.send(signal).is_err() {
-                    return;
-                }
+    let forward = move || {
+        for signal in signals.forever() {
+            if signal_tx.send(signal).is_err() {
+                return;
             }
-        })
-        .expect("spawning the signal thread");
+        }
+    };
+    if let Err(e) = std::thread::Builder::new().name("atenet-signals".into()).spawn(forward) {
+        error!("atenet-router: cannot start the signal thread: {e}");
+        return ExitCode::FAILURE;
+    }
     let Ok(signal) = signal_rx.recv() else {
         return ExitCode::FAILURE;
     };
+    let plan = DrainPlan::from_config(config);
+    systemd.stopping(plan.bound());
     info!("signal {signal} received: draining (a second signal skips the waits)");
     let (interrupt_tx, interrupt_rx) = crossbeam_channel::bounded(1);
-    std::thread::spawn(move || {
+    // The drain goes on without it: a second signal then just does not skip.
+    let _ = std::thread::Builder::new().name("atenet-signals-2".into()).spawn(move || {
         if signal_rx.recv().is_ok() {
             let _ = interrupt_tx.send(());
         }
     });
-    let report = drain::drain(router, &DrainPlan::from_config(config), &interrupt_rx);
+    let report = drain::drain_reporting(router, &plan, &interrupt_rx, &|left| systemd.extend(left));
     info!(
         "drain complete: Envoy {:?}, ext_proc {}, marker {}",
         report.envoy,

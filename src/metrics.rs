@@ -7,8 +7,8 @@
 //! counts.
 
 use prometheus::{
-    Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, Opts, Registry,
-    TextEncoder,
+    Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts,
+    Registry, TextEncoder,
 };
 
 use crate::lot::LotDecision;
@@ -88,6 +88,8 @@ pub struct Metrics {
     pub drain_cancelled: IntCounter,
     pub park_decisions: IntCounterVec,
     pub invalid_targets: IntCounter,
+    pub flights_active: IntGauge,
+    pub flights_rejected: IntCounter,
 }
 
 impl Metrics {
@@ -164,8 +166,30 @@ impl Metrics {
             "Requests answered 404 invalid actor reference (B4).",
         )
         .expect("valid metric");
+        let flights_active = IntGauge::new(
+            "atenet_router_flights_active",
+            "Flights in progress: actors being resumed, each with at most one ResumeActor call running.",
+        )
+        .expect("valid metric");
+        let flights_rejected = IntCounter::new(
+            "atenet_router_flights_rejected_total",
+            "Requests refused because --flight-max flights were in progress (B58).",
+        )
+        .expect("valid metric");
+        let build_info = IntGaugeVec::new(
+            Opts::new("atenet_router_build_info", "Always 1; the labels say which build is running."),
+            &["version", "revision"],
+        )
+        .expect("valid metric");
+        build_info.with_label_values(&[crate::version::VERSION, crate::version::REVISION]).set(1);
+        // RSS, CPU, threads and open files of this process, as
+        // process_resident_memory_bytes, process_threads, process_open_fds...
+        registry
+            .register(Box::new(prometheus::process_collector::ProcessCollector::for_self()))
+            .expect("unique metric names");
         for collector in [
-            Box::new(parking_active.clone()) as Box<dyn prometheus::core::Collector>,
+            Box::new(build_info) as Box<dyn prometheus::core::Collector>,
+            Box::new(parking_active.clone()),
             Box::new(parking_wait.clone()),
             Box::new(parking_rejected.clone()),
             Box::new(route_duration.clone()),
@@ -177,6 +201,8 @@ impl Metrics {
             Box::new(drain_cancelled.clone()),
             Box::new(park_decisions.clone()),
             Box::new(invalid_targets.clone()),
+            Box::new(flights_active.clone()),
+            Box::new(flights_rejected.clone()),
         ] {
             registry.register(collector).expect("unique metric names");
         }
@@ -212,6 +238,8 @@ impl Metrics {
             drain_cancelled,
             park_decisions,
             invalid_targets,
+            flights_active,
+            flights_rejected,
         }
     }
 

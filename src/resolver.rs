@@ -16,7 +16,7 @@ use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
-use crate::flight::{Flight, FlightEvent, FlightOutcome, FlightTable, FlightWait, Role, Until};
+use crate::flight::{Flight, FlightEvent, FlightOutcome, FlightTable, FlightWait, FlightsFull, Role, Until};
 use crate::lot::{LotDecision, ParkingLot, Slot};
 use crate::metrics::WaitOutcome;
 use crate::resume::{ResumeError, Resumed};
@@ -55,6 +55,9 @@ pub enum ResolveError {
     BudgetExhausted(ResumeError),
     /// The lot was full at this caller's park transition (B26).
     LotFull,
+    /// The actor had no flight and `--flight-max` flights were in progress
+    /// (B58).
+    FlightsFull,
 }
 
 /// What one caller learns.
@@ -98,13 +101,32 @@ impl Resolver {
         self.lot.as_ref()
     }
 
+    /// Counts a caller whose stream ended before it asked for its actor:
+    /// gone before any lot decision (B55).
+    pub fn note_left_early(&self) {
+        if let Some(lot) = &self.lot {
+            lot.note_decision(LotDecision::Left);
+        }
+    }
+
     /// Starts resolving `actor` for one caller. Dropping the returned future
     /// abandons the wait as [`Abandon::Canceled`].
     pub fn resolve(&self, actor: &ActorId) -> Resolve {
         let exit = Arc::new(AtomicU8::new(Abandon::Canceled as u8));
-        let (flight, role) = self.flights.join(actor);
-        let body = wait(Arc::clone(&flight), role, self.lot.clone(), Arc::clone(&exit));
-        Resolve { body: Box::pin(body), exit, flight }
+        match self.flights.join(actor) {
+            Ok((flight, role)) => {
+                let body = wait(Arc::clone(&flight), role, self.lot.clone(), Arc::clone(&exit));
+                Resolve { body: Box::pin(body), exit, flight: Some(flight) }
+            }
+            Err(FlightsFull) => {
+                let outcome = ResumeOutcome {
+                    result: Err(ResolveError::FlightsFull),
+                    resume: ResumeLabel::Unknown,
+                    parked: false,
+                };
+                Resolve { body: Box::pin(std::future::ready(outcome)), exit, flight: None }
+            }
+        }
     }
 }
 
@@ -112,14 +134,16 @@ impl Resolver {
 pub struct Resolve {
     body: Pin<Box<dyn Future<Output = ResumeOutcome> + Send>>,
     exit: Arc<AtomicU8>,
-    flight: Arc<Flight>,
+    /// `None` when the caller was refused a flight (B58).
+    flight: Option<Arc<Flight>>,
 }
 
 impl Resolve {
     /// Completes when this caller's flight goes into overtime (its budget
-    /// passed with an attempt still running) or ends.
-    pub fn overtime(&self) -> FlightWait {
-        self.flight.wait(Until::OvertimeOrDone)
+    /// passed with an attempt still running) or ends; `None` without a
+    /// flight.
+    pub fn overtime(&self) -> Option<FlightWait> {
+        self.flight.as_ref().map(|f| f.wait(Until::OvertimeOrDone))
     }
 
     /// Stops waiting, recording `reason` for a held slot (B27, B33).
@@ -257,11 +281,15 @@ impl ParkedCaller {
 }
 
 impl Drop for ParkedCaller {
+    /// The caller stopped waiting before it read its flight's outcome. B33's
+    /// first match wins: when the flight has already succeeded or exhausted
+    /// its budget, that is the outcome, not the caller's departure.
     fn drop(&mut self) {
-        let reason = if self.exit.load(Ordering::Acquire) == Abandon::Timeout as u8 {
-            WaitOutcome::Timeout
-        } else {
-            WaitOutcome::Canceled
+        let reason = match self.flight.outcome().as_deref() {
+            Some(FlightOutcome::Resumed(_)) => WaitOutcome::Served,
+            Some(FlightOutcome::BudgetExhausted(_)) => WaitOutcome::BudgetExhausted,
+            _ if self.exit.load(Ordering::Acquire) == Abandon::Timeout as u8 => WaitOutcome::Timeout,
+            _ => WaitOutcome::Canceled,
         };
         self.release(reason);
     }
@@ -274,6 +302,7 @@ mod tests {
     use crate::metrics::Metrics;
     use crate::resume::Code;
     use futures::task::noop_waker;
+    use parking_lot::Mutex;
     use std::time::Duration;
 
     struct Setup {
@@ -393,6 +422,95 @@ mod tests {
         assert_eq!(s.metrics.wait(WaitOutcome::Canceled).get_sample_count(), 0);
         s.h.scheduler.advance(Duration::from_millis(100));
         s.h.resumer.answer(&a, ok(true));
+        assert!(s.h.table.is_empty());
+    }
+
+    #[test]
+    fn b33_first_match_wins_against_a_cancel_after_the_flight_succeeded() {
+        let s = setup(4);
+        let a = actor("a");
+        let mut caller = s.resolver.resolve(&a);
+        assert!(poll(&mut caller).is_pending());
+        s.h.resumer.answer(&a, err(Code::ResourceExhausted, "full"));
+        assert!(poll(&mut caller).is_pending());
+        s.h.scheduler.advance(Duration::from_millis(100));
+        // The flight succeeds, and the client goes away before its task
+        // runs again to read the result.
+        s.h.resumer.answer(&a, ok(true));
+        drop(caller);
+        assert_eq!(s.metrics.wait(WaitOutcome::Served).get_sample_count(), 1, "served wins");
+        assert_eq!(s.metrics.wait(WaitOutcome::Canceled).get_sample_count(), 0);
+        assert_eq!(active(&s), 0);
+    }
+
+    /// A waker that polls its caller the moment it is woken, on the waking
+    /// thread: the interleaving in which a task on another completion-queue
+    /// thread runs between the flight's wake-up and whatever the flight does
+    /// next, made deterministic.
+    struct PollOnWake {
+        caller: Mutex<Option<Resolve>>,
+        result: Mutex<Option<ResumeOutcome>>,
+    }
+
+    impl futures::task::ArcWake for PollOnWake {
+        fn wake_by_ref(this: &Arc<Self>) {
+            let waker = futures::task::waker(Arc::clone(this));
+            let mut caller = this.caller.lock();
+            if let Some(resolve) = caller.as_mut() {
+                if let Poll::Ready(outcome) = Pin::new(resolve).poll(&mut Context::from_waker(&waker)) {
+                    *this.result.lock() = Some(outcome);
+                    caller.take();
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn b24_caller_woken_by_a_late_retryable_error_is_not_shed_by_a_full_lot() {
+        let s = setup(1);
+        let (a, other) = (actor("a"), actor("other"));
+        // Fill the lot.
+        let mut holder = s.resolver.resolve(&other);
+        assert!(poll(&mut holder).is_pending());
+        s.h.resumer.answer(&other, err(Code::ResourceExhausted, "full"));
+        assert!(poll(&mut holder).is_pending());
+        assert_eq!(active(&s), 1);
+        let probe = Arc::new(PollOnWake {
+            caller: Mutex::new(Some(s.resolver.resolve(&a))),
+            result: Mutex::new(None),
+        });
+        futures::task::ArcWake::wake_by_ref(&probe);
+        assert!(probe.result.lock().is_none(), "waiting on the first attempt");
+        s.h.clock.advance(Duration::from_secs(2));
+        s.h.resumer.answer(&a, err(Code::ResourceExhausted, "still full"));
+        let outcome = probe.result.lock().take().expect("the caller has its verdict");
+        assert!(
+            matches!(outcome.result, Err(ResolveError::BudgetExhausted(_))),
+            "the flight ended: budget exhausted, not shed: {outcome:?}"
+        );
+        assert_eq!(s.metrics.parking_rejected.get(), 0, "B26's counter is for real sheds only");
+        assert_eq!(s.metrics.decision(LotDecision::Shed).get(), 0);
+        // The holder's flight reaches its own deadline at its next timer.
+        s.h.scheduler.advance(Duration::from_millis(100));
+        assert!(matches!(ready(&mut holder).result, Err(ResolveError::BudgetExhausted(_))));
+        assert_eq!(active(&s), 0);
+    }
+
+    #[test]
+    fn b58_refused_flight_is_an_immediate_flights_full_outcome() {
+        let s = setup(4);
+        let callers: Vec<Resolve> = (0..3).map(|i| s.resolver.resolve(&actor(&format!("a{i}")))).collect();
+        let mut refused = s.resolver.resolve(&actor("fourth"));
+        let outcome = ready(&mut refused);
+        assert_eq!(outcome.result, Err(ResolveError::FlightsFull));
+        assert!(refused.overtime().is_none());
+        let mut joiner = s.resolver.resolve(&actor("a0"));
+        assert!(poll(&mut joiner).is_pending(), "joining an existing flight is never refused");
+        for i in 0..3 {
+            s.h.resumer.answer(&actor(&format!("a{i}")), ok(false));
+        }
+        assert!(ready(&mut joiner).result.is_ok());
+        drop(callers);
         assert!(s.h.table.is_empty());
     }
 

@@ -4,6 +4,7 @@
 //! trait only, so they run in unit tests against a scripted control plane.
 
 use std::fmt;
+use std::net::IpAddr;
 
 use crate::target::ActorId;
 
@@ -128,8 +129,27 @@ pub struct Resumed {
     /// True when a resume actually ran; false when the actor was already
     /// running (B21's `none`).
     pub resumed: bool,
-    /// `status.worker_assignment.worker_pod_ips`, primary family first.
-    pub worker_ips: Vec<String>,
+    /// The first of `status.worker_assignment.worker_pod_ips`, parsed (B8):
+    /// all a verdict needs, and cheap for every joiner to copy.
+    pub worker: Result<IpAddr, BadWorkerIp>,
+}
+
+impl Resumed {
+    /// A success whose worker is the first of `worker_pod_ips` (B8).
+    pub fn from_pod_ips(resumed: bool, ips: &[String]) -> Resumed {
+        Resumed { resumed, worker: worker_ip(ips) }
+    }
+}
+
+/// ateapi answered success without a usable worker IP: the first entry of
+/// `worker_pod_ips` (empty when there was none), cut to 64 characters, for
+/// the log line of the 500 it becomes (B8).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BadWorkerIp(pub String);
+
+fn worker_ip(ips: &[String]) -> Result<IpAddr, BadWorkerIp> {
+    let first = ips.first().map(String::as_str).unwrap_or_default();
+    first.trim().parse().map_err(|_| BadWorkerIp(first.chars().take(64).collect()))
 }
 
 /// The result of one attempt.

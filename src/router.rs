@@ -19,7 +19,7 @@ use crate::clock::SystemClock;
 use crate::config::{AteapiTransport, Config};
 use crate::extproc::{ExtProc, ExtProcSettings};
 use crate::flight::{FlightPolicy, FlightTable};
-use crate::http::{self, HttpServer};
+use crate::http::{self, HttpServer, Limits};
 use crate::lot::ParkingLot;
 use crate::metrics::Metrics;
 use crate::resolver::Resolver;
@@ -127,6 +127,7 @@ impl Router {
             backoff: config.parking.backoff,
             parking_enabled: config.parking.enabled,
             late_serve: !config.late_serve_limit.is_zero(),
+            max_flights: config.flight_max,
         };
         let flights = FlightTable::new(policy, Arc::new(SystemClock), timer.clone(), ateapi.clone());
         let lot = config
@@ -165,18 +166,23 @@ impl Router {
             .map_err(|_| StartError(format!("cannot listen for ext_proc on {}", config.extproc_addr)))?;
         let extproc_addr = SocketAddr::new(config.extproc_addr.ip(), port);
         if !extproc_addr.ip().is_loopback() {
-            crate::warn!(
+            log::warn!(
                 "ext_proc listens on {extproc_addr}, not loopback: it is unauthenticated, so only Envoy \
                  should be able to reach it (a firewall or network policy must ensure that)"
             );
         }
 
+        let sample = {
+            let (flights, gauge) = (resolver.flights().clone(), metrics.flights_active.clone());
+            move || gauge.set(i64::try_from(flights.len()).unwrap_or(i64::MAX))
+        };
         let http = HttpServer::start(
             config.metrics_addr,
             "atenet-metrics",
-            http::metrics_handler(metrics.clone(), Arc::clone(&ready)),
+            Limits::default(),
+            http::metrics_handler(metrics.clone(), Arc::clone(&ready), sample),
         )
-        .map_err(|e| StartError(format!("cannot listen for metrics on {}: {e}", config.metrics_addr)))?;
+        .map_err(|e| StartError(format!("metrics listener: {e}")))?;
         let status = match config.status_addr {
             None => None,
             Some(addr) => {
@@ -188,8 +194,9 @@ impl Router {
                     metrics: metrics.clone(),
                     started: Instant::now(),
                 });
-                let server = HttpServer::start(addr, "atenet-status", StatusPage::handler(page))
-                    .map_err(|e| StartError(format!("cannot listen for /statusz on {addr}: {e}")))?;
+                let server =
+                    HttpServer::start(addr, "atenet-status", Limits::default(), StatusPage::handler(page))
+                        .map_err(|e| StartError(format!("status page: {e}")))?;
                 Some(server)
             }
         };
@@ -264,7 +271,7 @@ impl Router {
         if !finished {
             cancelled = self.metrics.streams_active.get().max(0) as usize;
             self.metrics.drain_cancelled.inc_by(cancelled as u64);
-            crate::warn!("drain: cancelling {cancelled} ext_proc streams still open");
+            log::warn!("drain: cancelling {cancelled} ext_proc streams still open");
             self.grpc.cancel_all_calls();
             let _ = done_rx.recv_timeout(Duration::from_secs(5));
         }

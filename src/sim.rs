@@ -62,6 +62,10 @@ pub struct SimConfig {
     pub slow_restore: Duration,
     /// Serve TLS (and require client certificates when `client_ca` is set).
     pub tls: Option<SimTls>,
+    /// When set, every worker has this IP, so that routed requests reach a
+    /// real worker (one echo server stands in for the pool); otherwise each
+    /// worker has an address of its own in 10.64.0.0/16, reachable nowhere.
+    pub worker_ip: Option<std::net::IpAddr>,
 }
 
 /// The sim's TLS identity, PEM-encoded.
@@ -101,6 +105,7 @@ impl Default for SimConfig {
             slow_restore_rate: 0.0,
             slow_restore: Duration::from_secs(10),
             tls: None,
+            worker_ip: None,
         }
     }
 }
@@ -174,7 +179,12 @@ struct State {
     scripts: Mutex<HashMap<String, VecDeque<Answer>>>,
     calls: Mutex<HashMap<String, u64>>,
     calls_changed: Condvar,
+    /// Answers sent, by actor and code.
+    answered: Mutex<HashMap<(String, Code), u64>>,
     gates: Mutex<HashMap<String, Vec<oneshot::Sender<()>>>>,
+    /// While set, every call is accepted and held, unanswered, until
+    /// [`Sim::set_unresponsive`] clears it: a control plane that hangs.
+    unresponsive: Mutex<Option<Vec<oneshot::Sender<()>>>>,
     timer: Arc<TimerThread>,
     faults: Mutex<Faults>,
     /// The `authorization` header of the latest call.
@@ -202,7 +212,9 @@ impl Sim {
             scripts: Mutex::new(HashMap::new()),
             calls: Mutex::new(HashMap::new()),
             calls_changed: Condvar::new(),
+            answered: Mutex::new(HashMap::new()),
             gates: Mutex::new(HashMap::new()),
+            unresponsive: Mutex::new(None),
             faults: Mutex::new(Faults::default()),
             last_authorization: Mutex::new(None),
             timer: TimerThread::start(),
@@ -227,10 +239,18 @@ impl Sim {
                     let scheduler: Arc<dyn Scheduler> = state.timer.clone();
                     let gate = answer.held.then(|| {
                         let (open, wait) = oneshot::channel();
-                        state.gates.lock().entry(id).or_default().push(open);
+                        state.gates.lock().entry(id.clone()).or_default().push(open);
+                        wait
+                    });
+                    let hang = state.unresponsive.lock().as_mut().map(|held| {
+                        let (open, wait) = oneshot::channel();
+                        held.push(open);
                         wait
                     });
                     ctx.spawn(async move {
+                        if let Some(hang) = hang {
+                            let _ = hang.await;
+                        }
                         if let Some(gate) = gate {
                             let _ = gate.await;
                         }
@@ -240,6 +260,7 @@ impl Sim {
                         if let Some(after) = after {
                             after(&state);
                         }
+                        *state.answered.lock().entry((id, answer.code)).or_default() += 1;
                         let _ = respond(sink, &request, &answer).await;
                     });
                 },
@@ -303,9 +324,43 @@ impl Sim {
         held
     }
 
+    /// While `hang` is true, every call is accepted and never answered; when
+    /// it goes back to false, the calls held meanwhile are answered as usual.
+    /// Returns how many calls were released.
+    pub fn set_unresponsive(&self, hang: bool) -> usize {
+        let mut unresponsive = self.state.unresponsive.lock();
+        if hang {
+            unresponsive.get_or_insert_with(Vec::new);
+            return 0;
+        }
+        let held = unresponsive.take().unwrap_or_default();
+        let released = held.len();
+        for open in held {
+            let _ = open.send(());
+        }
+        released
+    }
+
     /// Calls received for `actor` so far.
     pub fn calls(&self, actor: &str) -> u64 {
         self.state.calls.lock().get(actor).copied().unwrap_or(0)
+    }
+
+    /// Answers sent so far with `code`, to actors for which `which` holds.
+    pub fn answered(&self, code: Code, which: impl Fn(&str) -> bool) -> u64 {
+        self.state
+            .answered
+            .lock()
+            .iter()
+            .filter(|((actor, c), _)| *c == code && which(actor))
+            .map(|(_, n)| n)
+            .sum()
+    }
+
+    /// Calls received but not answered yet.
+    pub fn unanswered(&self) -> u64 {
+        let answered: u64 = self.state.answered.lock().values().sum();
+        self.total_calls() - answered
     }
 
     /// Calls received for every actor.
@@ -369,14 +424,16 @@ impl State {
     fn pool_answer(&self, id: &str) -> (Answer, Option<AfterAnswer>) {
         let now = Instant::now();
         let fault = |f: fn(&mut Faults) -> &mut u64| *f(&mut self.faults.lock()) += 1;
-        if self.in_outage(now) {
-            fault(|f| &mut f.outage);
-            return (Answer::error(Code::Unavailable, "control plane restarting"), None);
-        }
         let mut pool = self.pool.lock();
+        // An unknown actor is NotFound whatever else happens, outages
+        // included, so a test can hold it to exactly that verdict.
         if !pool.actors.contains_key(id) {
             fault(|f| &mut f.not_found);
             return (Answer::error(Code::NotFound, &format!("actor {id} not found")), None);
+        }
+        if self.in_outage(now) {
+            fault(|f| &mut f.outage);
+            return (Answer::error(Code::Unavailable, "control plane restarting"), None);
         }
         if fastrand::f64() < self.config.unavailable_rate {
             fault(|f| &mut f.unavailable);
@@ -390,7 +447,7 @@ impl State {
         match pool.actors[id] {
             ActorSim::Running { worker, .. } => {
                 pool.actors.insert(id.to_string(), ActorSim::Running { worker, last_resume: now });
-                (Answer::ok(&worker_ip(worker), false), None)
+                (Answer::ok(&self.worker_ip(worker), false), None)
             }
             ActorSim::Resuming => (Answer::error(Code::Aborted, "actor is being resumed"), None),
             ActorSim::Suspended => {
@@ -411,7 +468,7 @@ impl State {
                     let running = ActorSim::Running { worker, last_resume: Instant::now() };
                     state.pool.lock().actors.insert(id, running);
                 });
-                (Answer::ok(&worker_ip(worker), true).after(delay), Some(after))
+                (Answer::ok(&self.worker_ip(worker), true).after(delay), Some(after))
             }
         }
     }
@@ -485,8 +542,13 @@ fn code_named(name: &str) -> Option<Code> {
         .find(|c| c.name().eq_ignore_ascii_case(name) || (name == "Cancelled" && *c == Code::Cancelled))
 }
 
-fn worker_ip(worker: usize) -> String {
-    format!("10.64.{}.{}", worker / 250, worker % 250 + 1)
+impl State {
+    fn worker_ip(&self, worker: usize) -> String {
+        match self.config.worker_ip {
+            Some(ip) => ip.to_string(),
+            None => format!("10.64.{}.{}", worker / 250, worker % 250 + 1),
+        }
+    }
 }
 
 async fn respond(

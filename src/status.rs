@@ -11,12 +11,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
 use parking_lot::Mutex;
-use tiny_http::Request;
 
 use crate::ateapi::AteapiClient;
 use crate::config::Config;
 use crate::godur;
-use crate::http::{Handler, Reply};
+use crate::http::{Handler, Reply, Request};
+use crate::logging::json_string;
 use crate::metrics::Metrics;
 use crate::resolver::Resolver;
 
@@ -103,15 +103,11 @@ impl StatusPage {
     /// The tiny_http handler for `/statusz`.
     pub fn handler(page: Arc<StatusPage>) -> Handler {
         Arc::new(move |request: &Request| {
-            let (path, query) = request.url().split_once('?').unwrap_or((request.url(), ""));
-            if path != "/statusz" && path != "/" {
+            if request.path != "/statusz" && request.path != "/" {
                 return Reply::text(404, "not found");
             }
-            let wants_json = query.split('&').any(|p| p == "format=json")
-                || request
-                    .headers()
-                    .iter()
-                    .any(|h| h.field.equiv("Accept") && h.value.as_str().contains("application/json"));
+            let wants_json = request.query.split('&').any(|p| p == "format=json")
+                || request.header("Accept").is_some_and(|accept| accept.contains("application/json"));
             if wants_json {
                 Reply { status: 200, content_type: "application/json", body: page.json().into_bytes() }
             } else {
@@ -209,7 +205,7 @@ impl StatusPage {
                 j,
                 "{}{{\"time\":{},\"method\":{},\"path\":{},\"actor\":{},\"verdict\":{},\"target\":{},\"duration_seconds\":{:.6}}}",
                 if i > 0 { "," } else { "" },
-                json_string(&crate::log::rfc3339(r.at)),
+                json_string(&crate::logging::rfc3339(r.at)),
                 json_string(&r.method),
                 json_string(&r.path),
                 json_string(&r.actor),
@@ -290,7 +286,7 @@ impl StatusPage {
             let _ = write!(
                 h,
                 "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{:.1}ms</td></tr>",
-                escape(&crate::log::rfc3339(r.at)),
+                escape(&crate::logging::rfc3339(r.at)),
                 escape(&r.method),
                 escape(&r.path),
                 escape(&r.actor),
@@ -334,27 +330,6 @@ pub fn escape(text: &str) -> String {
     out
 }
 
-/// A JSON string literal.
-pub fn json_string(text: &str) -> String {
-    let mut out = String::with_capacity(text.len() + 2);
-    out.push('"');
-    for c in text.chars() {
-        match c {
-            '"' => out.push_str("\\\""),
-            '\\' => out.push_str("\\\\"),
-            '\n' => out.push_str("\\n"),
-            '\r' => out.push_str("\\r"),
-            '\t' => out.push_str("\\t"),
-            c if (c as u32) < 0x20 => {
-                let _ = write!(out, "\\u{:04x}", c as u32);
-            }
-            c => out.push(c),
-        }
-    }
-    out.push('"');
-    out
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -382,6 +357,5 @@ mod tests {
     #[test]
     fn escaping() {
         assert_eq!(escape("<a href='x'>&\"</a>"), "&lt;a href=&#39;x&#39;&gt;&amp;&quot;&lt;/a&gt;");
-        assert_eq!(json_string("a\"b\\c\n\u{1}"), "\"a\\\"b\\\\c\\n\\u0001\"");
     }
 }

@@ -56,15 +56,15 @@ pub fn for_outcome(
 ) -> (Verdict, RouteOutcomeLabel) {
     let id = &target.actor;
     match &outcome.result {
-        Ok(resumed) => match resumed.worker_ips.first().and_then(|ip| ip.trim().parse::<IpAddr>().ok()) {
-            Some(ip) => {
+        Ok(resumed) => match resumed.worker {
+            Ok(ip) => {
                 let worker = match ip {
                     IpAddr::V4(v4) => format!("{v4}:{worker_port}"),
                     IpAddr::V6(v6) => format!("[{v6}]:{worker_port}"),
                 };
                 (Verdict::Route { actor: id.clone(), worker, target_port: target.port }, "ok")
             }
-            None => {
+            Err(_) => {
                 reject(500, format!("actor {id} routing failed"), "atenet_routing_failed", "resume_error")
             }
         },
@@ -73,6 +73,15 @@ pub fn for_outcome(
                 503,
                 format!("actor \"{id}\" unavailable: router at capacity"),
                 "atenet_lot_full",
+                "no_capacity",
+            ),
+            retry_after,
+        ),
+        Err(ResolveError::FlightsFull) => with_retry_after(
+            reject(
+                503,
+                format!("actor \"{id}\" unavailable: router at capacity"),
+                "atenet_flights_full",
                 "no_capacity",
             ),
             retry_after,
@@ -169,7 +178,7 @@ mod tests {
 
     #[test]
     fn b7_route_ipv4_ipv6() {
-        let ok = |ip: &str| Ok(Resumed { resumed: true, worker_ips: vec![ip.into(), "10.9.9.9".into()] });
+        let ok = |ip: &str| Ok(Resumed::from_pod_ips(true, &[ip.into(), "10.9.9.9".into()]));
         assert_eq!(
             for_outcome(&target(), &outcome(ok("10.0.0.7")), 443, 7).0,
             Verdict::Route { actor: target().actor, worker: "10.0.0.7:443".into(), target_port: 8080 }
@@ -183,7 +192,7 @@ mod tests {
     #[test]
     fn b8_missing_or_bad_worker_ip() {
         for ips in [vec![], vec!["not-an-ip".to_string()], vec!["".to_string(), "10.0.0.1".to_string()]] {
-            let got = rejection(Ok(Resumed { resumed: true, worker_ips: ips }));
+            let got = rejection(Ok(Resumed::from_pod_ips(true, &ips)));
             assert_eq!(got, (500, "actor demo/a routing failed".into(), "atenet_routing_failed"));
         }
     }
@@ -204,6 +213,7 @@ mod tests {
             (failed(Code::PermissionDenied, "no"), 403, "actor demo/a access denied"),
             (failed(Code::Unauthenticated, "who"), 401, "actor demo/a authentication required"),
             (Err(ResolveError::LotFull), 503, "actor \"demo/a\" unavailable: router at capacity"),
+            (Err(ResolveError::FlightsFull), 503, "actor \"demo/a\" unavailable: router at capacity"),
             (failed(Code::Internal, "boom"), 500, "error resuming actor demo/a"),
             (failed(Code::Unknown, "transport"), 500, "error resuming actor demo/a"),
         ];
@@ -220,6 +230,7 @@ mod tests {
             Verdict::Route { .. } => None,
         };
         assert_eq!(retry(Err(ResolveError::LotFull)), Some(7));
+        assert_eq!(retry(Err(ResolveError::FlightsFull)), Some(7));
         let wrapped = ResumeError::new(Code::ResourceExhausted, "full");
         assert_eq!(retry(Err(ResolveError::BudgetExhausted(wrapped.clone()))), Some(7));
         assert_eq!(retry(Err(ResolveError::Failed(wrapped))), None, "a fail-fast 503 is not capacity");

@@ -1,14 +1,17 @@
-//! Fuzz targets for actor addressing and the ProcessingRequest handler,
-//! run as property tests for a bounded number of cases (`PROPTEST_CASES`
+//! Fuzz targets for actor addressing, the ProcessingRequest handler,
+//! duration parsing, flag validation, PEM credential files and Envoy's admin
+//! stats, run as property tests for a bounded number of cases (`PROPTEST_CASES`
 //! raises it for longer runs, e.g. `PROPTEST_CASES=2000000 cargo test
 //! --release --test fuzz`).
 
 use std::collections::HashMap;
 
+use atenet_router::config::parse_serve_args;
 use atenet_router::extproc::{classify, Classified};
 use atenet_router::proto::base::{HeaderMap, HeaderValue};
 use atenet_router::proto::external_processor::ProcessingRequest;
 use atenet_router::target::{self, ActorId};
+use atenet_router::{drain, envoy, godur, pem};
 use proptest::prelude::*;
 use protobuf::well_known_types::struct_::{Struct, Value};
 use protobuf::Message;
@@ -97,17 +100,63 @@ proptest! {
         }
     }
 
-    /// B1-B5 never panic; the port is always a valid port; the target, when
-    /// any, is what the first actor header (or the attribute) says.
+    /// B1-B5 never panic, and agree with an independent statement of the
+    /// rules: the target is what the first actor header (or, when that is
+    /// absent or empty, the attribute) says, and the port is B5's.
     #[test]
-    fn addressing_never_panics(pairs in header_pairs(), attrs in attributes()) {
+    fn addressing_matches_the_spec(pairs in header_pairs(), attrs in attributes()) {
         let map = header_map(&pairs);
+        let got = target::resolve(&map, &attrs).map(|t| (t.actor.as_str().to_string(), t.port)).ok();
+        let expected = oracle_actor(&pairs, &attrs).map(|actor| (actor, oracle_port(&pairs, &attrs)));
+        prop_assert_eq!(got, expected);
         let port = target::target_port(&map, &attrs);
-        prop_assert!(port >= 1);
-        if let Ok(t) = target::resolve(&map, &attrs) {
-            prop_assert!(oracle_valid(t.actor.as_str().as_bytes()));
-            prop_assert_eq!(t.port, port);
+        prop_assert_eq!(port, oracle_port(&pairs, &attrs));
+    }
+}
+
+/// The first value of a header, by case-insensitive name (B1).
+fn oracle_header<'a>(pairs: &'a [(String, Vec<u8>)], name: &str) -> Option<&'a [u8]> {
+    pairs.iter().find(|(k, _)| k.to_ascii_lowercase() == name).map(|(_, v)| v.as_slice())
+}
+
+/// A string attribute (B2); the fuzzed attributes come under one filter key.
+fn oracle_attribute<'a>(attrs: &'a HashMap<String, Struct>, name: &str) -> Option<&'a str> {
+    attrs.values().find_map(|s| s.fields.get(name).map(|v| v.string_value()))
+}
+
+/// B1-B3: the canonical id, when the request names a valid actor.
+fn oracle_actor(pairs: &[(String, Vec<u8>)], attrs: &HashMap<String, Struct>) -> Option<String> {
+    let reference = match oracle_header(pairs, "ate-target-actor") {
+        Some(value) if !value.is_empty() => value.to_vec(),
+        _ => oracle_attribute(attrs, target::ACTOR_ATTRIBUTE).unwrap_or("").as_bytes().to_vec(),
+    };
+    oracle_valid(&reference).then(|| String::from_utf8(reference).unwrap())
+}
+
+/// B5, from its text: the authority attribute's port when the attribute is
+/// set; else, for CONNECT only, the `:authority` port; else 80. A port that
+/// is not an integer in 1..=65535 keeps 80.
+fn oracle_port(pairs: &[(String, Vec<u8>)], attrs: &HashMap<String, Struct>) -> u16 {
+    let port_of = |authority: &[u8]| -> Option<u16> {
+        let text = std::str::from_utf8(authority).ok()?;
+        let (host, port) = text.rsplit_once(':')?;
+        let bracketed = host.starts_with('[') && host.ends_with(']');
+        if host.contains(':') && !bracketed {
+            return None; // a bare IPv6 address: no port
         }
+        if port.is_empty() || !port.chars().all(|c| c.is_ascii_digit()) {
+            return None;
+        }
+        let n: u64 = port.parse().ok()?;
+        (1..=65535).contains(&n).then_some(n as u16)
+    };
+    if let Some(authority) = oracle_attribute(attrs, target::AUTHORITY_ATTRIBUTE).filter(|a| !a.is_empty()) {
+        return port_of(authority.as_bytes()).unwrap_or(80);
+    }
+    let connect = oracle_header(pairs, ":method").is_some_and(|m| m.eq_ignore_ascii_case(b"CONNECT"));
+    match oracle_header(pairs, ":authority") {
+        Some(authority) if connect => port_of(authority).unwrap_or(80),
+        _ => 80,
     }
 }
 
@@ -175,5 +224,173 @@ fn check(request: ProcessingRequest) -> Result<(), TestCaseError> {
         Classified::InvalidTarget(line) => prop_assert!(line.method().len() <= 16),
         Classified::Ignore => {}
     }
+    Ok(())
+}
+
+/// Go durations as operators type them, near misses, and overflow.
+fn duration_text() -> impl Strategy<Value = String> {
+    prop_oneof![
+        "[-+]?([0-9]{0,22}(\\.[0-9]{0,12})?(ns|us|µs|ms|s|m|h)){1,4}",
+        "[-+]?[0-9.]{0,30}[a-zµ]{0,3}",
+        any::<String>(),
+    ]
+}
+
+/// A value for any flag: numbers, floats, durations, addresses, garbage.
+fn flag_value() -> impl Strategy<Value = String> {
+    prop_oneof![
+        "-?[0-9]{1,22}",
+        "-?[0-9]{0,5}\\.?[0-9]{0,5}(e[-+]?[0-9]{1,3})?",
+        Just("NaN".to_string()),
+        Just("inf".to_string()),
+        duration_text(),
+        "(\\[?[0-9a-f:.]{0,20}\\]?)?:[0-9]{0,6}",
+        "[ -~]{0,12}",
+    ]
+}
+
+const FLAGS: &[&str] = &[
+    "--parked-request-budget",
+    "--parked-request-max",
+    "--parked-request-retry-interval",
+    "--parked-request-retry-factor",
+    "--parked-request-retry-jitter",
+    "--extproc-max-requests",
+    "--flight-max",
+    "--worker-port",
+    "--port-extproc",
+    "--metrics-listen-addr",
+    "--status-port",
+    "--drain-delay",
+    "--drain-timeout",
+    "--route-timeout",
+    "--late-serve-limit",
+    "--log-level",
+    "--port-http",
+    "--envoy-admin-address",
+];
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(5_000))]
+
+    /// Duration parsing never panics, and a parse is exact: formatting the
+    /// value and parsing it again gives the same value.
+    #[test]
+    fn durations_parse_or_refuse_cleanly(text in duration_text()) {
+        if let Ok(d) = godur::parse(&text) {
+            prop_assert!(d.magnitude.as_nanos() <= i64::MAX as u128);
+            prop_assert_eq!(godur::parse(&godur::format(d.magnitude)).unwrap().magnitude, d.magnitude);
+        }
+    }
+
+    #[test]
+    fn durations_round_trip(nanos in 0u64..=i64::MAX as u64) {
+        let d = std::time::Duration::from_nanos(nanos);
+        prop_assert_eq!(godur::parse(&godur::format(d)).unwrap().magnitude, d);
+    }
+
+    /// Any values for any flags: a valid configuration (and its Envoy
+    /// bootstrap), or an error that says it is one and names a flag. Never a
+    /// panic (B37, B59).
+    #[test]
+    fn flag_validation_never_panics(
+        picks in proptest::collection::vec((0..FLAGS.len(), flag_value()), 0..6),
+        equals_form in any::<bool>(),
+    ) {
+        let mut args: Vec<String> = vec!["--ateapi-insecure".into()];
+        for (i, value) in &picks {
+            if equals_form {
+                args.push(format!("{}={value}", FLAGS[*i]));
+            } else {
+                args.push(FLAGS[*i].to_string());
+                args.push(value.clone());
+            }
+        }
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        match parse_serve_args(&args) {
+            Ok(config) => {
+                let yaml = envoy::bootstrap(&config);
+                prop_assert!(yaml.contains("static_resources"));
+            }
+            Err(e) => {
+                let message = e.to_string();
+                prop_assert!(message.starts_with("invalid router configuration: "), "{}", message);
+                prop_assert!(message.contains("--"), "names a flag: {}", message);
+            }
+        }
+    }
+
+    /// PEM parsing never panics on arbitrary bytes or on damaged real
+    /// bundles, and what it accepts is what gRPC needs: text without NUL,
+    /// complete blocks.
+    #[test]
+    fn pem_parsing_never_panics(
+        bytes in proptest::collection::vec(any::<u8>(), 0..600),
+        flips in proptest::collection::vec((any::<prop::sample::Index>(), any::<u8>()), 0..4),
+        cut in any::<prop::sample::Index>(),
+    ) {
+        check_pem(&bytes)?;
+        let mut bundle = BUNDLE.as_bytes().to_vec();
+        for (at, byte) in flips {
+            let i = at.index(bundle.len());
+            bundle[i] ^= byte;
+        }
+        bundle.truncate(cut.index(bundle.len() + 1));
+        check_pem(&bundle)?;
+    }
+
+    /// The admin stats parser never panics and sums exactly the non-admin
+    /// `downstream_cx_active` gauges.
+    #[test]
+    fn admin_stats_parser(
+        lines in proptest::collection::vec(
+            (prop_oneof![
+                Just("http.ingress.downstream_cx_active".to_string()),
+                Just("http.admin.downstream_cx_active".to_string()),
+                Just("listener.0.0.0.0_8080.downstream_cx_active".to_string()),
+                Just("http.ingress.downstream_cx_total".to_string()),
+                "[a-z._0-9]{0,30}",
+            ], prop_oneof!["[0-9]{1,6}", "[ -~]{0,8}"]),
+            0..12,
+        ),
+        noise in "[ -~\n]{0,40}",
+    ) {
+        let mut text = String::new();
+        let mut expected = 0u64;
+        for (name, value) in &lines {
+            text.push_str(&format!("{name}: {value}\n"));
+            let not_traffic = ["admin", "atenet_health", "atenet_stats"];
+            if name.ends_with("downstream_cx_active") && !not_traffic.iter().any(|n| name.contains(n)) {
+                expected += value.trim().parse::<u64>().unwrap_or(0);
+            }
+        }
+        prop_assert_eq!(drain::active_connections(&text), expected);
+        let _ = drain::active_connections(&format!("{noise}{text}"));
+    }
+}
+
+/// A bundle as openssl writes one (certificate, then key), for mutation.
+const BUNDLE: &str = "-----BEGIN CERTIFICATE-----
+MIIBfzCCASWgAwIBAgIUQ1+x5Xq4t8kM2V9Zb0q0q2n7m5YwCgYIKoZIzj0EAwIw
+DzENMAsGA1UEAwwEY2ExIDAeFw0yNjExMzAwMDAwMDBaFw0yNjEyMDIwMDAwMDBa
+MA8xDTALBgNVBAMMBGNsaTEwWTATBgcqhkjOPQIBBggqhkjOPQMBBwNCAAT2c2ZT
+-----END CERTIFICATE-----
+-----BEGIN PRIVATE KEY-----
+MIGHAgEAMBMGByqGSM49AgEGCCqGSM49AwEHBG0wawIBAQQgm5FJ4d1O0cZB0r5x
+-----END PRIVATE KEY-----
+";
+
+fn check_pem(bytes: &[u8]) -> Result<(), TestCaseError> {
+    if let Ok(blocks) = pem::blocks(bytes) {
+        prop_assert!(!bytes.contains(&0));
+        for block in blocks {
+            prop_assert!(block.text.starts_with("-----BEGIN ") && block.text.ends_with("-----"));
+        }
+    }
+    if let Ok((chain, key)) = pem::split_bundle(bytes) {
+        prop_assert!(!chain.contains(&0) && !key.contains(&0));
+        prop_assert!(pem::blocks(&chain).is_ok() && pem::blocks(&key).is_ok());
+    }
+    let _ = pem::certificates(bytes);
     Ok(())
 }

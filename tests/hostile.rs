@@ -139,7 +139,16 @@ fn stream_closed_before_any_message() {
 
 #[test]
 fn ten_thousand_streams_opened_and_reset_at_once() {
-    let stack = Stack::start(&["--parked-request-max", "20000", "--parked-request-retry-interval", "50ms"]);
+    // The flight must still be retrying when the last of the 5,000 parks:
+    // a budget no slow machine can use up.
+    let stack = Stack::start(&[
+        "--parked-request-max",
+        "20000",
+        "--parked-request-retry-interval",
+        "50ms",
+        "--parked-request-budget",
+        "60s",
+    ]);
     stack.sim.script("demo/hot", vec![Answer::error(Code::ResourceExhausted, "no free workers available")]);
     let mut streams: Vec<Stream> = (0..10_000).map(|_| stack.envoy.open()).collect();
     block_on(async {

@@ -13,6 +13,10 @@ use futures::future::join_all;
 
 const FULL: &str = "no free workers available";
 
+/// A budget that no machine hiccup uses up: for tests whose steps must all
+/// happen while a flight is still retrying.
+const LONG_BUDGET: &str = "60s";
+
 fn exhausted() -> Answer {
     Answer::error(Code::ResourceExhausted, FULL)
 }
@@ -127,7 +131,8 @@ fn b20_late_terminal_error_wins() {
 
 #[test]
 fn b14_b21_b25_fifty_callers_one_rpc_per_attempt() {
-    let stack = Stack::start(&["--parked-request-retry-interval", "10ms"]);
+    let stack =
+        Stack::start(&["--parked-request-retry-interval", "10ms", "--parked-request-budget", LONG_BUDGET]);
     stack.sim.script("demo/hot", vec![exhausted().held(), Answer::ok("10.0.0.3", true)]);
     let envoy = stack.envoy.clone();
     let requests = std::thread::spawn(move || block_on(join_all((0..50).map(|_| envoy.route("demo/hot")))));
@@ -151,7 +156,14 @@ fn b14_b21_b25_fifty_callers_one_rpc_per_attempt() {
 
 #[test]
 fn b24_b26_full_lot_sheds_at_park_transition_running_actor_still_served() {
-    let stack = Stack::start(&["--parked-request-max", "2", "--parked-request-retry-interval", "10ms"]);
+    let stack = Stack::start(&[
+        "--parked-request-max",
+        "2",
+        "--parked-request-retry-interval",
+        "10ms",
+        "--parked-request-budget",
+        LONG_BUDGET,
+    ]);
     stack.sim.script("demo/hot", vec![exhausted()]);
     stack.sim.script("demo/running", vec![Answer::ok("10.0.0.4", false)]);
     let envoy = stack.envoy.clone();
@@ -176,7 +188,8 @@ fn b24_b26_full_lot_sheds_at_park_transition_running_actor_still_served() {
 
 #[test]
 fn b27_b28_client_cancel_while_parked_frees_slot_at_once() {
-    let stack = Stack::start(&["--parked-request-retry-interval", "20ms"]);
+    let stack =
+        Stack::start(&["--parked-request-retry-interval", "20ms", "--parked-request-budget", LONG_BUDGET]);
     stack.sim.script("demo/hot", vec![exhausted()]);
     let mut stream = stack.envoy.open();
     block_on(stream.send(headers_request(&[("ate-target-actor", "demo/hot")])));
@@ -210,7 +223,14 @@ fn b22_parking_disabled() {
 
 #[test]
 fn b29_exact_admission_under_concurrency() {
-    let stack = Stack::start(&["--parked-request-max", "5", "--parked-request-retry-interval", "10ms"]);
+    let stack = Stack::start(&[
+        "--parked-request-max",
+        "5",
+        "--parked-request-retry-interval",
+        "10ms",
+        "--parked-request-budget",
+        LONG_BUDGET,
+    ]);
     stack.sim.script("demo/hot", vec![exhausted().held(), exhausted().held(), Answer::ok("10.0.0.1", true)]);
     let envoy = stack.envoy.clone();
     let requests = std::thread::spawn(move || block_on(join_all((0..20).map(|_| envoy.route("demo/hot")))));

@@ -66,6 +66,10 @@ struct Args {
     /// PEM CA: require client certificates it signed (mTLS)
     #[argh(option)]
     tls_client_ca: Option<String>,
+    /// IP address of every worker (a reachable echo worker, say); default: a
+    /// distinct unreachable 10.64.x.y address per worker
+    #[argh(option)]
+    worker_ip: Option<String>,
 }
 
 fn duration(flag: &str, text: &str) -> Result<Duration, String> {
@@ -105,6 +109,11 @@ fn config(args: &Args) -> Result<SimConfig, String> {
         slow_restore_rate: rate("--slow-restore-rate", args.slow_restore_rate)?,
         slow_restore: duration("--slow-restore-latency", &args.slow_restore_latency)?,
         tls: tls(args)?,
+        worker_ip: args
+            .worker_ip
+            .as_deref()
+            .map(|ip| ip.parse().map_err(|_| format!("--worker-ip must be an IP address, got {ip:?}")))
+            .transpose()?,
     })
 }
 

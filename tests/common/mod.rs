@@ -250,7 +250,15 @@ pub struct Metrics(pub String);
 
 impl Metrics {
     /// The sum of every sample named `name` whose labels include `labels`.
+    /// Panics when there is none: an absent metric is a failure, not a zero.
     pub fn value(&self, name: &str, labels: &[(&str, &str)]) -> f64 {
+        let samples = self.samples(name, labels);
+        assert!(!samples.is_empty(), "no sample of {name} with labels {labels:?} in /metrics");
+        samples.iter().sum()
+    }
+
+    /// Every sample named `name` whose labels include `labels`.
+    pub fn samples(&self, name: &str, labels: &[(&str, &str)]) -> Vec<f64> {
         self.0
             .lines()
             .filter(|l| !l.starts_with('#'))
@@ -265,9 +273,9 @@ impl Metrics {
                 }
                 let all =
                     labels.iter().all(|(k, v)| label_text.split(',').any(|p| p == format!("{k}=\"{v}\"")));
-                all.then(|| value.parse::<f64>().ok()).flatten()
+                all.then(|| value.parse::<f64>().expect("a sample value is a number"))
             })
-            .sum()
+            .collect()
     }
 }
 
