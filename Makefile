@@ -9,6 +9,8 @@ export CARGO_TARGET_DIR
 VENV ?= /var/tmp/atenet-router-venv
 BIN := $(CARGO_TARGET_DIR)/release
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+# The oldest Rust that builds the crate (Cargo.toml's rust-version).
+RUST_MIN := $(shell sed -n 's/^rust-version = "\(.*\)"/\1/p' Cargo.toml)
 
 # Local demo addresses (make run).
 SIM_LISTEN ?= 127.0.0.1:50061
@@ -19,41 +21,73 @@ RUN_FLAGS ?=
 # A pool small enough that a little load parks requests: 64 actors share 16
 # workers, and an actor idle for 2 s gives its worker back.
 SIM_FLAGS ?= --workers 16 --idle-suspend 2s
+# parkload's flags for `make load` (default: against `make run`).
+ARGS ?= --duration 10s --concurrency 32
 
 VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -n 1)
+REVISION := $(shell git rev-parse --short=12 HEAD 2>/dev/null || echo unknown)
 PREFIX ?= /usr/local
 DESTDIR ?=
 # Flags for `make envoy-config`: the router flags the Envoy config must match.
 ENVOY_FLAGS ?= --ateapi-insecure --ateapi-address $(SIM_LISTEN) --port-extproc $(EXTPROC_PORT)
+# Debian packages: to build, and (only) to run the tests.
+BUILD_PACKAGES := cmake g++ pkg-config libssl-dev
+TEST_PACKAGES := chromium python3-venv openssl shellcheck
 
-.PHONY: help deps venv build run test test-rust test-compat bench soak lint fmt install envoy-config \
-	k8s-envoy-config docker package clean
+.PHONY: help toolchain deps deps-test venv build run load test test-rust test-compat bench soak lint fmt \
+	install envoy-config k8s-envoy-config compose-envoy-config docker e2e package clean
 
 help: ## List the targets.
-	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
+	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-20s %s\n", $$1, $$2}'
 
-deps: ## Install missing tools (cmake, g++, libssl-dev, python3-venv; chromium, promtool for tests).
+toolchain:
+	@command -v cargo >/dev/null || { \
+		echo "make: no Rust toolchain (cargo not found). Install Rust $(RUST_MIN) or later with rustup:"; \
+		echo "  curl --proto '=https' --tlsv1.2 -sSf https://sh.rustup.rs | sh -s -- -y && . \$$HOME/.cargo/env"; \
+		echo "(Debian's packaged rustc is older than $(RUST_MIN).)"; exit 1; }
+	@have=$$(rustc --version | cut -d' ' -f2); \
+	if [ "$$(printf '%s\n%s\n' "$(RUST_MIN)" "$$have" | sort -V | head -n 1)" != "$(RUST_MIN)" ]; then \
+		echo "make: rustc $$have is older than $(RUST_MIN): rustup update stable"; exit 1; fi
+
+deps: toolchain ## Install what building needs (cmake, g++, pkg-config, libssl-dev) when missing.
 	@missing=""; \
-	command -v cmake >/dev/null || missing="$$missing cmake"; \
-	command -v g++ >/dev/null || missing="$$missing g++"; \
-	command -v pkg-config >/dev/null || missing="$$missing pkg-config"; \
-	[ -f /usr/include/openssl/ssl.h ] || missing="$$missing libssl-dev"; \
-	python3 -c 'import venv, ensurepip' 2>/dev/null || missing="$$missing python3-venv"; \
-	command -v chromium >/dev/null || missing="$$missing chromium"; \
-	command -v promtool >/dev/null || missing="$$missing prometheus"; \
+	for p in $(BUILD_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
 	if [ -n "$$missing" ]; then \
 		echo "installing:$$missing"; \
 		$(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq $$missing; \
 	fi
 
-venv: deps ## Python venv with Envoy's official protos for compatibility tests.
+deps-test: deps ## Install what only the tests need: chromium, prometheus (never left running), a venv, openssl.
+	@missing=""; \
+	for p in $(TEST_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then \
+		echo "installing:$$missing"; \
+		$(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq $$missing; \
+	fi
+	@# Debian's prometheus starts a server on :9090 (and a node exporter on
+	@# :9100, only a Recommends) at install time. The tests want promtool and
+	@# the server binary, never the services.
+	@if ! command -v promtool >/dev/null; then \
+		echo "installing: prometheus (promtool and a server for the tests; its service stays stopped and disabled)"; \
+		$(SUDO) sh -ec '\
+			policy=/usr/sbin/policy-rc.d; \
+			if [ ! -e $$policy ]; then \
+				printf "#!/bin/sh\nexit 101\n" >$$policy; chmod 755 $$policy; trap "rm -f $$policy" EXIT; \
+			fi; \
+			apt-get update -qq; \
+			DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus; \
+			if command -v systemctl >/dev/null; then systemctl disable --quiet prometheus.service; fi; \
+			if [ -d /run/systemd/system ]; then systemctl stop prometheus.service; fi'; \
+	fi
+
+venv: deps-test ## Python venv with Envoy's official protos and the schema validators, for the tests.
 	@if ! cmp -s tests/compat/requirements.txt $(VENV)/requirements.txt; then \
 		python3 -m venv $(VENV) && \
 		$(VENV)/bin/pip install -q --disable-pip-version-check -r tests/compat/requirements.txt && \
 		cp tests/compat/requirements.txt $(VENV)/requirements.txt; \
 	fi
 
-build: deps ## Build the router and the simulator (release).
+build: deps ## Build the router, the simulator and parkload (release).
 	@cargo build --release --bins
 
 run: build ## Run ateapi-sim and the router on loopback (Ctrl-C stops both).
@@ -66,10 +100,13 @@ run: build ## Run ateapi-sim and the router on loopback (Ctrl-C stops both).
 		--metrics-listen-addr $(METRICS_ADDR) --status-port $(STATUS_PORT) \
 		--drain-delay 0s --envoy-admin-address "" --drain-complete-file "" $(RUN_FLAGS)
 
-test: test-rust test-compat ## Run every test: unit, end-to-end, Envoy compatibility.
+load: build ## Load a running router with parkload: make load ARGS="--rate 2000 --count 20000".
+	@$(BIN)/parkload $(ARGS)
 
-test-rust: deps
-	cargo test --release
+test: test-rust test-compat ## Run every test: unit, end-to-end, Envoy compatibility, packaging.
+
+test-rust: deps-test
+	cargo test --release --features fault-injection
 
 test-compat: build venv
 	ATENET_BIN_DIR=$(BIN) $(VENV)/bin/python -m pytest -q tests/compat
@@ -80,11 +117,11 @@ bench: deps ## Benchmarks: router vs a baseline, five scenarios (about 4 minutes
 SOAK_SECONDS ?= 600
 
 soak: deps ## Chaos run: faults, cancels, SIGTERM restarts; SOAK_SECONDS (600) long.
-	SOAK_SECONDS=$(SOAK_SECONDS) cargo test --release --test soak -- --nocapture
+	SOAK_SECONDS=$(SOAK_SECONDS) cargo test --release --features fault-injection --test soak -- --nocapture
 
-lint: ## rustfmt and clippy, warnings as errors.
+lint: deps ## rustfmt and clippy, warnings as errors.
 	cargo fmt --check
-	cargo clippy --release --all-targets -- -D warnings
+	cargo clippy --release --all-targets --features fault-injection -- -D warnings
 
 fmt: ## Format the code.
 	cargo fmt
@@ -98,7 +135,9 @@ install: build ## Install the binary, the systemd unit and its env file (PREFIX,
 	else \
 		install -D -m 0644 packaging/systemd/atenet-router.env $(DESTDIR)/etc/atenet-router/atenet-router.env; \
 	fi
-	@echo "installed; then: systemctl daemon-reload && systemctl enable --now atenet-router"
+	@echo "installed. Put ateapi's CA and client bundle in /etc/atenet-router/ateapi-ca.pem and"
+	@echo "/etc/atenet-router/ateapi-client.pem (root-only is fine), then:"
+	@echo "  systemctl daemon-reload && systemctl enable --now atenet-router"
 
 envoy-config: build ## Print the Envoy bootstrap for ENVOY_FLAGS (default: the make run router).
 	@$(BIN)/atenet-router envoy-config $(ENVOY_FLAGS)
@@ -107,14 +146,25 @@ k8s-envoy-config: build ## Regenerate packaging/kubernetes/envoy-bootstrap.yaml 
 	$(BIN)/atenet-router envoy-config $$(sed -n 's/^ *- \(--[a-z-]*=.*\)$$/\1/p' packaging/kubernetes/deployment.yaml) \
 		> packaging/kubernetes/envoy-bootstrap.yaml
 
-docker: ## Build the container image atenet-router:VERSION (needs a Docker engine).
-	@docker info >/dev/null 2>&1 || { echo "make docker: no Docker engine reachable (docker info failed)"; exit 1; }
-	docker build -f packaging/docker/Dockerfile -t atenet-router:$(VERSION) -t atenet-router:latest .
+compose-envoy-config: build ## Regenerate packaging/compose/envoy.yaml from the compose router's flags.
+	packaging/compose/envoy-config.sh $(BIN)
 
-package: build ## Tarball of the binaries and packaging files in dist/.
-	rm -rf dist/atenet-router-$(VERSION) && mkdir -p dist/atenet-router-$(VERSION)/bin
-	cp $(BIN)/atenet-router $(BIN)/ateapi-sim $(BIN)/parkload dist/atenet-router-$(VERSION)/bin/
-	cp -r packaging README.md dist/atenet-router-$(VERSION)/
+docker: ## Build the images atenet-router:VERSION and atenet-router-tools:VERSION (needs a Docker engine).
+	@docker info >/dev/null 2>&1 || { echo "make docker: no Docker engine reachable (docker info failed)"; exit 1; }
+	docker build -f packaging/docker/Dockerfile --build-arg ATENET_GIT_REVISION=$(REVISION) \
+		-t atenet-router:$(VERSION) -t atenet-router:latest .
+	docker build -f packaging/docker/Dockerfile --build-arg ATENET_GIT_REVISION=$(REVISION) --target tools \
+		-t atenet-router-tools:$(VERSION) -t atenet-router-tools:latest .
+
+e2e: ## Client -> Envoy -> worker through the compose stack (needs a Docker engine with Compose v2).
+	@docker info >/dev/null 2>&1 || { echo "make e2e: needs a Docker engine with Compose v2 (docker info failed)"; exit 1; }
+	packaging/compose/e2e.sh
+
+package: build ## Tarball of the router, the tools and the packaging files in dist/.
+	rm -rf dist/atenet-router-$(VERSION) && mkdir -p dist/atenet-router-$(VERSION)/bin dist/atenet-router-$(VERSION)/tools
+	cp $(BIN)/atenet-router dist/atenet-router-$(VERSION)/bin/
+	cp $(BIN)/ateapi-sim $(BIN)/parkload dist/atenet-router-$(VERSION)/tools/
+	cp -r packaging README.md LICENSE dist/atenet-router-$(VERSION)/
 	tar -C dist -czf dist/atenet-router-$(VERSION)-linux-$$(uname -m).tar.gz atenet-router-$(VERSION)
 	@echo dist/atenet-router-$(VERSION)-linux-$$(uname -m).tar.gz
 

@@ -294,7 +294,10 @@ fn report(metrics: &Metrics, health: &Health, actor: &ActorId, result: &AttemptR
             metrics.count_attempt(e.code);
             if e.code == Code::Unavailable && !health.down.swap(true, Ordering::AcqRel) {
                 let kind = if is_tls_failure(&e.message) { "TLS failure" } else { "unreachable" };
-                log::warn!("ateapi {kind}: {}; requests park until it recovers (logged once)", e.message);
+                log::warn!(
+                    error = e.message.as_str();
+                    "ateapi {kind}: {}; requests park until it recovers (logged once)", e.message
+                );
             }
             log::debug!("ResumeActor {actor}: {e}");
         }

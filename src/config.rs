@@ -25,94 +25,94 @@ pub const UNPARKED_BUDGET: Duration = Duration::from_secs(15);
 #[derive(FromArgs, Clone, Debug, PartialEq)]
 /// Flags shared by `serve` and `envoy-config`.
 pub struct ServeArgs {
-    /// ateapi control-plane address, host:port
+    /// ateapi control-plane address, host:port (default: api.ate-system.svc:443)
     #[argh(option, default = "String::from(\"api.ate-system.svc:443\")")]
     pub ateapi_address: String,
-    /// PEM file of CAs that verify ateapi's server certificate
+    /// PEM file of CAs that verify ateapi's server certificate (default: none; required without --ateapi-insecure)
     #[argh(option, default = "String::new()")]
     pub ateapi_ca_file: String,
-    /// PEM bundle (certificate chain + PKCS#8 key) for mTLS to ateapi
+    /// PEM bundle (certificate chain + PKCS#8 key) for mTLS to ateapi (default: none)
     #[argh(option, default = "String::new()")]
     pub ateapi_client_cert: String,
     /// TLS server name to expect from ateapi (default: the address's host)
     #[argh(option, default = "String::new()")]
     pub ateapi_server_name: String,
-    /// talk to ateapi in plaintext (development only; no TLS flag allowed)
+    /// talk to ateapi in plaintext (development only; no TLS flag allowed) (default: off)
     #[argh(switch)]
     pub ateapi_insecure: bool,
-    /// file holding a bearer token for ateapi (re-read on change; needs TLS)
+    /// file holding a bearer token for ateapi (re-read on change; needs TLS) (default: none)
     #[argh(option, default = "String::new()")]
     pub ateapi_token_file: String,
-    /// address the ext_proc gRPC server binds
+    /// address the ext_proc gRPC server binds (default: 127.0.0.1)
     #[argh(option, default = "String::from(\"127.0.0.1\")")]
     pub extproc_address: String,
-    /// port of the ext_proc gRPC server
+    /// port of the ext_proc gRPC server (default: 50051)
     #[argh(option, default = "50051")]
     pub port_extproc: i64,
-    /// listen address of /metrics, /healthz and /readyz ([host]:port)
+    /// listen address of /metrics, /healthz and /readyz ([host]:port) (default: :9090)
     #[argh(option, default = "String::from(\":9090\")")]
     pub metrics_listen_addr: String,
-    /// port of the /statusz page (<= 0 disables)
+    /// port of the /statusz page (<= 0 disables) (default: 4040)
     #[argh(option, default = "4040")]
     pub status_port: i64,
-    /// address the /statusz page binds (it shows actor ids, paths and worker IPs)
+    /// address the /statusz page binds (it shows actor ids, paths and worker IPs) (default: 127.0.0.1)
     #[argh(option, default = "String::from(\"127.0.0.1\")")]
     pub status_address: String,
-    /// how long a resume flight may keep retrying (Go duration)
+    /// how long a resume flight may keep retrying (Go duration) (default: 5s)
     #[argh(option, default = "String::from(\"5s\")")]
     pub parked_request_budget: String,
-    /// lot size: max concurrent parked requests (<= 0 disables parking)
+    /// lot size: max concurrent parked requests (<= 0 disables parking) (default: 1024)
     #[argh(option, default = "1024")]
     pub parked_request_max: i64,
-    /// delay before a parked flight's first retry (Go duration)
+    /// delay before a parked flight's first retry (Go duration) (default: 100ms)
     #[argh(option, default = "String::from(\"100ms\")")]
     pub parked_request_retry_interval: String,
-    /// multiplier applied to the retry delay after each retry (>= 1)
+    /// multiplier applied to the retry delay after each retry, in [1, 100] (default: 1.1)
     #[argh(option, default = "1.1")]
     pub parked_request_retry_factor: f64,
-    /// random fraction in [0, 1) added to each retry delay
+    /// random fraction in [0, 1) added to each retry delay (default: 0.1)
     #[argh(option, default = "0.1")]
     pub parked_request_retry_jitter: f64,
-    /// circuit breaker of the ext_proc cluster in Envoy (0 derives it)
+    /// circuit breaker of the ext_proc cluster in Envoy (default: 0 = max(2 x lot, 1024))
     #[argh(option, default = "0")]
     pub extproc_max_requests: i64,
-    /// max actors resumed at once: flights and ResumeActor calls in progress (0 derives it)
+    /// max actors resumed at once: flights and ResumeActor calls in progress (default: 0 = max(4 x lot, 4096))
     #[argh(option, default = "0")]
     pub flight_max: i64,
-    /// port the workers serve on
+    /// port the workers serve on (default: 443)
     #[argh(option, default = "443")]
     pub worker_port: i64,
-    /// drain: wait this long after readiness flips (Go duration)
+    /// drain: wait this long after readiness flips (Go duration) (default: 13s)
     #[argh(option, default = "String::from(\"13s\")")]
     pub drain_delay: String,
-    /// drain: max wait for in-flight ext_proc streams (0 derives it)
+    /// drain: max wait for in-flight ext_proc streams (default: 0 = budget + max(15s, late-serve limit))
     #[argh(option, default = "String::from(\"0\")")]
     pub drain_timeout: String,
-    /// address of the Envoy admin API used during drain (empty disables)
+    /// address of the Envoy admin API used during drain; empty: do not drain Envoy (default: localhost:9901)
     #[argh(option, default = "String::from(\"localhost:9901\")")]
     pub envoy_admin_address: String,
-    /// file written when the drain completes (empty disables)
+    /// file written when the drain completes; empty: none (default: /var/run/atenet/drain-complete)
     #[argh(option, default = "String::from(\"/var/run/atenet/drain-complete\")")]
     pub drain_complete_file: String,
-    /// route timeout Envoy applies to proxied requests (Go duration)
+    /// route timeout Envoy applies to proxied requests (Go duration) (default: 5m)
     #[argh(option, default = "String::from(\"5m\")")]
     pub route_timeout: String,
-    /// log level: error, warn, info, debug or trace
+    /// log level: error, warn, info, debug or trace (default: info)
     #[argh(option, default = "String::from(\"info\")")]
     pub log_level: String,
-    /// log line format: text or json (one JSON object per line)
+    /// log line format: text or json (one JSON object per line) (default: text)
     #[argh(option, default = "String::from(\"text\")")]
     pub log_format: String,
-    /// how long past the budget Envoy waits for a late verdict (0 disables)
+    /// how long past the budget Envoy waits for a late verdict (0 disables) (default: 30s)
     #[argh(option, default = "String::from(\"30s\")")]
     pub late_serve_limit: String,
-    /// port of the HTTP listener in the generated Envoy config
+    /// port of the HTTP listener in the generated Envoy config (default: 8080)
     #[argh(option, default = "8080")]
     pub port_http: i64,
-    /// port of Envoy's health-check listener (GET /ready) in the generated config
+    /// port of Envoy's health-check listener (GET /ready) in the generated config (default: 8081)
     #[argh(option, default = "8081")]
     pub port_health: i64,
-    /// port of Envoy's metrics listener (GET /stats/prometheus) in the generated config
+    /// port of Envoy's metrics listener (GET /stats/prometheus) in the generated config (default: 9902)
     #[argh(option, default = "9902")]
     pub port_stats: i64,
 }

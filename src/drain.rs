@@ -114,8 +114,9 @@ pub fn drain(router: Router, plan: &DrainPlan, interrupt: &Receiver<()>) -> Drai
     drain_reporting(router, plan, interrupt, &|_| {})
 }
 
-/// As [`drain`], telling `progress` before each step how long the rest of
-/// the drain can take at most (for systemd's stop timeout, B64).
+/// As [`drain`], telling `progress` after each step how long the rest of the
+/// drain can take at most (for systemd's stop timeout, B64; the bound of the
+/// whole drain is [`DrainPlan::bound`]).
 pub fn drain_reporting(
     router: Router,
     plan: &DrainPlan,
@@ -123,7 +124,6 @@ pub fn drain_reporting(
     progress: &dyn Fn(Duration),
 ) -> DrainReport {
     router.set_ready(false);
-    progress(plan.delay + plan.envoy_bound() + plan.stop_bound());
     log::info!("drain: not ready; waiting {} before draining Envoy", crate::godur::format(plan.delay));
     let mut skipping = interrupt.recv_timeout(plan.delay).is_ok();
     progress(plan.envoy_bound() + plan.stop_bound());

@@ -250,25 +250,28 @@ impl ExtProc {
         if matches!(result, Err(ResolveError::FlightsFull)) {
             self.metrics.flights_rejected.inc();
         }
-        let (throttle, detail) = match result {
+        let now = Instant::now();
+        match result {
             Ok(Resumed { worker: Err(BadWorkerIp(ip)), .. }) => {
-                (&self.routing_failures, format!("ateapi gave worker IP {ip:?}"))
+                if let Some(suppressed) = self.routing_failures.allow(now) {
+                    log::warn!(
+                        actor = actor.as_str(), status = rejection.status, worker_ip = ip.as_str(), suppressed;
+                        "{}: ateapi gave no usable worker IP", rejection.body
+                    );
+                }
             }
-            Ok(_) => return,
+            Ok(_) => {}
             Err(e) if rejection.status >= 500 && rejection.status != 503 => {
-                (&self.resume_errors, format!("{e:?}"))
+                if let Some(suppressed) = self.resume_errors.allow(now) {
+                    log::warn!(
+                        actor = actor.as_str(), status = rejection.status, error:% = e, suppressed;
+                        "{}", rejection.body
+                    );
+                }
             }
             Err(e) => {
-                log::debug!("actor {actor}: {} ({e:?})", rejection.body);
-                return;
+                log::debug!(actor = actor.as_str(), status = rejection.status, error:% = e; "{}", rejection.body)
             }
-        };
-        if let Some(suppressed) = throttle.allow(Instant::now()) {
-            log::warn!(
-                "actor {actor}: {} ({detail}){}",
-                rejection.body,
-                crate::http::suppressed_note(suppressed)
-            );
         }
     }
 

@@ -308,25 +308,17 @@ impl EventLoop {
                         .map_or(Duration::from_millis(10), |(_, d)| (d * 2).min(MAX_ACCEPT_BACKOFF));
                     self.accept_backoff = Some((now + delay, delay));
                     if let Some(suppressed) = self.accept_errors.allow(now) {
+                        let listener =
+                            self.listener.local_addr().map_or_else(|_| "?".into(), |a| a.to_string());
                         log::warn!(
-                            "http: accept on {} failed: {e}; retrying with backoff{}",
-                            self.listener.local_addr().map_or_else(|_| "?".into(), |a| a.to_string()),
-                            suppressed_note(suppressed)
+                            listener = listener.as_str(), suppressed;
+                            "http: accept on {listener} failed: {e}; retrying with backoff"
                         );
                     }
                     return;
                 }
             }
         }
-    }
-}
-
-/// " (N similar lines suppressed)", or nothing.
-pub fn suppressed_note(suppressed: u64) -> String {
-    if suppressed == 0 {
-        String::new()
-    } else {
-        format!(" ({suppressed} similar lines suppressed)")
     }
 }
 

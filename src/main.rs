@@ -77,6 +77,9 @@ fn main() -> ExitCode {
 fn serve(config: &Config) -> ExitCode {
     logging::init(config.log_level, config.log_format);
     process::install_panic_policy();
+    let flags: Vec<String> =
+        config.effective_flags().iter().map(|(flag, value)| format!("{flag}={value}")).collect();
+    debug!("effective flags: {}", flags.join(" "));
     match process::raise_fd_limit() {
         Ok((old, new)) if old != new => debug!("open-file limit raised from {old} to {new}"),
         Ok(_) => {}

@@ -60,6 +60,17 @@ pub enum ResolveError {
     FlightsFull,
 }
 
+impl std::fmt::Display for ResolveError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ResolveError::Failed(e) => write!(f, "{e}"),
+            ResolveError::BudgetExhausted(e) => write!(f, "budget exhausted, last: {e}"),
+            ResolveError::LotFull => f.write_str("parking lot full"),
+            ResolveError::FlightsFull => f.write_str("flights full"),
+        }
+    }
+}
+
 /// What one caller learns.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ResumeOutcome {

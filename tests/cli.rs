@@ -37,6 +37,38 @@ fn help_lists_the_serve_subcommand_and_its_flags() {
     ] {
         assert!(out.contains(flag), "{flag} missing from help");
     }
+    // B65: every flag says its default. Options are listed one per entry;
+    // an entry's text may wrap onto indented lines.
+    let options = out.split("Options:").nth(1).expect("an options list");
+    let mut entries: Vec<String> = Vec::new();
+    for line in options.lines().filter(|l| !l.trim().is_empty()) {
+        if line.trim_start().starts_with("--") {
+            entries.push(line.trim().to_string());
+        } else if let Some(last) = entries.last_mut() {
+            last.push(' ');
+            last.push_str(line.trim());
+        }
+    }
+    let flags: Vec<&String> = entries.iter().filter(|e| !e.starts_with("--help")).collect();
+    assert!(flags.len() >= 29, "{flags:#?}");
+    for entry in flags {
+        assert!(entry.contains("(default: "), "no default shown: {entry}");
+    }
+}
+
+#[test]
+fn b65_version_and_revision() {
+    let revision = Command::new("git").args(["rev-parse", "--short=12", "HEAD"]).output().unwrap();
+    let revision = String::from_utf8_lossy(&revision.stdout).trim().to_string();
+    for args in [&["--version"][..], &["-V"], &["version"]] {
+        let (code, out, _) = run(args);
+        assert_eq!(code, 0, "{args:?}");
+        assert_eq!(
+            out.trim(),
+            format!("atenet-router {} (revision {revision})", env!("CARGO_PKG_VERSION")),
+            "{args:?}"
+        );
+    }
 }
 
 #[test]
@@ -130,4 +162,26 @@ fn parkload_points_at_a_running_router_and_reports() {
     assert!(String::from_utf8_lossy(&bad.stderr).contains("--distribution"));
     assert_eq!(terminate(&mut router.process.child), 0);
     assert_eq!(terminate(&mut sim.child), 0);
+}
+
+#[test]
+fn b65_metrics_name_the_build_and_watch_the_process() {
+    let mut router = spawn_router(&router_args("127.0.0.1:1", &[]));
+    assert!(router.process.line.contains(&format!("atenet-router {} (revision ", env!("CARGO_PKG_VERSION"))));
+    let metrics = common::Metrics(common::http_get(router.metrics, "/metrics").1);
+    let (_, version, _) = run(&["--version"]);
+    let revision = version.trim().rsplit_once("(revision ").unwrap().1.trim_end_matches(')').to_string();
+    assert_eq!(
+        metrics.value(
+            "atenet_router_build_info",
+            &[("version", env!("CARGO_PKG_VERSION")), ("revision", &revision)]
+        ),
+        1.0
+    );
+    for process in ["process_resident_memory_bytes", "process_open_fds", "process_threads"] {
+        assert!(metrics.value(process, &[]) > 0.0, "{process}");
+    }
+    // Whole seconds: present, maybe still 0 in a process this young.
+    metrics.value("process_cpu_seconds_total", &[]);
+    assert_eq!(terminate(&mut router.process.child), 0);
 }

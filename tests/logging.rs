@@ -49,7 +49,7 @@ fn b62_request_path_failures_are_logged_with_a_rate_limit_and_the_bad_worker_ip(
     let routing = lines_with(&router, "routing failed");
     assert_eq!(routing.len(), 1, "one line for 200 failures: {routing:#?}");
     assert!(
-        routing[0].contains("WARN") && routing[0].contains("\"not-an-ip\""),
+        routing[0].contains("WARN") && routing[0].contains("worker_ip=not-an-ip"),
         "names the bad IP: {routing:?}"
     );
     let errors = lines_with(&router, "error resuming actor");
@@ -64,7 +64,36 @@ fn b62_request_path_failures_are_logged_with_a_rate_limit_and_the_bad_worker_ip(
         std::thread::sleep(Duration::from_millis(20));
     }
     let routing = lines_with(&router, "routing failed");
-    assert!(routing[1].contains("(199 similar lines suppressed)"), "{routing:#?}");
+    assert!(routing[1].contains("suppressed=199"), "says what it left out: {routing:#?}");
+    let mut router = router;
+    assert_eq!(terminate(&mut router.process.child), 0);
+}
+
+#[test]
+fn b63_json_lines_carry_time_level_message_and_the_fields() {
+    let sim = scripted_sim();
+    sim.script("demo/noip", vec![Answer::ok("not-an-ip", true)]);
+    let router = spawn_router(&router_args(&sim.addr().to_string(), &["--log-format", "json"]));
+    assert!(router.process.line.starts_with("{\"time\":\""), "{}", router.process.line);
+    assert!(
+        router.process.line.contains("\"level\":\"info\",\"message\":\"atenet-router "),
+        "{}",
+        router.process.line
+    );
+    let envoy = Envoy::connect(router.extproc);
+    assert_eq!(immediate(&envoy.route_now("demo/noip")).status, 500);
+    wait_for_line(&router, "routing failed");
+    let line = lines_with(&router, "routing failed").remove(0);
+    for field in [
+        "\"level\":\"warn\"",
+        "\"actor\":\"demo/noip\"",
+        "\"worker_ip\":\"not-an-ip\"",
+        "\"status\":\"500\"",
+        "\"suppressed\":\"0\"",
+    ] {
+        assert!(line.contains(field), "{field} in {line}");
+    }
+    assert!(line.starts_with('{') && line.ends_with('}'), "{line}");
     let mut router = router;
     assert_eq!(terminate(&mut router.process.child), 0);
 }

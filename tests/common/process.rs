@@ -35,13 +35,23 @@ pub fn router_args(ateapi: &str, extra: &[&str]) -> Vec<String> {
     args
 }
 
-/// A child process and its stderr, line by line.
+/// A child process and its stderr, line by line. Killed when dropped, so a
+/// failed test leaves no process behind.
 pub struct Spawned {
     pub child: Child,
     /// The first line containing the marker it was started with.
     pub line: String,
     /// Every later stderr line.
     pub log: Arc<Mutex<Vec<String>>>,
+}
+
+impl Drop for Spawned {
+    fn drop(&mut self) {
+        if matches!(self.child.try_wait(), Ok(None)) {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
 }
 
 /// Starts `program` and waits for a stderr line containing `marker`.

@@ -1,6 +1,8 @@
 """`atenet-router envoy-config` output parses, field by field, into the
-official envoy.config.bootstrap.v3.Bootstrap, and its coupled values follow
-the flags (envoy.md)."""
+official envoy.config.bootstrap.v3.Bootstrap, passes the validation rules
+Envoy enforces when it loads a config (protoc-gen-validate's annotations, in
+every typed_config too), and its coupled values follow the flags
+(docs/envoy.md, B57, B67)."""
 
 import subprocess
 
@@ -8,31 +10,96 @@ import pytest
 import yaml
 from envoy.config.bootstrap.v3 import bootstrap_pb2
 # Registers the typed_config types the bootstrap names.
+from envoy.extensions.access_loggers.stream.v3 import stream_pb2
 from envoy.extensions.filters.http.ext_proc.v3 import ext_proc_pb2
+from envoy.extensions.filters.http.health_check.v3 import health_check_pb2
 from envoy.extensions.filters.http.router.v3 import router_pb2  # noqa: F401
 from envoy.extensions.filters.network.http_connection_manager.v3 import http_connection_manager_pb2 as hcm_pb2
-from envoy.extensions.upstreams.http.v3 import http_protocol_options_pb2  # noqa: F401
-from google.protobuf import json_format
+from envoy.extensions.upstreams.http.v3 import http_protocol_options_pb2
+from google.protobuf import json_format, symbol_database
+from protoc_gen_validate.validator import ValidationFailed, validate_all
 
 from conftest import BIN
 
 
-def envoy_config(*flags):
+def render(*flags):
     out = subprocess.run([f"{BIN}/atenet-router", "envoy-config", "--ateapi-insecure", *flags],
                          capture_output=True, text=True, check=True)
+    return out.stdout
+
+
+def envoy_config(*flags):
     bootstrap = bootstrap_pb2.Bootstrap()
-    json_format.ParseDict(yaml.safe_load(out.stdout), bootstrap)
+    json_format.ParseDict(yaml.safe_load(render(*flags)), bootstrap)
     return bootstrap
 
 
+def pgv_errors(message, path="bootstrap"):
+    """What Envoy's load-time validation would refuse in `message` and in
+    every message under it, `Any` fields unpacked into their own types."""
+    errors = []
+    try:
+        validate_all(message)
+    except ValidationFailed as e:
+        errors.append(f"{path} <{message.DESCRIPTOR.full_name}>: {e}")
+    for field, value in message.ListFields():
+        if field.message_type is None:
+            continue
+        if field.message_type.GetOptions().map_entry:
+            value_field = field.message_type.fields_by_name["value"]
+            items = list(value.items()) if value_field.message_type else []
+        elif field.is_repeated:
+            items = list(enumerate(value))
+        else:
+            items = [(None, value)]
+        for key, item in items:
+            where = f"{path}.{field.name}" + ("" if key is None else f"[{key}]")
+            if item.DESCRIPTOR.full_name == "google.protobuf.Any":
+                name = item.type_url.split("/")[-1]
+                inner = symbol_database.Default().GetSymbol(name)()
+                assert item.Unpack(inner), where
+                errors += pgv_errors(inner, where)
+            else:
+                errors += pgv_errors(item, where)
+    return errors
+
+
 def parts(bootstrap):
-    listener = bootstrap.static_resources.listeners[0]
+    listeners = {l.name: l for l in bootstrap.static_resources.listeners}
+    listener = listeners["ingress"]
     hcm = hcm_pb2.HttpConnectionManager()
     listener.filter_chains[0].filters[0].typed_config.Unpack(hcm)
     ext_proc = ext_proc_pb2.ExternalProcessor()
     hcm.http_filters[0].typed_config.Unpack(ext_proc)
     clusters = {c.name: c for c in bootstrap.static_resources.clusters}
     return listener, hcm, ext_proc, clusters
+
+
+def unpack_hcm(listener):
+    hcm = hcm_pb2.HttpConnectionManager()
+    listener.filter_chains[0].filters[0].typed_config.Unpack(hcm)
+    return hcm
+
+
+@pytest.mark.parametrize("flags", [
+    (),
+    ("--parked-request-budget", "12s", "--parked-request-max", "4000", "--late-serve-limit", "20s"),
+    ("--parked-request-max", "0", "--late-serve-limit", "0"),
+    ("--parked-request-budget", "3570s"),
+    ("--route-timeout", "0s", "--port-http", "1", "--port-health", "65535", "--port-stats", "2"),
+])
+def test_passes_envoys_own_validation_rules(flags):
+    errors = pgv_errors(envoy_config(*flags))
+    assert not errors, "\n".join(errors)
+
+
+def test_the_validation_catches_what_envoy_would_refuse():
+    """The check above can fail: a message timeout above Envoy's 3600 s."""
+    text = render().replace("message_timeout: 10s", "message_timeout: 4000s")
+    bootstrap = bootstrap_pb2.Bootstrap()
+    json_format.ParseDict(yaml.safe_load(text), bootstrap)
+    errors = pgv_errors(bootstrap)
+    assert any("message_timeout" in e for e in errors), errors
 
 
 def test_defaults_field_by_field():
@@ -43,7 +110,8 @@ def test_defaults_field_by_field():
     assert listener.address.socket_address.port_value == 8080
     assert [f.name for f in hcm.http_filters] == ["envoy.filters.http.ext_proc", "envoy.filters.http.router"]
     assert ext_proc.grpc_service.envoy_grpc.cluster_name == "atenet_router"
-    assert ext_proc.grpc_service.timeout.seconds == 10
+    assert not ext_proc.grpc_service.HasField("timeout"), "Envoy's ext_proc does not read it"
+    assert not ext_proc.HasField("mutation_rules"), "the router mutates nothing that needs it"
     assert ext_proc.message_timeout.seconds == 10, "budget 5s + 5s"
     assert ext_proc.max_message_timeout.seconds == 35, "budget + late-serve limit 30s"
     assert ext_proc.failure_mode_allow is False
@@ -54,7 +122,6 @@ def test_defaults_field_by_field():
     assert list(ext_proc.request_attributes) == [
         "filter_state['dev.ate.target.actor']", "filter_state['dev.ate.connect.authority']"]
     assert list(ext_proc.metadata_options.receiving_namespaces.untyped) == ["envoy.filters.listener.original_dst"]
-    assert ext_proc.mutation_rules.allow_all_routing.value is True
     router = clusters["atenet_router"]
     assert router.type == router.STATIC
     assert router.connect_timeout.nanos == 250_000_000
@@ -76,10 +143,54 @@ def test_defaults_field_by_field():
     assert header.header.value == "%DYNAMIC_METADATA(envoy.filters.listener.original_dst:port)%"
 
 
+def test_access_log_health_and_stats_listeners_and_worker_breakers():
+    bootstrap = envoy_config()
+    listeners = {l.name: l for l in bootstrap.static_resources.listeners}
+    _, hcm, _, clusters = parts(bootstrap)
+    # B67: one JSON line per request on stdout, with what explains a verdict.
+    log = stream_pb2.StdoutAccessLog()
+    assert hcm.access_log[0].typed_config.Unpack(log)
+    fields = dict(log.log_format.json_format.items())
+    for field, operator in [("response_code", "%RESPONSE_CODE%"), ("response_flags", "%RESPONSE_FLAGS%"),
+                            ("response_code_details", "%RESPONSE_CODE_DETAILS%"),
+                            ("atenet_reason", "%RESP(X-ATENET-REASON)%"), ("upstream_host", "%UPSTREAM_HOST%"),
+                            ("duration_ms", "%DURATION%")]:
+        assert fields[field] == operator, field
+    # Readiness through a listener on the pod's address, not the admin port.
+    health = listeners["health"]
+    assert health.address.socket_address.address == "0.0.0.0"
+    assert health.address.socket_address.port_value == 8081
+    health_hcm = unpack_hcm(health)
+    check = health_check_pb2.HealthCheck()
+    assert health_hcm.http_filters[0].name == "envoy.filters.http.health_check"
+    assert health_hcm.http_filters[0].typed_config.Unpack(check)
+    assert check.pass_through_mode.value is False
+    assert check.headers[0].name == ":path" and check.headers[0].string_match.exact == "/ready"
+    # Envoy's metrics without the admin API: one exact GET route.
+    stats = listeners["stats"]
+    assert stats.address.socket_address.port_value == 9902
+    routes = unpack_hcm(stats).route_config.virtual_hosts[0].routes
+    assert routes[0].match.path == "/stats/prometheus" and routes[0].route.cluster == "envoy_admin"
+    assert routes[0].match.headers[0].string_match.exact == "GET"
+    assert routes[1].direct_response.status == 404, "nothing else of the admin API"
+    admin = clusters["envoy_admin"].load_assignment.endpoints[0].lb_endpoints[0].endpoint.address.socket_address
+    assert (admin.address, admin.port_value) == ("127.0.0.1", 9901)
+    # The drain ignores these listeners' connections (B43, B67).
+    assert {health.stat_prefix, stats.stat_prefix} == {"atenet_health", "atenet_stats"}
+    thresholds = clusters["atenet_workers"].circuit_breakers.thresholds[0]
+    assert thresholds.max_requests.value > 1024 and thresholds.max_pending_requests.value > 0
+    options = http_protocol_options_pb2.HttpProtocolOptions()
+    clusters["atenet_workers"].typed_extension_protocol_options[
+        "envoy.extensions.upstreams.http.v3.HttpProtocolOptions"].Unpack(options)
+    assert options.common_http_protocol_options.idle_timeout.seconds == 300
+    assert "Needs Envoy 1.30 or later" in render(), "the minimum Envoy version is stated"
+
+
 def test_coupled_values_follow_the_flags():
     bootstrap = envoy_config("--parked-request-budget", "12s", "--parked-request-max", "4000",
                              "--late-serve-limit", "20s", "--port-http", "9000", "--port-extproc", "6000",
-                             "--route-timeout", "10m", "--envoy-admin-address", "[::1]:9902")
+                             "--route-timeout", "10m", "--envoy-admin-address", "[::1]:9903",
+                             "--port-health", "9001", "--port-stats", "9002")
     listener, hcm, ext_proc, clusters = parts(bootstrap)
     assert ext_proc.message_timeout.seconds == 17
     assert ext_proc.max_message_timeout.seconds == 32
@@ -89,6 +200,10 @@ def test_coupled_values_follow_the_flags():
     assert endpoint.address.socket_address.port_value == 6000
     assert hcm.route_config.virtual_hosts[0].routes[0].route.idle_timeout.seconds == 630
     assert bootstrap.admin.address.socket_address.address == "::1"
+    listeners = {l.name: l.address.socket_address.port_value for l in bootstrap.static_resources.listeners}
+    assert listeners == {"ingress": 9000, "health": 9001, "stats": 9002}
+    admin = clusters["envoy_admin"].load_assignment.endpoints[0].lb_endpoints[0].endpoint.address.socket_address
+    assert (admin.address, admin.port_value) == ("::1", 9903)
 
 
 def test_parking_off_uses_the_15s_resume_budget():
@@ -102,6 +217,8 @@ def test_parking_off_uses_the_15s_resume_budget():
     (["--extproc-max-requests", "10"], "--extproc-max-requests"),
     (["--drain-timeout", "1s"], "--drain-timeout"),
     (["--late-serve-limit", "2s"], "--late-serve-limit"),
+    (["--parked-request-budget", "3596s"], "--parked-request-budget"),
+    (["--port-stats", "8081"], "--port-stats"),
 ])
 def test_refuses_what_serve_refuses(flags, flag):
     out = subprocess.run([f"{BIN}/atenet-router", "envoy-config", "--ateapi-insecure", *flags],

@@ -1,9 +1,9 @@
-"""Packaging stays true to the router: the Kubernetes manifests, the systemd
+"""Packaging stays true to the router: the drain's grace period, the systemd
 unit, the Prometheus rules and the Grafana dashboard are checked against the
-real binary and real tools (promtool, systemd-analyze)."""
+real binary and real tools (promtool, systemd-analyze). The Kubernetes
+manifests have test_kubernetes.py, the compose stack test_compose.py."""
 
 import json
-import math
 import pathlib
 import re
 import shutil
@@ -15,87 +15,48 @@ import pytest
 import yaml
 
 from conftest import BIN
+from test_kubernetes import drain_grace, router_flags
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 PACKAGING = ROOT / "packaging"
 
-
-def deployment():
-    return yaml.safe_load((PACKAGING / "kubernetes/deployment.yaml").read_text())
-
-
-def containers():
-    spec = deployment()["spec"]["template"]["spec"]
-    return spec, {c["name"]: c for c in spec["containers"]}
-
-
-def router_flags():
-    _, by_name = containers()
-    args = by_name["router"]["args"]
-    assert args[0] == "serve"
-    return args[1:]
-
-
-def flag(args, name, default):
-    for arg in args:
-        if arg.startswith(name + "="):
-            return arg.split("=", 1)[1]
-    return default
-
-
-def seconds(text):
-    return float(text[:-1]) if text.endswith("s") else float(text)
-
-
-def test_envoy_bootstrap_is_what_envoy_config_prints_for_the_router_flags():
-    out = subprocess.run([f"{BIN}/atenet-router", "envoy-config", *router_flags()],
-                         capture_output=True, text=True, check=True).stdout
-    assert (PACKAGING / "kubernetes/envoy-bootstrap.yaml").read_text() == out, \
-        "regenerate with: make k8s-envoy-config"
+# The Kubernetes manifests' own tests (rendering, schemas, probes, ports, the
+# generated Envoy bootstrap) are in test_kubernetes.py.
 
 
 def test_termination_grace_covers_the_drain():
-    args = router_flags()
-    delay = seconds(flag(args, "--drain-delay", "13s"))
-    budget = seconds(flag(args, "--parked-request-budget", "5s"))
-    timeout = seconds(flag(args, "--drain-timeout", "0")) or budget + 15
-    grace = math.ceil((delay + 15 + timeout + 10) / 10) * 10
-    spec, _ = containers()
-    assert spec["terminationGracePeriodSeconds"] == grace == 60
+    # drain delay + Envoy's 15 s listener drain + drain timeout (0 derives
+    # budget + max(15 s, late-serve limit)) + 10 s slack, rounded up to 10 s:
+    # 13 + 15 + (5 + 30) + 10 = 73 -> 80 at the defaults.
+    flags = router_flags()
+    grace = drain_grace(flags)
+    spec = yaml.safe_load((PACKAGING / "kubernetes/deployment.yaml").read_text())["spec"]["template"]["spec"]
+    assert spec["terminationGracePeriodSeconds"] == grace == 80
     unit = (PACKAGING / "systemd/atenet-router.service").read_text()
     assert f"TimeoutStopSec={grace}" in unit
 
 
-def test_probes_marker_and_prestop():
-    spec, by_name = containers()
-    router, envoy = by_name["router"], by_name["envoy"]
-    assert router["readinessProbe"]["httpGet"]["path"] == "/readyz"
-    assert router["livenessProbe"]["httpGet"]["path"] == "/healthz"
-    marker = flag(router_flags(), "--drain-complete-file", None)
-    assert marker and marker.startswith("/var/run/atenet/")
-    assert marker in " ".join(envoy["lifecycle"]["preStop"]["exec"]["command"])
-    mounts = {m["name"]: m["mountPath"] for c in (router, envoy) for m in c["volumeMounts"]}
-    assert mounts["drain"] == "/var/run/atenet"
-    assert {"name": "drain", "emptyDir": {}} in spec["volumes"]
-    assert spec["securityContext"]["runAsNonRoot"] is True
-    assert flag(router_flags(), "--extproc-address", None) == "127.0.0.1", "ext_proc stays in the pod"
-
-
-def test_pdb_and_hpa_target_the_deployment():
-    pdb = yaml.safe_load((PACKAGING / "kubernetes/pdb.yaml").read_text())
-    hpa = yaml.safe_load((PACKAGING / "kubernetes/hpa.yaml").read_text())
-    labels = deployment()["spec"]["selector"]["matchLabels"]
-    assert pdb["spec"]["selector"]["matchLabels"] == labels
-    assert hpa["spec"]["scaleTargetRef"]["name"] == deployment()["metadata"]["name"]
+def unit_and_flags():
+    unit = (PACKAGING / "systemd/atenet-router.service").read_text()
+    env = (PACKAGING / "systemd/atenet-router.env").read_text()
+    flags = re.search(r'ROUTER_FLAGS="([^"]*)"', env).group(1).split()
+    return unit, flags
 
 
 def test_systemd_unit_verifies_and_is_hardened():
-    unit = (PACKAGING / "systemd/atenet-router.service").read_text()
-    for setting in ["DynamicUser=yes", "NoNewPrivileges=yes", "ProtectSystem=strict", "RuntimeDirectory=atenet"]:
-        assert setting in unit
-    env = (PACKAGING / "systemd/atenet-router.env").read_text()
-    flags = re.search(r'ROUTER_FLAGS="([^"]*)"', env).group(1).split()
+    unit, flags = unit_and_flags()
+    for setting in ["Type=notify", "NotifyAccess=main", "RestartPreventExitStatus=2", "DynamicUser=yes",
+                    "NoNewPrivileges=yes", "ProtectSystem=strict", "RuntimeDirectory=atenet"]:
+        assert setting in unit, setting
     assert "/run/atenet/drain-complete" in flags, "the marker lives in the RuntimeDirectory"
+    assert "--envoy-admin-address=" in flags, "the shipped flags drain no Envoy the unit does not own"
+    # Every credential the flags name comes through LoadCredential=, under
+    # the unit's credentials directory.
+    credentials = dict(line.split("=", 1)[1].split(":", 1) for line in unit.splitlines()
+                       if line.startswith("LoadCredential="))
+    named = [f for f in flags if f.startswith("/run/credentials/")]
+    assert named and all(f.startswith("/run/credentials/atenet-router.service/") for f in named)
+    assert {f.rsplit("/", 1)[1] for f in named} == set(credentials), (named, credentials)
     # The environment file's flags are valid router flags.
     subprocess.run([f"{BIN}/atenet-router", "envoy-config", *flags], check=True, capture_output=True)
     if not shutil.which("systemd-analyze"):
@@ -106,6 +67,13 @@ def test_systemd_unit_verifies_and_is_hardened():
                          .replace("/etc/atenet-router/atenet-router.env", str(PACKAGING / "systemd/atenet-router.env")))
         result = subprocess.run(["systemd-analyze", "verify", str(local)], capture_output=True, text=True)
         assert result.returncode == 0, result.stderr
+        security = subprocess.run(["systemd-analyze", "security", "--offline=yes", str(local)],
+                                  capture_output=True, text=True)
+    score = re.search(r"Overall exposure level for atenet-router.service: ([0-9.]+)", security.stdout)
+    assert score, security.stdout + security.stderr
+    assert float(score.group(1)) <= 1.5, security.stdout
+    readme = (ROOT / "README.md").read_text()
+    assert f"exposure level {score.group(1)}" in readme, f"the README states the exposure score {score.group(1)}"
 
 
 def test_prometheus_rules_and_config_check_and_alerts_fire():

@@ -1,0 +1,316 @@
+"""packaging/compose, checked without a Docker engine.
+
+The compose stack (Envoy, atenet-router, ateapi-sim, an echo worker; run by
+`make e2e` through packaging/compose/e2e.sh) cannot run here: there is a
+docker client but no engine. So these tests check what can be checked
+offline, against the real binaries where they matter:
+
+- compose.yaml validates against the Compose Specification's JSON Schema
+  (vendored in schemas/), uses pinned images and the Dockerfile's stages;
+- the static IPs agree with the router's and the sim's flags;
+- envoy.yaml is exactly `atenet-router envoy-config` of the router's flags;
+- the sim accepts its flags, the echo worker echoes, e2e.sh parses;
+- the parking scenario e2e.sh expects happens with compose's flags, with the
+  real sim and router on loopback (everything but Docker and Envoy).
+"""
+
+import concurrent.futures
+import hashlib
+import ipaddress
+import json
+import pathlib
+import py_compile
+import re
+import shutil
+import subprocess
+import sys
+import urllib.request
+
+import grpc
+import jsonschema
+import pytest
+import yaml
+from envoy.service.ext_proc.v3 import external_processor_pb2_grpc
+
+from conftest import BIN, start, stop, word_after
+from test_envoy_compat import headers_request
+from test_kubernetes import bootstrap_message, flag, kustomization, listeners, split_image
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+COMPOSE_DIR = ROOT / "packaging/compose"
+COMPOSE_FILE = COMPOSE_DIR / "compose.yaml"
+SCHEMAS = pathlib.Path(__file__).resolve().parent / "schemas"
+COMPOSE_SPEC = SCHEMAS / "compose-spec.json"
+COMPOSE_SPEC_SHA256 = "1f91e091f16b2dd50ab8860e02bb391d22df553d91c145eacedb1b6eff9c3f0e"
+
+
+def compose():
+    return yaml.safe_load(COMPOSE_FILE.read_text())
+
+
+def services():
+    return compose()["services"]
+
+
+def router_flags():
+    command = services()["router"]["command"]
+    assert command[0] == "serve"
+    return command[1:]
+
+
+def sim_args():
+    return services()["ateapi-sim"]["command"]
+
+
+def option(args, name):
+    """The value of `--name value` in an argh-style argument list."""
+    assert args.count(name) == 1, f"{name} given {args.count(name)} times"
+    return args[args.index(name) + 1]
+
+
+def address(service):
+    return services()[service]["networks"]["atenet"]["ipv4_address"]
+
+
+def echo_port():
+    command = services()["echo-worker"]["command"]
+    return int(option(command, "--port"))
+
+
+def published(service):
+    """{container port: (variable, default host port)} of a service's
+    `127.0.0.1:${VAR:-N}:PORT` ports."""
+    ports = {}
+    for text in services()[service].get("ports", []):
+        m = re.fullmatch(r"127\.0\.0\.1:\$\{(ATENET_E2E_[A-Z]+_PORT):-(\d+)\}:(\d+)", text)
+        assert m, f"{service}: {text!r} is not published on 127.0.0.1 through an ATENET_E2E_*_PORT variable"
+        ports[int(m[3])] = (m[1], int(m[2]))
+    return ports
+
+
+def envoy_config(flags):
+    return subprocess.run([f"{BIN}/atenet-router", "envoy-config", *flags],
+                          capture_output=True, text=True, check=True).stdout
+
+
+def test_compose_file_validates_against_the_compose_spec():
+    assert hashlib.sha256(COMPOSE_SPEC.read_bytes()).hexdigest() == COMPOSE_SPEC_SHA256
+    validator = jsonschema.Draft7Validator(json.loads(COMPOSE_SPEC.read_text()))
+    errors = [f"{'.'.join(map(str, e.path))}: {e.message}" for e in validator.iter_errors(compose())]
+    assert errors == []
+
+
+def test_the_compose_spec_check_catches_a_typo():
+    broken = compose()
+    broken["services"]["router"]["comand"] = broken["services"]["router"].pop("command")
+    validator = jsonschema.Draft7Validator(json.loads(COMPOSE_SPEC.read_text()))
+    assert any("comand" in e.message for e in validator.iter_errors(broken))
+
+
+def test_services_and_pinned_images():
+    s = services()
+    assert set(s) == {"envoy", "router", "ateapi-sim", "echo-worker"}
+    # Envoy: the same pinned release as Kubernetes.
+    envoy_tag = {i["name"]: i for i in kustomization()["images"]}["envoyproxy/envoy"]["newTag"]
+    assert s["envoy"]["image"] == f"envoyproxy/envoy:{envoy_tag}"
+    name, tag, _ = split_image(s["echo-worker"]["image"])
+    assert name == "python" and re.fullmatch(r"3\.\d+\.\d+-slim(-\w+)?", tag), "an explicit Python release"
+    # The router and the sim: built from the project's Dockerfile.
+    for service, target in (("router", "runtime"), ("ateapi-sim", "tools")):
+        build = s[service]["build"]
+        assert (COMPOSE_DIR / build["context"]).resolve() == ROOT
+        assert build["dockerfile"] == "packaging/docker/Dockerfile"
+        assert build["target"] == target
+    assert "entrypoint" not in s["router"], "the runtime image's entrypoint is atenet-router"
+    assert s["ateapi-sim"]["entrypoint"] == ["/usr/local/bin/ateapi-sim"]
+
+
+def test_the_dockerfile_has_the_stages_compose_builds():
+    stages = re.findall(r"^FROM\s+\S+\s+AS\s+(\S+)", (ROOT / "packaging/docker/Dockerfile").read_text(), re.M | re.I)
+    assert {"runtime", "tools"} <= set(stages), f"Dockerfile stages: {stages}"
+
+
+def test_static_addresses_agree_with_the_flags():
+    networks = compose()["networks"]
+    assert list(networks) == ["atenet"]
+    subnet = ipaddress.ip_network(networks["atenet"]["ipam"]["config"][0]["subnet"])
+    ips = {name: ipaddress.ip_address(address(name)) for name in services()}
+    assert all(ip in subnet for ip in ips.values()) and len(set(ips.values())) == len(ips)
+    for name, service in services().items():
+        assert list(service["networks"]) == ["atenet"], f"{name}: on the static network only"
+
+    flags, sim = router_flags(), sim_args()
+    assert "--ateapi-insecure" in flags, "the sim serves plaintext"
+    assert flag(flags, "--ateapi-address", None) == f"{address('ateapi-sim')}:{option(sim, '--listen').split(':')[1]}"
+    assert option(sim, "--listen").startswith("0.0.0.0:")
+    # envoy-config writes ext_proc's endpoint as the --extproc-address IP, and
+    # the router listens there.
+    assert flag(flags, "--extproc-address", None) == address("router")
+    # Envoy's admin listens on its own IP, so the router's drain reaches it.
+    assert flag(flags, "--envoy-admin-address", None) == f"{address('envoy')}:9901"
+    # Every worker the sim hands out is the echo worker.
+    assert option(sim, "--worker-ip") == address("echo-worker")
+    assert int(flag(flags, "--worker-port", "443")) == echo_port()
+
+
+def test_envoy_yaml_is_envoy_config_of_the_router_flags():
+    text = (COMPOSE_DIR / "envoy.yaml").read_text()
+    assert text == envoy_config(router_flags()), "regenerate with: packaging/compose/envoy-config.sh"
+
+
+def test_envoy_yaml_points_at_the_compose_addresses():
+    text = (COMPOSE_DIR / "envoy.yaml").read_text()
+    bootstrap_message(text)
+    bootstrap = yaml.safe_load(text)
+    assert bootstrap["admin"]["address"]["socket_address"] == {"address": address("envoy"), "port_value": 9901}
+    router_cluster = {c["name"]: c for c in bootstrap["static_resources"]["clusters"]}["atenet_router"]
+    endpoint = router_cluster["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"]
+    assert endpoint["address"]["socket_address"] == {
+        "address": address("router"), "port_value": int(flag(router_flags(), "--port-extproc", "50051"))}
+    # What Envoy publishes is what it listens on: HTTP, health (/ready), stats.
+    envoy_listeners = listeners(bootstrap)
+    ports = published("envoy")
+    assert set(ports) == {8080, 8081, 9902}
+    for port, marker in ((8080, "envoy.filters.http.ext_proc"), (8081, "/ready"), (9902, "/stats/prometheus")):
+        assert port in envoy_listeners, f"no Envoy listener on {port}"
+        assert envoy_listeners[port]["address"]["socket_address"]["address"] == "0.0.0.0"
+        assert marker in yaml.safe_dump(envoy_listeners[port])
+
+
+def test_envoy_runs_the_generated_config():
+    envoy = services()["envoy"]
+    assert envoy["volumes"] == ["./envoy.yaml:/etc/envoy/envoy.yaml:ro"]
+    assert envoy["command"][:2] == ["-c", "/etc/envoy/envoy.yaml"]
+
+
+def test_envoy_config_sh_reads_the_router_flags():
+    out = subprocess.run(["bash", str(COMPOSE_DIR / "envoy-config.sh"), "--flags"],
+                         capture_output=True, text=True, check=True).stdout
+    assert out.splitlines() == router_flags()
+
+
+def test_published_ports_are_e2e_sh_defaults():
+    router = published("router")
+    metrics_port = int(flag(router_flags(), "--metrics-listen-addr", ":9090").rsplit(":", 1)[1])
+    assert metrics_port in router
+    assert int(flag(router_flags(), "--status-port", "4040")) in router
+    defaults = dict(v for service in ("envoy", "router") for v in published(service).values())
+    script = (COMPOSE_DIR / "e2e.sh").read_text()
+    in_script = {name: int(port) for name, port in re.findall(r"(ATENET_E2E_[A-Z]+_PORT)=\$\{\1:-(\d+)\}", script)}
+    assert in_script == defaults
+    workers = int(re.search(r"^WORKERS=(\d+)", script, re.M).group(1))
+    assert workers == int(option(sim_args(), "--workers"))
+
+
+def test_e2e_sh_parses():
+    subprocess.run(["bash", "-n", str(COMPOSE_DIR / "e2e.sh")], check=True)
+    subprocess.run(["bash", "-n", str(COMPOSE_DIR / "envoy-config.sh")], check=True)
+    if shutil.which("shellcheck"):
+        result = subprocess.run(["shellcheck", "e2e.sh", "envoy-config.sh"], cwd=COMPOSE_DIR,
+                                capture_output=True, text=True)
+        assert result.returncode == 0, result.stdout
+
+
+def test_the_sim_accepts_its_compose_flags():
+    args = sim_args()
+    i = args.index("--listen")
+    args = args[:i + 1] + ["127.0.0.1:0"] + args[i + 2:]
+    sim, line = start([f"{BIN}/ateapi-sim", *args], "listening on")
+    try:
+        assert f"({option(args, '--workers')} workers, {option(args, '--actors')} actors" in line
+    finally:
+        stop(sim)
+
+
+@pytest.fixture
+def echo_worker():
+    proc = subprocess.Popen([sys.executable, str(COMPOSE_DIR / "echo_worker.py"), "--listen", "127.0.0.1",
+                             "--port", "0"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    line = proc.stdout.readline()
+    assert "listening on" in line, line
+    yield line.split()[-1]
+    proc.terminate()
+    assert proc.wait(timeout=10) == 0, "SIGTERM stops it cleanly (it is PID 1 in its container)"
+
+
+def test_echo_worker_echoes(echo_worker, tmp_path):
+    py_compile.compile(str(COMPOSE_DIR / "echo_worker.py"), cfile=str(tmp_path / "echo.pyc"), doraise=True)
+    request = urllib.request.Request(f"http://{echo_worker}/some/path?q=1", data=b"payload", method="POST",
+                                     headers={"ate-target-actor": "demo/actor-3", "X-Ate-Target-Port": "80"})
+    with urllib.request.urlopen(request, timeout=10) as response:
+        assert response.status == 200
+        echoed = json.loads(response.read())
+    assert echoed["method"] == "POST" and echoed["path"] == "/some/path?q=1" and echoed["body"] == "payload"
+    assert echoed["headers"]["ate-target-actor"] == "demo/actor-3"
+    assert echoed["headers"]["x-ate-target-port"] == "80"
+    # e2e.sh greps the body for `"name": "value"`.
+    assert '"ate-target-actor": "demo/actor-3"' in json.dumps(echoed)
+
+
+def verdict(stub, actor):
+    """The router's verdict for one request (skipping a late-serve timeout
+    override, should one come first)."""
+    call = stub.Process(iter([headers_request([("ate-target-actor", actor)])]), timeout=30)
+    for reply in call:
+        if reply.WhichOneof("response"):
+            call.cancel()
+            return reply
+    raise AssertionError(f"{actor}: the stream ended without a verdict")
+
+
+def loopback_router_args(sim_addr):
+    """The compose router's flags, with every address moved to loopback and
+    no Envoy to drain."""
+    moved = {"--ateapi-address": sim_addr, "--extproc-address": "127.0.0.1", "--port-extproc": "0",
+             "--metrics-listen-addr": "127.0.0.1:0", "--status-port": "0", "--envoy-admin-address": ""}
+    args = []
+    for arg in router_flags():
+        name = arg.split("=", 1)[0]
+        args.append(f"{name}={moved.pop(name)}" if name in moved else arg)
+    args += [f"{name}={value}" for name, value in moved.items()]
+    return [f"{BIN}/atenet-router", "serve", *args, "--drain-complete-file", ""]
+
+
+def test_the_e2e_parking_scenario_happens_with_the_compose_flags():
+    """What e2e.sh step 3 and 4 expect, minus Docker and Envoy: the sim and
+    the router run with compose's flags on loopback, and as many actors as
+    e2e.sh sends at once ask for a worker over ext_proc."""
+    args = sim_args()
+    i = args.index("--listen")
+    sim, line = start([f"{BIN}/ateapi-sim", *args[:i + 1], "127.0.0.1:0", *args[i + 2:]], "listening on")
+    sim_addr = word_after(line, "listening on ")
+    router, line = start(loopback_router_args(sim_addr), "serving")
+    channel = grpc.insecure_channel(word_after(line, "ext_proc on "))
+    stub = external_processor_pb2_grpc.ExternalProcessorStub(channel)
+    metrics_addr = word_after(line, "metrics on http://").split("/")[0]
+    try:
+        concurrency = int(re.search(r"CONCURRENCY=\$\{ATENET_E2E_CONCURRENCY:-(\d+)\}",
+                                    (COMPOSE_DIR / "e2e.sh").read_text()).group(1))
+        actors = [f"demo/actor-{i}" for i in range(1, concurrency + 1)]
+        with concurrent.futures.ThreadPoolExecutor(concurrency) as pool:
+            replies = list(pool.map(lambda actor: verdict(stub, actor), actors))
+        worker = f"{address('echo-worker')}:{echo_port()}"
+        routed = 0
+        for reply in replies:
+            if reply.WhichOneof("response") == "request_headers":
+                local = reply.dynamic_metadata.fields["envoy.filters.listener.original_dst"].struct_value
+                assert local.fields["local"].string_value == worker, "the echo worker"
+                routed += 1
+            else:
+                assert reply.immediate_response.status.code == 503
+        workers = int(option(args, "--workers"))
+        assert routed > workers, f"{routed} of {concurrency} routed: parking served none beyond the pool"
+        metrics = urllib.request.urlopen(f"http://{metrics_addr}/metrics", timeout=10).read().decode()
+        served = sum(float(l.split()[-1]) for l in metrics.splitlines()
+                     if l.startswith("atenet_router_parking_wait_duration_seconds_count{")
+                     and 'outcome="served"' in l)
+        assert served > 0
+        # Step 4: an unknown actor is the router's 404.
+        reply = verdict(stub, "demo/nobody")
+        assert reply.immediate_response.status.code == 404
+        reasons = {h.header.key: h.header.raw_value for h in reply.immediate_response.headers.set_headers}
+        assert reasons.get("x-atenet-reason") == b"atenet_not_found"
+    finally:
+        channel.close()
+        stop(router)
+        stop(sim)
