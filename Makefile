@@ -88,7 +88,7 @@ venv: deps-test ## Python venv with Envoy's official protos and the schema valid
 	fi
 
 build: deps ## Build the router, the simulator and parkload (release).
-	@cargo build --release --bins
+	@cargo build --release --bins --features testkit
 
 run: build ## Run ateapi-sim and the router on loopback (Ctrl-C stops both).
 	@echo "ateapi-sim on $(SIM_LISTEN); router ext_proc on 127.0.0.1:$(EXTPROC_PORT)"
@@ -106,22 +106,23 @@ load: build ## Load a running router with parkload: make load ARGS="--rate 2000 
 test: test-rust test-compat ## Run every test: unit, end-to-end, Envoy compatibility, packaging.
 
 test-rust: deps-test
-	cargo test --release --features fault-injection
+	cargo test --release --features testkit,fault-injection
 
 test-compat: build venv
 	ATENET_BIN_DIR=$(BIN) $(VENV)/bin/python -m pytest -q tests/compat
 
 bench: deps ## Benchmarks: router vs a baseline, five scenarios (about 4 minutes); see BENCHMARKS.md.
-	cargo bench --profile release --bench parking $(if $(ONLY),-- --only $(ONLY))
+	cargo bench --profile release --features testkit --bench parking $(if $(ONLY),-- --only $(ONLY))
 
 SOAK_SECONDS ?= 600
 
 soak: deps ## Chaos run: faults, cancels, SIGTERM restarts; SOAK_SECONDS (600) long.
-	SOAK_SECONDS=$(SOAK_SECONDS) cargo test --release --features fault-injection --test soak -- --nocapture
+	SOAK_SECONDS=$(SOAK_SECONDS) cargo test --release --features testkit,fault-injection --test soak -- --nocapture
 
 lint: deps ## rustfmt and clippy, warnings as errors.
 	cargo fmt --check
-	cargo clippy --release --all-targets --features fault-injection -- -D warnings
+	cargo clippy --release --all-targets -- -D warnings
+	cargo clippy --release --all-targets --features testkit,fault-injection -- -D warnings
 
 fmt: ## Format the code.
 	cargo fmt

@@ -27,23 +27,53 @@ use parking_lot::{Mutex, RwLock};
 
 use crate::config::AteapiTransport;
 use crate::metrics::Metrics;
-use crate::pem;
+use crate::pem::{self, PemError};
 use crate::proto::ateapi::{ObjectRef, ResumeActorRequest, ResumeActorResponse};
 use crate::proto::ATEAPI_RESUME_ACTOR;
-use crate::resume::{AttemptDone, AttemptResult, Code, ResumeError, Resumed, Resumer};
+use crate::flight::{AttemptDone, Resumer};
+use crate::resume::{AttemptResult, Code, ResumeError, Resumed};
 use crate::target::ActorId;
 
-/// Why the client could not be set up.
+/// Why a credential file cannot be used (B60): which flag, which file, and
+/// the cause.
 #[derive(Debug)]
-pub struct CredentialsError(pub String);
+pub enum CredentialsError {
+    /// The file could not be read.
+    Unreadable { flag: &'static str, path: PathBuf, source: std::io::Error },
+    /// The file is far larger than any credential file.
+    TooLarge { flag: &'static str, path: PathBuf },
+    /// A CA file or client bundle that is not usable PEM.
+    Pem { flag: &'static str, path: PathBuf, source: PemError },
+    /// A token file that holds no usable bearer token (the reason never
+    /// quotes the token).
+    Token { path: PathBuf, reason: String },
+}
 
 impl std::fmt::Display for CredentialsError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.0)
+        match self {
+            CredentialsError::Unreadable { flag, path, source } => write!(f, "{flag} {}: {source}", path.display()),
+            CredentialsError::TooLarge { flag, path } => write!(
+                f,
+                "{flag} {}: larger than {} KiB: not a credential file",
+                path.display(),
+                MAX_CREDENTIAL_FILE / 1024
+            ),
+            CredentialsError::Pem { flag, path, source } => write!(f, "{flag} {}: {source}", path.display()),
+            CredentialsError::Token { path, reason } => write!(f, "--ateapi-token-file {}: {reason}", path.display()),
+        }
     }
 }
 
-impl std::error::Error for CredentialsError {}
+impl std::error::Error for CredentialsError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            CredentialsError::Unreadable { source, .. } => Some(source),
+            CredentialsError::Pem { source, .. } => Some(source),
+            CredentialsError::TooLarge { .. } | CredentialsError::Token { .. } => None,
+        }
+    }
+}
 
 /// The credential files as last read.
 #[derive(Clone, Default, PartialEq, Eq)]
@@ -87,7 +117,7 @@ impl AteapiClient {
         metrics: Metrics,
     ) -> Result<AteapiClient, CredentialsError> {
         let files = read_files(transport, token_file)?;
-        let live = build(&env, address, transport, token_file.is_some(), files)?;
+        let live = build(&env, address, transport, token_file, files)?;
         Ok(AteapiClient {
             env,
             address: address.to_string(),
@@ -111,7 +141,7 @@ impl AteapiClient {
             return;
         }
         let problem = match files.and_then(|files| {
-            build(&self.env, &self.address, &self.transport, self.token_file.is_some(), files)
+            build(&self.env, &self.address, &self.transport, self.token_file.as_deref(), files)
         }) {
             Ok(live) => {
                 *self.live.write() = live;
@@ -145,13 +175,13 @@ impl AteapiClient {
 /// device), and is refused rather than read without bound.
 const MAX_CREDENTIAL_FILE: u64 = 1024 * 1024;
 
-fn read(flag: &str, path: &Path) -> Result<Vec<u8>, CredentialsError> {
-    let fail = |why: String| CredentialsError(format!("{flag} {}: {why}", path.display()));
-    let file = fs::File::open(path).map_err(|e| fail(e.to_string()))?;
+fn read(flag: &'static str, path: &Path) -> Result<Vec<u8>, CredentialsError> {
+    let unreadable = |source| CredentialsError::Unreadable { flag, path: path.to_path_buf(), source };
+    let file = fs::File::open(path).map_err(unreadable)?;
     let mut bytes = Vec::new();
-    file.take(MAX_CREDENTIAL_FILE + 1).read_to_end(&mut bytes).map_err(|e| fail(e.to_string()))?;
+    file.take(MAX_CREDENTIAL_FILE + 1).read_to_end(&mut bytes).map_err(unreadable)?;
     if bytes.len() as u64 > MAX_CREDENTIAL_FILE {
-        return Err(fail(format!("larger than {} KiB: not a credential file", MAX_CREDENTIAL_FILE / 1024)));
+        return Err(CredentialsError::TooLarge { flag, path: path.to_path_buf() });
     }
     Ok(bytes)
 }
@@ -174,17 +204,18 @@ fn build(
     env: &Arc<Environment>,
     address: &str,
     transport: &AteapiTransport,
-    with_token: bool,
+    token_file: Option<&Path>,
     files: Files,
 ) -> Result<Live, CredentialsError> {
     // Everything is checked before gRPC sees it: gRPC panics on some bad
     // input and silently fails every handshake on other (B60).
-    let authorization = if with_token {
-        let token = bearer_token(&files.token)
-            .map_err(|why| CredentialsError(format!("--ateapi-token-file: {why}")))?;
-        Some(Arc::from(format!("Bearer {token}")))
-    } else {
-        None
+    let authorization = match token_file {
+        Some(path) => {
+            let token = bearer_token(&files.token)
+                .map_err(|reason| CredentialsError::Token { path: path.to_path_buf(), reason })?;
+            Some(Arc::from(format!("Bearer {token}")))
+        }
+        None => None,
     };
     let builder = ChannelBuilder::new(Arc::clone(env))
         .primary_user_agent(concat!("atenet-router/", env!("CARGO_PKG_VERSION")))
@@ -193,12 +224,17 @@ fn build(
     let channel: Channel = match transport {
         AteapiTransport::Insecure => builder.connect(address),
         AteapiTransport::Tls { ca_file, client_cert, server_name } => {
-            let ca = pem::certificates(&files.ca)
-                .map_err(|why| CredentialsError(format!("--ateapi-ca-file {}: {why}", ca_file.display())))?;
+            let ca = pem::certificates(&files.ca).map_err(|source| CredentialsError::Pem {
+                flag: "--ateapi-ca-file",
+                path: ca_file.clone(),
+                source,
+            })?;
             let mut creds = ChannelCredentialsBuilder::new().root_cert(ca);
             if let Some(path) = client_cert {
-                let (chain, key) = pem::split_bundle(&files.bundle).map_err(|why| {
-                    CredentialsError(format!("--ateapi-client-cert {}: {why}", path.display()))
+                let (chain, key) = pem::split_bundle(&files.bundle).map_err(|source| CredentialsError::Pem {
+                    flag: "--ateapi-client-cert",
+                    path: path.clone(),
+                    source,
                 })?;
                 creds = creds.cert(chain, key);
             }
@@ -264,12 +300,12 @@ impl Resumer for AteapiClient {
             Ok(receiver) => client.spawn(async move {
                 let result = attempt_result(receiver.await);
                 report(&metrics, &health, &actor, &result);
-                done(result);
+                done.complete(result);
             }),
             Err(e) => {
                 let result = Err(ResumeError::new(Code::Unknown, format!("starting ResumeActor: {e}")));
                 report(&metrics, &health, &actor, &result);
-                done(result);
+                done.complete(result);
             }
         }
     }

@@ -1,8 +1,8 @@
-//! Flags, validation and the values derived from them (B37-B40, B46).
+//! Validation and the values derived from the flags (B37-B40, B46, B58).
 //!
-//! Every flag is validated and normalised here, once, before any socket
-//! opens; the rest of the router reads only the effective [`Config`]. A bad
-//! value is an error naming the flag, printed as
+//! Every flag ([`crate::flags`]) is validated and normalised here, once,
+//! before any socket opens; the rest of the router reads only the effective
+//! [`Config`]. A bad value is an error naming the flag, printed as
 //! `invalid router configuration: ...`, never a panic.
 
 use std::fmt;
@@ -10,127 +10,37 @@ use std::net::{SocketAddr, ToSocketAddrs};
 use std::path::PathBuf;
 use std::time::Duration;
 
-use argh::FromArgs;
-
 use crate::backoff::BackoffPolicy;
+use crate::flags::ServeArgs;
 use crate::godur;
 
 /// The resume budget when parking is disabled: long enough to ride out
 /// concurrent-resume conflicts (B18, B22).
 pub const UNPARKED_BUDGET: Duration = Duration::from_secs(15);
 
-/// The router's flags, as typed by an operator. `serve` and `envoy-config`
-/// take the same set, so the Envoy configuration is always derived from
-/// exactly the values the router runs with.
-#[derive(FromArgs, Clone, Debug, PartialEq)]
-/// Flags shared by `serve` and `envoy-config`.
-pub struct ServeArgs {
-    /// ateapi control-plane address, host:port (default: api.ate-system.svc:443)
-    #[argh(option, default = "String::from(\"api.ate-system.svc:443\")")]
-    pub ateapi_address: String,
-    /// PEM file of CAs that verify ateapi's server certificate (default: none; required without --ateapi-insecure)
-    #[argh(option, default = "String::new()")]
-    pub ateapi_ca_file: String,
-    /// PEM bundle (certificate chain + PKCS#8 key) for mTLS to ateapi (default: none)
-    #[argh(option, default = "String::new()")]
-    pub ateapi_client_cert: String,
-    /// TLS server name to expect from ateapi (default: the address's host)
-    #[argh(option, default = "String::new()")]
-    pub ateapi_server_name: String,
-    /// talk to ateapi in plaintext (development only; no TLS flag allowed) (default: off)
-    #[argh(switch)]
-    pub ateapi_insecure: bool,
-    /// file holding a bearer token for ateapi (re-read on change; needs TLS) (default: none)
-    #[argh(option, default = "String::new()")]
-    pub ateapi_token_file: String,
-    /// address the ext_proc gRPC server binds (default: 127.0.0.1)
-    #[argh(option, default = "String::from(\"127.0.0.1\")")]
-    pub extproc_address: String,
-    /// port of the ext_proc gRPC server (default: 50051)
-    #[argh(option, default = "50051")]
-    pub port_extproc: i64,
-    /// listen address of /metrics, /healthz and /readyz ([host]:port) (default: :9090)
-    #[argh(option, default = "String::from(\":9090\")")]
-    pub metrics_listen_addr: String,
-    /// port of the /statusz page (<= 0 disables) (default: 4040)
-    #[argh(option, default = "4040")]
-    pub status_port: i64,
-    /// address the /statusz page binds (it shows actor ids, paths and worker IPs) (default: 127.0.0.1)
-    #[argh(option, default = "String::from(\"127.0.0.1\")")]
-    pub status_address: String,
-    /// how long a resume flight may keep retrying (Go duration) (default: 5s)
-    #[argh(option, default = "String::from(\"5s\")")]
-    pub parked_request_budget: String,
-    /// lot size: max concurrent parked requests (<= 0 disables parking) (default: 1024)
-    #[argh(option, default = "1024")]
-    pub parked_request_max: i64,
-    /// delay before a parked flight's first retry (Go duration) (default: 100ms)
-    #[argh(option, default = "String::from(\"100ms\")")]
-    pub parked_request_retry_interval: String,
-    /// multiplier applied to the retry delay after each retry, in [1, 100] (default: 1.1)
-    #[argh(option, default = "1.1")]
-    pub parked_request_retry_factor: f64,
-    /// random fraction in [0, 1) added to each retry delay (default: 0.1)
-    #[argh(option, default = "0.1")]
-    pub parked_request_retry_jitter: f64,
-    /// circuit breaker of the ext_proc cluster in Envoy (default: 0 = max(2 x lot, 1024))
-    #[argh(option, default = "0")]
-    pub extproc_max_requests: i64,
-    /// max actors resumed at once: flights and ResumeActor calls in progress (default: 0 = max(4 x lot, 4096))
-    #[argh(option, default = "0")]
-    pub flight_max: i64,
-    /// port the workers serve on (default: 443)
-    #[argh(option, default = "443")]
-    pub worker_port: i64,
-    /// drain: wait this long after readiness flips (Go duration) (default: 13s)
-    #[argh(option, default = "String::from(\"13s\")")]
-    pub drain_delay: String,
-    /// drain: max wait for in-flight ext_proc streams (default: 0 = budget + max(15s, late-serve limit))
-    #[argh(option, default = "String::from(\"0\")")]
-    pub drain_timeout: String,
-    /// address of the Envoy admin API used during drain; empty: do not drain Envoy (default: localhost:9901)
-    #[argh(option, default = "String::from(\"localhost:9901\")")]
-    pub envoy_admin_address: String,
-    /// file written when the drain completes; empty: none (default: /var/run/atenet/drain-complete)
-    #[argh(option, default = "String::from(\"/var/run/atenet/drain-complete\")")]
-    pub drain_complete_file: String,
-    /// route timeout Envoy applies to proxied requests (Go duration) (default: 5m)
-    #[argh(option, default = "String::from(\"5m\")")]
-    pub route_timeout: String,
-    /// log level: error, warn, info, debug or trace (default: info)
-    #[argh(option, default = "String::from(\"info\")")]
-    pub log_level: String,
-    /// log line format: text or json (one JSON object per line) (default: text)
-    #[argh(option, default = "String::from(\"text\")")]
-    pub log_format: String,
-    /// how long past the budget Envoy waits for a late verdict (0 disables) (default: 30s)
-    #[argh(option, default = "String::from(\"30s\")")]
-    pub late_serve_limit: String,
-    /// port of the HTTP listener in the generated Envoy config (default: 8080)
-    #[argh(option, default = "8080")]
-    pub port_http: i64,
-    /// port of Envoy's health-check listener (GET /ready) in the generated config (default: 8081)
-    #[argh(option, default = "8081")]
-    pub port_health: i64,
-    /// port of Envoy's metrics listener (GET /stats/prometheus) in the generated config (default: 9902)
-    #[argh(option, default = "9902")]
-    pub port_stats: i64,
+/// A flag value (or combination) the router refuses; the message names
+/// the flag and says why.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ConfigError {
+    message: String,
 }
 
-/// A flag value the router refuses.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ConfigError(pub String);
+impl ConfigError {
+    pub fn new(message: impl Into<String>) -> ConfigError {
+        ConfigError { message: message.into() }
+    }
+}
 
 impl fmt::Display for ConfigError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "invalid router configuration: {}", self.0)
+        write!(f, "invalid router configuration: {}", self.message)
     }
 }
 
 impl std::error::Error for ConfigError {}
 
 fn invalid(message: impl Into<String>) -> ConfigError {
-    ConfigError(message.into())
+    ConfigError::new(message)
 }
 
 /// How the router reaches ateapi.
@@ -215,139 +125,23 @@ pub const MAX_ENVOY_MESSAGE_TIMEOUT: Duration = Duration::from_secs(3600);
 pub const MESSAGE_TIMEOUT_MARGIN: Duration = Duration::from_secs(5);
 
 impl Config {
-    /// Validates and normalises `args` (B37-B40, B46).
+    /// Validates and normalises `args` (B37-B40, B46): everything the router
+    /// runs with is decided here, once.
     pub fn from_args(args: &ServeArgs) -> Result<Config, ConfigError> {
-        let parking_max = args.parked_request_max.max(0) as usize;
-        let enabled = parking_max > 0;
-
-        let budget_flag = duration("--parked-request-budget", &args.parked_request_budget)?;
-        let configured_budget = budget_flag.positive().unwrap_or(Duration::from_secs(5));
-        let interval = duration("--parked-request-retry-interval", &args.parked_request_retry_interval)?
-            .positive()
-            .unwrap_or(Duration::from_millis(100));
-        let factor = match args.parked_request_retry_factor {
-            0.0 => 1.1,
-            f if (1.0..=MAX_RETRY_FACTOR).contains(&f) => f,
-            f => {
-                return Err(invalid(format!(
-                    "--parked-request-retry-factor must be in [1, {MAX_RETRY_FACTOR}], got {f}"
-                )))
-            }
-        };
-        let jitter = args.parked_request_retry_jitter;
-        if !(jitter.is_finite() && (0.0..1.0).contains(&jitter)) {
-            return Err(invalid(format!("--parked-request-retry-jitter must be in [0, 1), got {jitter}")));
-        }
-        let budget = if enabled { configured_budget } else { UNPARKED_BUDGET };
-
-        if args.extproc_max_requests < 0 {
-            return Err(invalid(format!(
-                "--extproc-max-requests must not be negative, got {}",
-                args.extproc_max_requests
-            )));
-        }
-        let explicit_breaker = args.extproc_max_requests as u64;
-        if enabled && explicit_breaker > 0 && explicit_breaker < parking_max as u64 {
-            return Err(invalid(format!(
-                "--extproc-max-requests ({explicit_breaker}) is below --parked-request-max ({parking_max}): \
-                 Envoy would shed parked requests with its own 503s before they reach the lot"
-            )));
-        }
-        let extproc_max_requests =
-            if explicit_breaker > 0 { explicit_breaker } else { (2 * parking_max as u64).max(1024) };
-        let flight_max = match args.flight_max {
-            0 => parking_max.saturating_mul(4).max(MIN_FLIGHT_MAX),
-            n if n > 0 => usize::try_from(n).unwrap_or(usize::MAX),
-            n => return Err(invalid(format!("--flight-max must not be negative, got {n}"))),
-        };
-
+        let parking = parking(args)?;
+        let (extproc_max_requests, flight_max) = capacities(args, &parking)?;
         let route_timeout = non_negative("--route-timeout", &args.route_timeout)?;
-        let late_serve_limit = non_negative("--late-serve-limit", &args.late_serve_limit)?;
-        if !late_serve_limit.is_zero() && late_serve_limit <= MESSAGE_TIMEOUT_MARGIN {
-            return Err(invalid(format!(
-                "--late-serve-limit ({}) must be 0 or above the {} Envoy already waits past the budget",
-                godur::format(late_serve_limit),
-                godur::format(MESSAGE_TIMEOUT_MARGIN)
-            )));
-        }
-        // The longest a caller can wait for its verdict: the budget, then the
-        // late-serve limit while an attempt runs on (B19, B49). Envoy takes
-        // at most an hour for either of its ext_proc message timeouts.
-        let longest_wait = budget + late_serve_limit;
-        if budget + MESSAGE_TIMEOUT_MARGIN > MAX_ENVOY_MESSAGE_TIMEOUT
-            || (!late_serve_limit.is_zero() && longest_wait > MAX_ENVOY_MESSAGE_TIMEOUT)
-        {
-            return Err(invalid(format!(
-                "--parked-request-budget ({}) plus {} must stay within Envoy's {} ext_proc message timeout \
-                 (with --late-serve-limit {})",
-                godur::format(budget),
-                godur::format(if late_serve_limit.is_zero() {
-                    MESSAGE_TIMEOUT_MARGIN
-                } else {
-                    late_serve_limit
-                }),
-                godur::format(MAX_ENVOY_MESSAGE_TIMEOUT),
-                godur::format(late_serve_limit)
-            )));
-        }
-
-        let drain_delay = non_negative("--drain-delay", &args.drain_delay)?;
-        let drain_timeout_flag = non_negative("--drain-timeout", &args.drain_timeout)?;
-        if enabled && !drain_timeout_flag.is_zero() && drain_timeout_flag < longest_wait {
-            return Err(invalid(format!(
-                "--drain-timeout ({}) is below --parked-request-budget ({}) plus --late-serve-limit ({}): \
-                 parked or late-served requests would be cut off",
-                godur::format(drain_timeout_flag),
-                godur::format(budget),
-                godur::format(late_serve_limit)
-            )));
-        }
-        let drain_timeout = if drain_timeout_flag.is_zero() {
-            budget + DRAIN_SLACK.max(late_serve_limit)
-        } else {
-            drain_timeout_flag
-        };
-        let port_http = port("--port-http", args.port_http)?;
-        let port_health = port("--port-health", args.port_health)?;
-        let port_stats = port("--port-stats", args.port_stats)?;
-        let envoy_admin_address = non_empty(&args.envoy_admin_address);
-        let admin_port = envoy_admin_address
-            .as_deref()
-            .and_then(|a| a.rsplit_once(':'))
-            .and_then(|(_, p)| p.parse::<u16>().ok())
-            .unwrap_or(DEFAULT_ENVOY_ADMIN_PORT);
-        let envoy_ports = [
-            ("--port-http", port_http),
-            ("--port-health", port_health),
-            ("--port-stats", port_stats),
-            ("--envoy-admin-address", admin_port),
-        ];
-        for (i, (flag, p)) in envoy_ports.iter().enumerate() {
-            if let Some((other, _)) = envoy_ports[i + 1..].iter().find(|(_, q)| q == p) {
-                return Err(invalid(format!("{flag} and {other} give Envoy the same port {p}")));
-            }
-        }
-
-        let ateapi_transport = transport(args)?;
-        let ateapi_token_file = non_empty(&args.ateapi_token_file).map(PathBuf::from);
-        if ateapi_token_file.is_some() && ateapi_transport == AteapiTransport::Insecure {
-            return Err(invalid(
-                "--ateapi-token-file needs TLS: a bearer token is never sent in plaintext (drop --ateapi-insecure)",
-            ));
-        }
-        if args.ateapi_address.trim().is_empty() {
-            return Err(invalid("--ateapi-address must not be empty"));
-        }
+        let late_serve_limit = late_serve_limit(args, parking.budget)?;
+        let (drain_delay, drain_timeout) = drain(args, &parking, late_serve_limit)?;
+        let envoy = envoy_ports(args)?;
+        let (ateapi_transport, ateapi_token_file) = ateapi(args)?;
         let extproc_port = listen_port("--port-extproc", args.port_extproc)?;
         let extproc_addr = socket_addr("--extproc-address", &args.extproc_address, extproc_port)?;
         let metrics_addr = listen_addr("--metrics-listen-addr", &args.metrics_listen_addr)?;
-        let status_addr = if args.status_port <= 0 {
-            None
-        } else {
-            let p = port("--status-port", args.status_port)?;
-            Some(socket_addr("--status-address", &args.status_address, p)?)
+        let status_addr = match args.status_port {
+            p if p <= 0 => None,
+            p => Some(socket_addr("--status-address", &args.status_address, port("--status-port", p)?)?),
         };
-        let worker_port = port("--worker-port", args.worker_port)?;
         let log_level = crate::logging::parse_level(&args.log_level).ok_or_else(|| {
             invalid(format!(
                 "--log-level must be error, warn, info, debug or trace, got {:?}",
@@ -358,7 +152,6 @@ impl Config {
             .log_format
             .parse()
             .map_err(|_| invalid(format!("--log-format must be text or json, got {:?}", args.log_format)))?;
-
         Ok(Config {
             ateapi_address: args.ateapi_address.trim().to_string(),
             ateapi_transport,
@@ -366,27 +159,21 @@ impl Config {
             extproc_addr,
             metrics_addr,
             status_addr,
-            parking: Parking {
-                enabled,
-                max: parking_max,
-                budget,
-                configured_budget,
-                backoff: BackoffPolicy { interval, factor, jitter },
-            },
+            parking,
             extproc_max_requests,
             flight_max,
-            worker_port,
+            worker_port: port("--worker-port", args.worker_port)?,
             drain_delay,
             drain_timeout,
-            envoy_admin_address,
+            envoy_admin_address: envoy.admin_address,
             drain_complete_file: non_empty(&args.drain_complete_file).map(PathBuf::from),
             route_timeout,
             log_level,
             log_format,
             late_serve_limit,
-            port_http,
-            port_health,
-            port_stats,
+            port_http: envoy.http,
+            port_health: envoy.health,
+            port_stats: envoy.stats,
         })
     }
 
@@ -405,63 +192,164 @@ impl Config {
             self.parking.budget + self.late_serve_limit
         }
     }
-
-    /// The effective values, as `(flag, value)` pairs, for the status page.
-    /// Holds paths, never file contents.
-    pub fn effective_flags(&self) -> Vec<(&'static str, String)> {
-        let opt = |v: &Option<String>| v.clone().unwrap_or_default();
-        let (ca, cert, name) = match &self.ateapi_transport {
-            AteapiTransport::Insecure => (String::new(), String::new(), String::new()),
-            AteapiTransport::Tls { ca_file, client_cert, server_name } => (
-                ca_file.display().to_string(),
-                client_cert.as_ref().map(|p| p.display().to_string()).unwrap_or_default(),
-                opt(server_name),
-            ),
-        };
-        vec![
-            ("--ateapi-address", self.ateapi_address.clone()),
-            ("--ateapi-insecure", (self.ateapi_transport == AteapiTransport::Insecure).to_string()),
-            ("--ateapi-ca-file", ca),
-            ("--ateapi-client-cert", cert),
-            ("--ateapi-server-name", name),
-            (
-                "--ateapi-token-file",
-                self.ateapi_token_file.as_ref().map(|p| p.display().to_string()).unwrap_or_default(),
-            ),
-            ("--extproc-address", self.extproc_addr.ip().to_string()),
-            ("--port-extproc", self.extproc_addr.port().to_string()),
-            ("--metrics-listen-addr", self.metrics_addr.to_string()),
-            ("--status-port", self.status_addr.map_or("disabled".into(), |a| a.port().to_string())),
-            ("--status-address", self.status_addr.map_or(String::new(), |a| a.ip().to_string())),
-            ("--parked-request-budget", godur::format(self.parking.configured_budget)),
-            ("--parked-request-max", self.parking.max.to_string()),
-            ("--parked-request-retry-interval", godur::format(self.parking.backoff.interval)),
-            ("--parked-request-retry-factor", self.parking.backoff.factor.to_string()),
-            ("--parked-request-retry-jitter", self.parking.backoff.jitter.to_string()),
-            ("--extproc-max-requests", self.extproc_max_requests.to_string()),
-            ("--flight-max", self.flight_max.to_string()),
-            ("--worker-port", self.worker_port.to_string()),
-            ("--drain-delay", godur::format(self.drain_delay)),
-            ("--drain-timeout", godur::format(self.drain_timeout)),
-            ("--envoy-admin-address", opt(&self.envoy_admin_address)),
-            (
-                "--drain-complete-file",
-                self.drain_complete_file.as_ref().map(|p| p.display().to_string()).unwrap_or_default(),
-            ),
-            ("--route-timeout", godur::format(self.route_timeout)),
-            ("--late-serve-limit", godur::format(self.late_serve_limit)),
-            ("--port-http", self.port_http.to_string()),
-            ("--port-health", self.port_health.to_string()),
-            ("--port-stats", self.port_stats.to_string()),
-            ("--log-level", self.log_level.as_str().to_lowercase()),
-            ("--log-format", self.log_format.to_string()),
-        ]
-    }
 }
 
 /// How long the drain waits for Envoy's downstream connections to close
 /// (B43 step 3).
 pub const ENVOY_DRAIN_WINDOW: Duration = Duration::from_secs(15);
+
+/// The lot, the budget and the retry schedule (B17, B18, B22, B37, B38).
+fn parking(args: &ServeArgs) -> Result<Parking, ConfigError> {
+    let max = usize::try_from(args.parked_request_max.max(0)).unwrap_or(usize::MAX);
+    let enabled = max > 0;
+    let configured_budget = duration("--parked-request-budget", &args.parked_request_budget)?
+        .positive()
+        .unwrap_or(Duration::from_secs(5));
+    let interval = duration("--parked-request-retry-interval", &args.parked_request_retry_interval)?
+        .positive()
+        .unwrap_or(Duration::from_millis(100));
+    let factor = match args.parked_request_retry_factor {
+        0.0 => 1.1,
+        f if (1.0..=MAX_RETRY_FACTOR).contains(&f) => f,
+        f => {
+            return Err(invalid(format!(
+                "--parked-request-retry-factor must be in [1, {MAX_RETRY_FACTOR}], got {f}"
+            )))
+        }
+    };
+    let jitter = args.parked_request_retry_jitter;
+    if !(jitter.is_finite() && (0.0..1.0).contains(&jitter)) {
+        return Err(invalid(format!("--parked-request-retry-jitter must be in [0, 1), got {jitter}")));
+    }
+    let budget = if enabled { configured_budget } else { UNPARKED_BUDGET };
+    Ok(Parking {
+        enabled,
+        max,
+        budget,
+        configured_budget,
+        backoff: BackoffPolicy { interval, factor, jitter },
+    })
+}
+
+/// Envoy's ext_proc circuit breaker (B39) and the flight cap (B58).
+fn capacities(args: &ServeArgs, parking: &Parking) -> Result<(u64, usize), ConfigError> {
+    let lot = parking.max;
+    let breaker = u64::try_from(args.extproc_max_requests).map_err(|_| {
+        invalid(format!("--extproc-max-requests must not be negative, got {}", args.extproc_max_requests))
+    })?;
+    if parking.enabled && breaker > 0 && breaker < lot as u64 {
+        return Err(invalid(format!(
+            "--extproc-max-requests ({breaker}) is below --parked-request-max ({lot}): \
+             Envoy would shed parked requests with its own 503s before they reach the lot"
+        )));
+    }
+    let breaker = if breaker > 0 { breaker } else { (lot as u64).saturating_mul(2).max(1024) };
+    let flight_max = match args.flight_max {
+        0 => lot.saturating_mul(4).max(MIN_FLIGHT_MAX),
+        n if n > 0 => usize::try_from(n).unwrap_or(usize::MAX),
+        n => return Err(invalid(format!("--flight-max must not be negative, got {n}"))),
+    };
+    Ok((breaker, flight_max))
+}
+
+/// The late-serve limit (B49), within what Envoy's message timeouts allow
+/// (B37).
+fn late_serve_limit(args: &ServeArgs, budget: Duration) -> Result<Duration, ConfigError> {
+    let limit = non_negative("--late-serve-limit", &args.late_serve_limit)?;
+    if !limit.is_zero() && limit <= MESSAGE_TIMEOUT_MARGIN {
+        return Err(invalid(format!(
+            "--late-serve-limit ({}) must be 0 or above the {} Envoy already waits past the budget",
+            godur::format(limit),
+            godur::format(MESSAGE_TIMEOUT_MARGIN)
+        )));
+    }
+    // Envoy takes at most an hour for either of its ext_proc message timeouts.
+    let past_budget =
+        if limit.is_zero() { MESSAGE_TIMEOUT_MARGIN } else { limit.max(MESSAGE_TIMEOUT_MARGIN) };
+    if budget + past_budget > MAX_ENVOY_MESSAGE_TIMEOUT {
+        return Err(invalid(format!(
+            "--parked-request-budget ({}) plus {} must stay within Envoy's {} ext_proc message timeout \
+             (with --late-serve-limit {})",
+            godur::format(budget),
+            godur::format(past_budget),
+            godur::format(MAX_ENVOY_MESSAGE_TIMEOUT),
+            godur::format(limit)
+        )));
+    }
+    Ok(limit)
+}
+
+/// The drain delay and the effective drain timeout (B37, B40, B46).
+fn drain(
+    args: &ServeArgs,
+    parking: &Parking,
+    late_serve_limit: Duration,
+) -> Result<(Duration, Duration), ConfigError> {
+    let delay = non_negative("--drain-delay", &args.drain_delay)?;
+    let explicit = non_negative("--drain-timeout", &args.drain_timeout)?;
+    // The longest a caller can wait for its verdict: the budget, then the
+    // late-serve limit while an attempt runs on (B19, B49).
+    let longest_wait = parking.budget + late_serve_limit;
+    if parking.enabled && !explicit.is_zero() && explicit < longest_wait {
+        return Err(invalid(format!(
+            "--drain-timeout ({}) is below --parked-request-budget ({}) plus --late-serve-limit ({}): \
+             parked or late-served requests would be cut off",
+            godur::format(explicit),
+            godur::format(parking.budget),
+            godur::format(late_serve_limit)
+        )));
+    }
+    let timeout =
+        if explicit.is_zero() { parking.budget + DRAIN_SLACK.max(late_serve_limit) } else { explicit };
+    Ok((delay, timeout))
+}
+
+/// Envoy's ports in the generated bootstrap (B67) and its admin address.
+struct EnvoyPorts {
+    http: u16,
+    health: u16,
+    stats: u16,
+    admin_address: Option<String>,
+}
+
+fn envoy_ports(args: &ServeArgs) -> Result<EnvoyPorts, ConfigError> {
+    let http = port("--port-http", args.port_http)?;
+    let health = port("--port-health", args.port_health)?;
+    let stats = port("--port-stats", args.port_stats)?;
+    let admin_address = non_empty(&args.envoy_admin_address);
+    let admin = admin_address
+        .as_deref()
+        .and_then(|a| a.rsplit_once(':'))
+        .and_then(|(_, p)| p.parse::<u16>().ok())
+        .unwrap_or(DEFAULT_ENVOY_ADMIN_PORT);
+    let ports = [
+        ("--port-http", http),
+        ("--port-health", health),
+        ("--port-stats", stats),
+        ("--envoy-admin-address", admin),
+    ];
+    for (i, (flag, p)) in ports.iter().enumerate() {
+        if let Some((other, _)) = ports[i + 1..].iter().find(|(_, q)| q == p) {
+            return Err(invalid(format!("{flag} and {other} give Envoy the same port {p}")));
+        }
+    }
+    Ok(EnvoyPorts { http, health, stats, admin_address })
+}
+
+/// How ateapi is reached and authenticated (B53).
+fn ateapi(args: &ServeArgs) -> Result<(AteapiTransport, Option<PathBuf>), ConfigError> {
+    if args.ateapi_address.trim().is_empty() {
+        return Err(invalid("--ateapi-address must not be empty"));
+    }
+    let transport = transport(args)?;
+    let token_file = non_empty(&args.ateapi_token_file).map(PathBuf::from);
+    if token_file.is_some() && transport == AteapiTransport::Insecure {
+        return Err(invalid(
+            "--ateapi-token-file needs TLS: a bearer token is never sent in plaintext (drop --ateapi-insecure)",
+        ));
+    }
+    Ok((transport, token_file))
+}
 
 fn non_empty(s: &str) -> Option<String> {
     let s = s.trim();
@@ -557,40 +445,11 @@ fn transport(args: &ServeArgs) -> Result<AteapiTransport, ConfigError> {
 /// Parses `serve`'s flags from an argument list (without the program name
 /// and subcommand), for tests and tools that build a config from strings.
 pub fn parse_serve_args(args: &[&str]) -> Result<Config, ConfigError> {
-    match parse_flags("serve", args) {
+    match crate::flags::parse_flags("serve", args) {
         Ok(flags) => Config::from_args(&flags),
-        Err(FlagsError::Help(_)) => Err(invalid("--help is not a configuration")),
-        Err(FlagsError::Invalid(e)) => Err(e),
+        Err(crate::flags::FlagsError::Help(_)) => Err(invalid("--help is not a configuration")),
+        Err(crate::flags::FlagsError::Invalid(e)) => Err(e),
     }
-}
-
-/// Why flags did not parse.
-#[derive(Debug)]
-pub enum FlagsError {
-    /// `--help` was asked for; the text to print.
-    Help(String),
-    /// A flag is unknown or its value malformed.
-    Invalid(ConfigError),
-}
-
-/// Parses the flags of subcommand `command` (`serve` or `envoy-config`).
-/// Both `--flag value` and `--flag=value` are accepted, as operators write
-/// either (Kubernetes manifests favour the second).
-pub fn parse_flags(command: &str, args: &[&str]) -> Result<ServeArgs, FlagsError> {
-    let split: Vec<&str> = args
-        .iter()
-        .flat_map(|arg| match arg.split_once('=') {
-            Some((flag, value)) if flag.starts_with("--") => vec![flag, value],
-            _ => vec![*arg],
-        })
-        .collect();
-    ServeArgs::from_args(&["atenet-router", command], &split).map_err(|exit| {
-        if exit.status.is_ok() {
-            FlagsError::Help(exit.output)
-        } else {
-            FlagsError::Invalid(invalid(exit.output.trim().to_string()))
-        }
-    })
 }
 
 #[cfg(test)]

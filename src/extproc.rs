@@ -39,7 +39,7 @@ use crate::resolver::{Abandon, ResolveError, Resolver, ResumeLabel};
 use crate::resume::{BadWorkerIp, Resumed};
 use crate::status::{RecentRequest, RecentRequests};
 use crate::target::{self, ActorId, Target, ACTOR_HEADER};
-use crate::verdict::{self, Rejection, Verdict};
+use crate::verdict::{self, Rejection, RouteOutcome, Verdict};
 
 /// The dynamic-metadata namespace Envoy's ORIGINAL_DST cluster reads (B7).
 pub const ORIGINAL_DST_NAMESPACE: &str = "envoy.filters.listener.original_dst";
@@ -108,7 +108,7 @@ impl ExtProc {
         deadline: Deadline,
     ) -> impl Future<Output = ()> + Send + 'static {
         async move {
-            self.metrics.streams_active.inc();
+            self.metrics.streams_opened(1);
             let _open = StreamGauge(&self.metrics);
             loop {
                 // Ok(None) is a half-close and Err a reset: either way, no
@@ -166,7 +166,7 @@ impl ExtProc {
                 Prepared::Route(Pending { target, line, received })
             }
             Classified::InvalidTarget(line) => {
-                self.metrics.invalid_targets.inc();
+                self.metrics.count_invalid_target();
                 let (verdict, label) = verdict::invalid_target();
                 self.finish(&line, "", &verdict, received, label, ResumeLabel::Unknown);
                 Prepared::Reply(response_for(&verdict))
@@ -196,7 +196,7 @@ impl ExtProc {
             // with the requests that outlive their own reading.
             if Gone::now(sink) {
                 self.resolver.note_left_early();
-                self.observe(received, "cancelled", ResumeLabel::Unknown);
+                self.observe(received, RouteOutcome::Cancelled, ResumeLabel::Unknown);
                 return None;
             }
             let mut resolving = self.resolver.resolve(&target.actor);
@@ -220,11 +220,11 @@ impl ExtProc {
                     }
                     Woken::Gone => {
                         let (reason, label) = if deadline.exceeded() {
-                            (Abandon::Timeout, "timeout")
+                            (Abandon::Timeout, RouteOutcome::Timeout)
                         } else {
-                            (Abandon::Canceled, "cancelled")
+                            (Abandon::Canceled, RouteOutcome::Cancelled)
                         };
-                        log::debug!("stream for {} ended while waiting ({label})", target.actor);
+                        log::debug!("stream for {} ended while waiting ({})", target.actor, label.name());
                         resolving.abandon(reason);
                         self.observe(received, label, ResumeLabel::Unknown);
                         return None;
@@ -248,7 +248,7 @@ impl ExtProc {
     /// from the completion-queue threads. Everything else is debug.
     fn log_rejection(&self, actor: &ActorId, rejection: &Rejection, result: &Result<Resumed, ResolveError>) {
         if matches!(result, Err(ResolveError::FlightsFull)) {
-            self.metrics.flights_rejected.inc();
+            self.metrics.count_flight_rejected();
         }
         let now = Instant::now();
         match result {
@@ -282,12 +282,12 @@ impl ExtProc {
         actor: &str,
         verdict: &Verdict,
         received: Instant,
-        label: &str,
+        label: RouteOutcome,
         resume: ResumeLabel,
     ) {
         self.observe(received, label, resume);
         if !self.ready.load(Ordering::Acquire) {
-            self.metrics.drain_verdicts.inc();
+            self.metrics.count_drain_verdict();
         }
         let (summary, worker) = match verdict {
             Verdict::Route { worker, .. } => ("200 routed".to_string(), worker.clone()),
@@ -303,8 +303,8 @@ impl ExtProc {
         ));
     }
 
-    fn observe(&self, received: Instant, outcome: &str, resume: ResumeLabel) {
-        self.metrics.observe_route(outcome, resume.as_str(), received.elapsed().as_secs_f64());
+    fn observe(&self, received: Instant, outcome: RouteOutcome, resume: ResumeLabel) {
+        self.metrics.observe_route(outcome, resume, received.elapsed().as_secs_f64());
     }
 }
 
@@ -426,7 +426,7 @@ struct StreamGauge<'a>(&'a Metrics);
 
 impl Drop for StreamGauge<'_> {
     fn drop(&mut self) {
-        self.0.streams_active.dec();
+        self.0.streams_opened(-1);
     }
 }
 

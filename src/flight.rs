@@ -1,4 +1,4 @@
-//! The flight table: one in-progress resume per actor (B14-B20).
+//! The flight table: one in-progress resume per actor (B14-B20, B58).
 //!
 //! A [`Flight`] is created by the first request for an actor that has none
 //! (its leader) and joined by every later one until it finishes. It runs
@@ -6,9 +6,12 @@
 //! [`Scheduler`] with [`Backoff`] delays inside its budget, and ends with one
 //! [`FlightOutcome`] shared by all its callers.
 //!
-//! Attempts are never cancelled (B15): a cancelled restore would strand the
-//! worker the control plane already claimed for it. So the budget stops new
-//! attempts, but a running one is always awaited (B19).
+//! A flight's life is one [`Phase`] at a time, changed only under its lock,
+//! by the events that move it on: an attempt's result ([`AttemptDone`]), its
+//! retry timer, its deadline. Attempts are never cancelled (B15): a
+//! cancelled restore would strand the worker the control plane already
+//! claimed for it. So the budget stops new attempts, but a running one is
+//! always awaited (B19).
 //!
 //! The table is sharded by actor id so that unrelated actors never contend on
 //! one mutex; a shard lock is held only to look up, insert or remove.
@@ -27,9 +30,35 @@ use parking_lot::Mutex;
 
 use crate::backoff::{Backoff, BackoffPolicy};
 use crate::clock::Clock;
-use crate::resume::{AttemptResult, Code, ResumeError, Resumed, Resumer};
+use crate::resume::{AttemptResult, Code, ResumeError, Resumed};
 use crate::target::ActorId;
 use crate::timer::{Scheduler, TimerId};
+
+/// Starts `ResumeActor` attempts without waiting for them: the seam between
+/// the flights and the control plane, so that the parking logic runs in
+/// unit tests against a scripted one.
+///
+/// Implementations must not block: the caller may be a completion-queue or
+/// timer thread. Each attempt reports through its [`AttemptDone`] exactly
+/// once (the type is consumed), on whatever thread completes it, and never
+/// while the caller of `start` still holds a lock it needs (reporting from
+/// inside `start` is allowed).
+pub trait Resumer: Send + Sync + 'static {
+    fn start(&self, actor: &ActorId, done: AttemptDone);
+}
+
+/// Where one attempt's result goes: the flight that started it.
+pub struct AttemptDone {
+    table: Arc<Inner>,
+    flight: Arc<Flight>,
+}
+
+impl AttemptDone {
+    /// Reports the attempt's result to its flight.
+    pub fn complete(self, result: AttemptResult) {
+        Inner::on_attempt(&self.table, &self.flight, result);
+    }
+}
 
 /// How flights behave; derived once from the configuration.
 #[derive(Clone, Copy, Debug)]
@@ -92,6 +121,48 @@ pub enum Until {
     OvertimeOrDone,
 }
 
+/// Where a flight is in its life. Every transition happens under the
+/// flight's lock:
+///
+/// ```text
+/// First ──retryable──▶ Retrying{running: false} ──timer──▶ Retrying{running: true} ─┐
+///   │                        ▲                                                     │
+///   │                        └──────────────────retryable──────────────────────────┘
+///   ├──deadline (attempt running)──▶ Overtime ──any result──▶ Done
+///   └──success / terminal / retryable at the deadline──▶ Done  (from any phase)
+/// ```
+#[derive(Debug)]
+enum Phase {
+    /// The first attempt runs; callers wait for it (B23 phase 1).
+    First,
+    /// Past the park transition: an attempt runs or the retry timer is set.
+    /// `last` is the latest retryable error, which budget exhaustion wraps
+    /// (B12).
+    Retrying { attempt_running: bool, last: ResumeError },
+    /// The budget passed with an attempt still running; it is awaited
+    /// (B19). `last` is the retryable error before it, if any.
+    Overtime { last: Option<ResumeError> },
+    /// Finished: the outcome every caller reads.
+    Done(Arc<FlightOutcome>),
+}
+
+impl Phase {
+    /// Whether the flight is past its park transition (B23).
+    fn parked(&self) -> bool {
+        matches!(self, Phase::Retrying { .. } | Phase::Overtime { last: Some(_) })
+    }
+
+    /// What a waiter for `until` learns now, if anything.
+    fn event(&self, until: Until) -> Option<FlightEvent> {
+        match (self, until) {
+            (Phase::Done(outcome), _) => Some(FlightEvent::Done(Arc::clone(outcome))),
+            (phase, Until::ParkedOrDone) if phase.parked() => Some(FlightEvent::Parked),
+            (Phase::Overtime { .. }, Until::OvertimeOrDone) => Some(FlightEvent::Overtime),
+            _ => None,
+        }
+    }
+}
+
 /// One in-progress resume of one actor.
 pub struct Flight {
     actor: ActorId,
@@ -101,33 +172,39 @@ pub struct Flight {
 }
 
 struct FlightState {
+    phase: Phase,
     attempts: u32,
-    attempt_running: bool,
-    parked: bool,
-    overtime: bool,
     last_code: Option<Code>,
-    last_retryable: Option<ResumeError>,
-    outcome: Option<Arc<FlightOutcome>>,
     backoff: Backoff,
-    waiters: HashMap<u64, Waker>,
-    next_waiter: u64,
+    waiters: Waiters,
     /// Callers holding a lot slot on this flight (for the status page).
     parked_callers: usize,
-    /// The late-serve deadline check, cancelled when the flight ends early:
-    /// most flights end in a millisecond, and their checks should not keep
-    /// the timer busy for a whole budget.
+    /// The deadline check that tells callers about overtime, cancelled when
+    /// the flight ends early: most flights end in a millisecond, and their
+    /// checks should not keep the timer busy for a whole budget.
     deadline_timer: Option<TimerId>,
 }
 
-impl Flight {
-    /// The actor this flight resumes.
-    pub fn actor(&self) -> &ActorId {
-        &self.actor
-    }
+/// Wakers of the callers waiting on a flight, by registration key.
+#[derive(Default)]
+struct Waiters {
+    wakers: HashMap<u64, Waker>,
+    next_key: u64,
+}
 
+impl Waiters {
+    fn take_all(&mut self) -> Vec<Waker> {
+        self.wakers.drain().map(|(_, w)| w).collect()
+    }
+}
+
+impl Flight {
     /// The finished outcome, if any (B24's re-check).
     pub fn outcome(&self) -> Option<Arc<FlightOutcome>> {
-        self.state.lock().outcome.clone()
+        match &self.state.lock().phase {
+            Phase::Done(outcome) => Some(Arc::clone(outcome)),
+            _ => None,
+        }
     }
 
     /// A future for the next event of interest.
@@ -154,7 +231,8 @@ impl Flight {
             budget_left: self.deadline.saturating_duration_since(now),
             attempts: state.attempts,
             parked_callers: state.parked_callers,
-            waiters: state.waiters.len(),
+            #[cfg(feature = "testkit")]
+            waiters: state.waiters.wakers.len(),
             last_code: state.last_code,
         }
     }
@@ -169,6 +247,7 @@ pub struct FlightSnapshot {
     pub attempts: u32,
     pub parked_callers: usize,
     /// Callers currently waiting on this flight, parked or not.
+    #[cfg(feature = "testkit")]
     pub waiters: usize,
     pub last_code: Option<Code>,
 }
@@ -186,29 +265,17 @@ impl Future for FlightWait {
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<FlightEvent> {
         let this = &mut *self;
         let mut state = this.flight.state.lock();
-        if let Some(outcome) = &state.outcome {
-            let outcome = Arc::clone(outcome);
+        if let Some(event) = state.phase.event(this.until) {
             if let Some(key) = this.key.take() {
-                state.waiters.remove(&key);
-            }
-            return Poll::Ready(FlightEvent::Done(outcome));
-        }
-        let event = match this.until {
-            Until::ParkedOrDone if state.parked => Some(FlightEvent::Parked),
-            Until::OvertimeOrDone if state.overtime => Some(FlightEvent::Overtime),
-            _ => None,
-        };
-        if let Some(event) = event {
-            if let Some(key) = this.key.take() {
-                state.waiters.remove(&key);
+                state.waiters.wakers.remove(&key);
             }
             return Poll::Ready(event);
         }
         let key = *this.key.get_or_insert_with(|| {
-            state.next_waiter += 1;
-            state.next_waiter
+            state.waiters.next_key += 1;
+            state.waiters.next_key
         });
-        state.waiters.insert(key, cx.waker().clone());
+        state.waiters.wakers.insert(key, cx.waker().clone());
         Poll::Pending
     }
 }
@@ -216,7 +283,7 @@ impl Future for FlightWait {
 impl Drop for FlightWait {
     fn drop(&mut self) {
         if let Some(key) = self.key.take() {
-            self.flight.state.lock().waiters.remove(&key);
+            self.flight.state.lock().waiters.wakers.remove(&key);
         }
     }
 }
@@ -254,11 +321,6 @@ impl FlightTable {
         FlightTable { inner: Arc::new(Inner { shards, active, clock, scheduler, resumer, policy }) }
     }
 
-    /// The policy flights run under.
-    pub fn policy(&self) -> FlightPolicy {
-        self.inner.policy
-    }
-
     /// Joins the actor's flight, or creates it and starts its first attempt
     /// at once (B14, B15). Creating one fails when `max_flights` are in
     /// progress; joining never does (B58).
@@ -285,16 +347,11 @@ impl FlightTable {
                 started: now,
                 deadline: now + self.inner.policy.budget,
                 state: Mutex::new(FlightState {
+                    phase: Phase::First,
                     attempts: 0,
-                    attempt_running: false,
-                    parked: false,
-                    overtime: false,
                     last_code: None,
-                    last_retryable: None,
-                    outcome: None,
                     backoff: Backoff::new(self.inner.policy.backoff),
-                    waiters: HashMap::new(),
-                    next_waiter: 0,
+                    waiters: Waiters::default(),
                     parked_callers: 0,
                     deadline_timer: None,
                 }),
@@ -318,6 +375,7 @@ impl FlightTable {
     }
 
     /// True when no flight is in progress (B30).
+    #[cfg(any(test, feature = "testkit"))]
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
@@ -341,47 +399,32 @@ impl Inner {
     }
 
     fn start_attempt(inner: &Arc<Inner>, flight: &Arc<Flight>) {
-        {
-            let mut state = flight.state.lock();
-            state.attempts += 1;
-            state.attempt_running = true;
-        }
-        let (inner_done, flight_done) = (Arc::clone(inner), Arc::clone(flight));
-        inner.resumer.start(
-            &flight.actor,
-            Box::new(move |result| Inner::on_attempt(&inner_done, &flight_done, result)),
-        );
+        flight.state.lock().attempts += 1;
+        let done = AttemptDone { table: Arc::clone(inner), flight: Arc::clone(flight) };
+        inner.resumer.start(&flight.actor, done);
     }
 
     fn on_attempt(inner: &Arc<Inner>, flight: &Arc<Flight>, result: AttemptResult) {
         let error = match result {
-            Ok(resumed) => {
-                flight.state.lock().last_code = Some(Code::Ok);
-                return inner.finish(flight, FlightOutcome::Resumed(resumed));
-            }
+            Ok(resumed) => return inner.finish(flight, Code::Ok, FlightOutcome::Resumed(resumed)),
             Err(error) => error,
         };
         if !error.code.is_retryable(inner.policy.parking_enabled) {
-            flight.state.lock().last_code = Some(error.code);
-            return inner.finish(flight, FlightOutcome::Failed(error));
+            return inner.finish(flight, error.code, FlightOutcome::Failed(error));
         }
         let now = inner.clock.now();
         if now >= flight.deadline {
             // No retry can start (B19): the flight ends here, and no caller
             // sees a park transition first, so none can take a slot (or be
             // shed) for a flight that has already ended (B24).
-            flight.state.lock().last_code = Some(error.code);
-            return inner.finish(flight, FlightOutcome::BudgetExhausted(error));
+            return inner.finish(flight, error.code, FlightOutcome::BudgetExhausted(error));
         }
         let (wake, next) = {
             let mut state = flight.state.lock();
-            state.attempt_running = false;
             state.last_code = Some(error.code);
-            state.last_retryable = Some(error);
-            let first = !state.parked;
-            state.parked = true;
-            let wake: Vec<Waker> =
-                if first { state.waiters.drain().map(|(_, w)| w).collect() } else { Vec::new() };
+            let first_park = !state.phase.parked();
+            state.phase = Phase::Retrying { attempt_running: false, last: error };
+            let wake = if first_park { state.waiters.take_all() } else { Vec::new() };
             (wake, now + state.backoff.next_random_delay())
         };
         // Waiters re-register when they are polled again, if they still wait.
@@ -390,37 +433,47 @@ impl Inner {
         // wake at the deadline instead and end there.
         let (at, retry) = if next < flight.deadline { (next, true) } else { (flight.deadline, false) };
         let (inner2, flight2) = (Arc::clone(inner), Arc::clone(flight));
-        inner.scheduler.schedule(at, Box::new(move || inner2.on_timer(&flight2, retry)));
+        inner.scheduler.schedule(at, Box::new(move || Inner::on_timer(&inner2, &flight2, retry)));
     }
 
     /// At the budget deadline: an attempt still running will be awaited, so
     /// callers learn they are in overtime (and can ask Envoy to wait).
     fn on_deadline(&self, flight: &Arc<Flight>) {
-        let wake: Vec<Waker> = {
+        let wake = {
             let mut state = flight.state.lock();
             state.deadline_timer = None;
-            if state.outcome.is_some() || !state.attempt_running {
-                return;
-            }
-            state.overtime = true;
-            state.waiters.drain().map(|(_, w)| w).collect()
+            let last = match &state.phase {
+                Phase::First => None,
+                Phase::Retrying { attempt_running: true, last } => Some(last.clone()),
+                _ => return,
+            };
+            state.phase = Phase::Overtime { last };
+            state.waiters.take_all()
         };
         wake.into_iter().for_each(Waker::wake);
     }
 
-    fn on_timer(self: &Arc<Self>, flight: &Arc<Flight>, retry: bool) {
-        if retry && self.clock.now() < flight.deadline {
-            return Inner::start_attempt(self, flight);
-        }
-        let last = flight.state.lock().last_retryable.clone();
-        let error = last.unwrap_or_else(|| ResumeError::new(Code::Unknown, "budget exhausted"));
-        self.finish(flight, FlightOutcome::BudgetExhausted(error));
+    /// The retry timer: start the next attempt, or end the flight at its
+    /// deadline with the last retryable error (B19).
+    fn on_timer(inner: &Arc<Inner>, flight: &Arc<Flight>, retry: bool) {
+        let last = {
+            let mut state = flight.state.lock();
+            let Phase::Retrying { attempt_running: false, last } = &mut state.phase else { return };
+            if retry && inner.clock.now() < flight.deadline {
+                let last = last.clone();
+                state.phase = Phase::Retrying { attempt_running: true, last };
+                drop(state);
+                return Inner::start_attempt(inner, flight);
+            }
+            last.clone()
+        };
+        inner.finish(flight, last.code, FlightOutcome::BudgetExhausted(last));
     }
 
     /// Ends a flight: remove it from the table first, then publish the
     /// outcome and wake its callers (B14's order), so a request arriving
     /// after this point starts a fresh flight instead of reading a result.
-    fn finish(&self, flight: &Arc<Flight>, outcome: FlightOutcome) {
+    fn finish(&self, flight: &Arc<Flight>, code: Code, outcome: FlightOutcome) {
         {
             let mut shard = self.shard(&flight.actor).lock();
             if shard.get(&flight.actor).is_some_and(|f| Arc::ptr_eq(f, flight)) {
@@ -430,12 +483,12 @@ impl Inner {
         }
         let (wake, timer) = {
             let mut state = flight.state.lock();
-            state.attempt_running = false;
-            if state.outcome.is_some() {
+            if matches!(state.phase, Phase::Done(_)) {
                 return;
             }
-            state.outcome = Some(Arc::new(outcome));
-            (state.waiters.drain().map(|(_, w)| w).collect::<Vec<Waker>>(), state.deadline_timer.take())
+            state.last_code = Some(code);
+            state.phase = Phase::Done(Arc::new(outcome));
+            (state.waiters.take_all(), state.deadline_timer.take())
         };
         if let Some(timer) = timer {
             self.scheduler.cancel(timer);
@@ -454,7 +507,7 @@ pub(crate) mod tests {
     /// A control plane that records attempts and lets the test answer them.
     #[derive(Default)]
     pub(crate) struct ScriptedResumer {
-        pending: Mutex<Vec<(ActorId, crate::resume::AttemptDone)>>,
+        pending: Mutex<Vec<(ActorId, AttemptDone)>>,
         pub(crate) calls: Mutex<HashMap<ActorId, u32>>,
     }
 
@@ -474,12 +527,12 @@ pub(crate) mod tests {
                 let index = pending.iter().position(|(a, _)| a == actor).expect("no attempt running");
                 pending.remove(index).1
             };
-            done(result);
+            done.complete(result);
         }
     }
 
     impl Resumer for ScriptedResumer {
-        fn start(&self, actor: &ActorId, done: crate::resume::AttemptDone) {
+        fn start(&self, actor: &ActorId, done: AttemptDone) {
             *self.calls.lock().entry(actor.clone()).or_default() += 1;
             self.pending.lock().push((actor.clone(), done));
         }
@@ -634,7 +687,7 @@ pub(crate) mod tests {
         // The first attempt fails after the deadline: the waiter must see the
         // end, never a park that would send it to the lot.
         h.resumer.answer(&a, err(Code::ResourceExhausted, "full"));
-        assert!(!flight.state.lock().parked, "no park transition for an ended flight");
+        assert!(!flight.state.lock().phase.parked(), "no park transition for an ended flight");
         assert!(matches!(done(&mut wait), FlightOutcome::BudgetExhausted(_)));
     }
 
@@ -806,9 +859,9 @@ pub(crate) mod tests {
         let (flight, _) = h.table.join(&a).unwrap();
         let mut wait = flight.wait(Until::Done);
         assert!(poll(&mut wait).is_pending());
-        assert_eq!(flight.state.lock().waiters.len(), 1);
+        assert_eq!(flight.state.lock().waiters.wakers.len(), 1);
         drop(wait);
-        assert_eq!(flight.state.lock().waiters.len(), 0);
+        assert_eq!(flight.state.lock().waiters.wakers.len(), 0);
         h.resumer.answer(&a, ok(true));
     }
 }

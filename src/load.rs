@@ -190,17 +190,48 @@ impl ActorPicker {
     }
 }
 
+/// Why an `--actors` list does not expand.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ActorsError {
+    /// A `{a..b}` that is not two numbers, `a <= b`.
+    BadRange(String),
+    /// More actors than [`MAX_ACTORS`].
+    TooMany,
+    /// Nothing in the list.
+    Empty,
+}
+
+impl std::fmt::Display for ActorsError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ActorsError::BadRange(part) => write!(f, "bad range in {part:?} (use e.g. {{0..63}})"),
+            ActorsError::TooMany => write!(f, "more than {MAX_ACTORS} actors"),
+            ActorsError::Empty => f.write_str("no actors"),
+        }
+    }
+}
+
+impl std::error::Error for ActorsError {}
+
+/// The most actors one list may expand to.
+pub const MAX_ACTORS: u64 = 10_000_000;
+
 /// Expands `prefix{a..b}` (e.g. `demo/actor-{0..63}`) and comma lists.
-pub fn expand_actors(spec: &str) -> Result<Vec<String>, String> {
+pub fn expand_actors(spec: &str) -> Result<Vec<String>, ActorsError> {
     let mut out = Vec::new();
     for part in spec.split(',').map(str::trim).filter(|p| !p.is_empty()) {
         match (part.find('{'), part.find('}')) {
             (Some(open), Some(close)) if close > open => {
-                let (lo, hi) = part[open + 1..close]
-                    .split_once("..")
-                    .ok_or_else(|| format!("bad range in {part:?} (use {{0..63}})"))?;
-                let lo: u64 = lo.parse().map_err(|_| format!("bad range start in {part:?}"))?;
-                let hi: u64 = hi.parse().map_err(|_| format!("bad range end in {part:?}"))?;
+                let bad = || ActorsError::BadRange(part.to_string());
+                let (lo, hi) = part[open + 1..close].split_once("..").ok_or_else(bad)?;
+                let lo: u64 = lo.parse().map_err(|_| bad())?;
+                let hi: u64 = hi.parse().map_err(|_| bad())?;
+                if lo > hi {
+                    return Err(bad());
+                }
+                if hi - lo >= MAX_ACTORS.saturating_sub(out.len() as u64) {
+                    return Err(ActorsError::TooMany);
+                }
                 for i in lo..=hi {
                     out.push(format!("{}{i}{}", &part[..open], &part[close + 1..]));
                 }
@@ -209,7 +240,7 @@ pub fn expand_actors(spec: &str) -> Result<Vec<String>, String> {
         }
     }
     if out.is_empty() {
-        return Err("no actors".into());
+        return Err(ActorsError::Empty);
     }
     Ok(out)
 }
@@ -446,6 +477,8 @@ mod tests {
         );
         assert_eq!(expand_actors("a/b, c/d").unwrap(), vec!["a/b", "c/d"]);
         assert!(expand_actors("demo/{x..2}").is_err());
+        assert_eq!(expand_actors("demo/{3..2}"), Err(ActorsError::BadRange("demo/{3..2}".into())));
+        assert_eq!(expand_actors("demo/{0..18446744073709551615}"), Err(ActorsError::TooMany));
         assert!(expand_actors("").is_err());
     }
 

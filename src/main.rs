@@ -1,9 +1,10 @@
-//! The `atenet-router` command: `serve` and `envoy-config`.
+//! The `atenet-router` command: `serve`, `envoy-config` and `version`.
 
 use std::process::ExitCode;
 
-use atenet_router::config::{parse_flags, Config, FlagsError};
+use atenet_router::config::Config;
 use atenet_router::drain::{self, DrainPlan};
+use atenet_router::flags::{parse_command, Command, HELP};
 use atenet_router::router::Router;
 use atenet_router::systemd::Notifier;
 use atenet_router::{envoy, godur, logging, process, version};
@@ -11,75 +12,40 @@ use log::{debug, error, info, warn};
 use signal_hook::consts::{SIGINT, SIGTERM};
 use signal_hook::iterator::Signals;
 
-const HELP: &str = "Usage: atenet-router <command> [<flags>]
-
-Envoy ext_proc router that resumes actors through ateapi and parks requests
-through transient worker-pool saturation.
-
-Commands:
-  serve         Run the router: the ext_proc server Envoy calls for every request.
-  envoy-config  Print the Envoy v3 bootstrap (YAML) matching the same flags.
-  version       Print the version and the git revision it was built from.
-
-Both commands take the same flags; see `atenet-router serve --help`.
-";
+/// Exit status for a configuration the router refuses: systemd does not
+/// restart on it (B64).
+const INVALID_CONFIGURATION: u8 = 2;
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let command = args.first().map(String::as_str).unwrap_or("");
-    let rest: Vec<&str> = args.iter().skip(1).map(String::as_str).collect();
-    match command {
-        "serve" | "envoy-config" => {}
-        "help" | "--help" | "-h" => {
-            print!("{HELP}");
-            return ExitCode::SUCCESS;
+    match parse_command(&args) {
+        Ok(Command::Serve(config)) => serve(&config),
+        Ok(Command::EnvoyConfig(config)) => {
+            print!("{}", envoy::bootstrap(&config));
+            ExitCode::SUCCESS
         }
-        "version" | "--version" | "-V" => {
+        Ok(Command::Help(text)) => {
+            print!("{text}");
+            ExitCode::SUCCESS
+        }
+        Ok(Command::Version) => {
             println!("{}", version::describe("atenet-router"));
-            return ExitCode::SUCCESS;
+            ExitCode::SUCCESS
         }
-        "" => {
+        Ok(Command::Usage) => {
             eprint!("{HELP}");
-            return ExitCode::from(2);
+            ExitCode::from(INVALID_CONFIGURATION)
         }
-        other => {
-            eprintln!(
-                "invalid router configuration: unknown command {other:?} (expected serve, envoy-config or version)"
-            );
-            return ExitCode::from(2);
-        }
-    }
-    let config = match parse_flags(command, &rest).map_err(|e| match e {
-        FlagsError::Help(text) => Ok(text),
-        FlagsError::Invalid(e) => Err(e),
-    }) {
-        Ok(flags) => Config::from_args(&flags),
-        Err(Ok(help)) => {
-            print!("{help}");
-            return ExitCode::SUCCESS;
-        }
-        Err(Err(e)) => Err(e),
-    };
-    let config = match config {
-        Ok(config) => config,
         Err(e) => {
             eprintln!("{e}");
-            return ExitCode::from(2);
+            ExitCode::from(INVALID_CONFIGURATION)
         }
-    };
-    if command == "envoy-config" {
-        print!("{}", envoy::bootstrap(&config));
-        return ExitCode::SUCCESS;
     }
-    serve(&config)
 }
 
 fn serve(config: &Config) -> ExitCode {
     logging::init(config.log_level, config.log_format);
     process::install_panic_policy();
-    let flags: Vec<String> =
-        config.effective_flags().iter().map(|(flag, value)| format!("{flag}={value}")).collect();
-    debug!("effective flags: {}", flags.join(" "));
     match process::raise_fd_limit() {
         Ok((old, new)) if old != new => debug!("open-file limit raised from {old} to {new}"),
         Ok(_) => {}

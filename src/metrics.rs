@@ -1,104 +1,76 @@
-//! The router's Prometheus instruments (B31-B36).
+//! The router's Prometheus instruments (B31-B36, B55-B58, B65).
 //!
 //! Names follow Prometheus conventions for the OpenTelemetry instruments of
 //! the design document (`atenet.router.parking.active` becomes
 //! `atenet_router_parking_active`). Each router instance owns its own
 //! registry, so tests can run several routers in one process and read exact
 //! counts.
+//!
+//! Each label set is an enum owned by the module whose concept it is
+//! ([`RouteOutcome`], [`ResumeLabel`], [`Code`], and the lot's), listing its
+//! values in `ALL`; every labelled series is resolved once here, so the hot
+//! path touches only atomics, and exported from the start at zero, so
+//! `rate()` and absent-series alerts behave from the first scrape.
 
+use std::sync::Arc;
+
+use prometheus::core::Collector;
 use prometheus::{
     Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts,
     Registry, TextEncoder,
 };
 
-use crate::lot::LotDecision;
+use crate::lot::{LotDecision, LotInstruments, WaitOutcome};
+use crate::resolver::ResumeLabel;
 use crate::resume::Code;
+use crate::verdict::RouteOutcome;
 
 /// B32's buckets: from a millisecond up to the longest plausible park.
 const WAIT_BUCKETS: &[f64] =
     &[0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 15.0, 30.0, 45.0, 60.0];
 
-/// How a parked caller's wait ended (B33).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum WaitOutcome {
-    Served,
-    BudgetExhausted,
-    Canceled,
-    Timeout,
-    Error,
-}
-
-impl WaitOutcome {
-    pub fn label(self) -> &'static str {
-        match self {
-            WaitOutcome::Served => "served",
-            WaitOutcome::BudgetExhausted => "budget_exhausted",
-            WaitOutcome::Canceled => "canceled",
-            WaitOutcome::Timeout => "timeout",
-            WaitOutcome::Error => "error",
-        }
-    }
-}
-
-/// B35's `outcome` values.
-pub const ROUTE_OUTCOMES: [&str; 9] = [
-    "ok",
-    "not_found",
-    "no_capacity",
-    "unavailable",
-    "lock_conflict",
-    "failed_precondition",
-    "timeout",
-    "cancelled",
-    "resume_error",
-];
-/// B21's `resume` values.
-pub const RESUME_LABELS: [&str; 4] = ["triggered", "joined", "none", "unknown"];
-const WAIT_OUTCOMES: [WaitOutcome; 5] = [
-    WaitOutcome::Served,
-    WaitOutcome::BudgetExhausted,
-    WaitOutcome::Canceled,
-    WaitOutcome::Timeout,
-    WaitOutcome::Error,
-];
-
-/// Label lookups resolved once: the hot path then touches only atomics,
-/// never the label-hashing map inside a metric vector.
-struct Handles {
-    decisions: Vec<IntCounter>,
-    route: Vec<Histogram>,
-    wait: Vec<Histogram>,
-    attempts: Vec<IntCounter>,
-}
-
-/// Every instrument the router records.
+/// Every instrument the router records; cheap to clone.
 #[derive(Clone)]
 pub struct Metrics {
-    handles: std::sync::Arc<Handles>,
+    inner: Arc<Instruments>,
+}
+
+struct Instruments {
     registry: Registry,
-    pub parking_active: IntGauge,
-    pub parking_wait: HistogramVec,
-    pub parking_rejected: IntCounter,
-    pub route_duration: HistogramVec,
-    pub resume_attempts: IntCounterVec,
-    pub streams_active: IntGauge,
-    pub parking_lot_max: IntGauge,
-    pub timer_lateness: Histogram,
-    pub drain_verdicts: IntCounter,
-    pub drain_cancelled: IntCounter,
-    pub park_decisions: IntCounterVec,
-    pub invalid_targets: IntCounter,
-    pub flights_active: IntGauge,
-    pub flights_rejected: IntCounter,
+    lot: LotInstruments,
+    /// `atenet_router_route_duration_seconds` by (outcome, resume).
+    route: Vec<Histogram>,
+    /// `atenet_router_resume_attempts_total` by code.
+    attempts: Vec<IntCounter>,
+    streams_active: IntGauge,
+    parking_lot_max: IntGauge,
+    timer_lateness: Histogram,
+    drain_verdicts: IntCounter,
+    drain_cancelled: IntCounter,
+    invalid_targets: IntCounter,
+    flights_active: IntGauge,
+    flights_rejected: IntCounter,
+}
+
+fn gauge(name: &str, help: &str) -> IntGauge {
+    IntGauge::new(name, help).expect("a valid metric name")
+}
+
+fn counter(name: &str, help: &str) -> IntCounter {
+    IntCounter::new(name, help).expect("a valid metric name")
 }
 
 impl Metrics {
     /// Registers every instrument in a fresh registry.
     pub fn new() -> Metrics {
         let registry = Registry::new();
-        let parking_active =
-            IntGauge::new("atenet_router_parking_active", "Requests currently parked (lot slots held).")
-                .expect("valid metric");
+        let register = |collector: Box<dyn Collector>| registry.register(collector).expect("unique metric names");
+
+        let parking_active = gauge("atenet_router_parking_active", "Requests currently parked (lot slots held).");
+        let parking_rejected = counter(
+            "atenet_router_parking_rejected_total",
+            "Requests shed at the park transition because the lot was full.",
+        );
         let parking_wait = HistogramVec::new(
             HistogramOpts::new(
                 "atenet_router_parking_wait_duration_seconds",
@@ -107,12 +79,15 @@ impl Metrics {
             .buckets(WAIT_BUCKETS.to_vec()),
             &["outcome"],
         )
-        .expect("valid metric");
-        let parking_rejected = IntCounter::new(
-            "atenet_router_parking_rejected_total",
-            "Requests shed at the park transition because the lot was full.",
+        .expect("a valid metric");
+        let park_decisions = IntCounterVec::new(
+            Opts::new(
+                "atenet_router_park_decisions_total",
+                "Callers at the lot decision: fast (no slot needed), admitted, shed, left (gone first).",
+            ),
+            &["decision"],
         )
-        .expect("valid metric");
+        .expect("a valid metric");
         let route_duration = HistogramVec::new(
             HistogramOpts::new(
                 "atenet_router_route_duration_seconds",
@@ -121,22 +96,18 @@ impl Metrics {
             .buckets(WAIT_BUCKETS.to_vec()),
             &["outcome", "resume"],
         )
-        .expect("valid metric");
+        .expect("a valid metric");
         let resume_attempts = IntCounterVec::new(
             Opts::new("atenet_router_resume_attempts_total", "ResumeActor attempts by gRPC result code."),
             &["code"],
         )
-        .expect("valid metric");
-        let streams_active = IntGauge::new(
-            "atenet_router_extproc_streams_active",
-            "ext_proc streams open now (each holds one Envoy circuit-breaker slot).",
+        .expect("a valid metric");
+        let build_info = IntGaugeVec::new(
+            Opts::new("atenet_router_build_info", "Always 1; the labels say which build is running."),
+            &["version", "revision"],
         )
-        .expect("valid metric");
-        let parking_lot_max = IntGauge::new(
-            "atenet_router_parking_lot_max",
-            "The lot's capacity (--parked-request-max); 0 when parking is disabled.",
-        )
-        .expect("valid metric");
+        .expect("a valid metric");
+        build_info.with_label_values(&[crate::version::VERSION, crate::version::REVISION]).set(1);
         let timer_lateness = Histogram::with_opts(
             HistogramOpts::new(
                 "atenet_router_timer_lateness_seconds",
@@ -144,147 +115,212 @@ impl Metrics {
             )
             .buckets(vec![0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25]),
         )
-        .expect("valid metric");
-        let drain_verdicts =
-            IntCounter::new("atenet_router_drain_verdicts_total", "Verdicts given after a drain started.")
-                .expect("valid metric");
-        let drain_cancelled = IntCounter::new(
-            "atenet_router_drain_cancelled_total",
-            "ext_proc streams cut by the final cancel when the drain timeout passed.",
-        )
-        .expect("valid metric");
-        let park_decisions = IntCounterVec::new(
-            Opts::new(
-                "atenet_router_park_decisions_total",
-                "Callers at the lot decision: fast (no slot needed), admitted, shed, left (gone first).",
+        .expect("a valid metric");
+
+        let lot = LotInstruments {
+            active: parking_active.clone(),
+            rejected: parking_rejected.clone(),
+            decisions: LotDecision::ALL.map(|d| park_decisions.with_label_values(&[d.name()])),
+            waits: WaitOutcome::ALL.map(|o| parking_wait.with_label_values(&[o.name()])),
+        };
+        let route = RouteOutcome::ALL
+            .iter()
+            .flat_map(|o| ResumeLabel::ALL.iter().map(|r| route_duration.with_label_values(&[o.name(), r.name()])))
+            .collect();
+        let attempts = Code::ALL.iter().map(|c| resume_attempts.with_label_values(&[c.name()])).collect();
+        let instruments = Instruments {
+            lot,
+            route,
+            attempts,
+            streams_active: gauge(
+                "atenet_router_extproc_streams_active",
+                "ext_proc streams open now (each holds one Envoy circuit-breaker slot).",
             ),
-            &["decision"],
-        )
-        .expect("valid metric");
-        let invalid_targets = IntCounter::new(
-            "atenet_router_invalid_target_total",
-            "Requests answered 404 invalid actor reference (B4).",
-        )
-        .expect("valid metric");
-        let flights_active = IntGauge::new(
-            "atenet_router_flights_active",
-            "Flights in progress: actors being resumed, each with at most one ResumeActor call running.",
-        )
-        .expect("valid metric");
-        let flights_rejected = IntCounter::new(
-            "atenet_router_flights_rejected_total",
-            "Requests refused because --flight-max flights were in progress (B58).",
-        )
-        .expect("valid metric");
-        let build_info = IntGaugeVec::new(
-            Opts::new("atenet_router_build_info", "Always 1; the labels say which build is running."),
-            &["version", "revision"],
-        )
-        .expect("valid metric");
-        build_info.with_label_values(&[crate::version::VERSION, crate::version::REVISION]).set(1);
-        // RSS, CPU, threads and open files of this process, as
-        // process_resident_memory_bytes, process_threads, process_open_fds...
-        registry
-            .register(Box::new(prometheus::process_collector::ProcessCollector::for_self()))
-            .expect("unique metric names");
-        for collector in [
-            Box::new(build_info) as Box<dyn prometheus::core::Collector>,
-            Box::new(parking_active.clone()),
-            Box::new(parking_wait.clone()),
-            Box::new(parking_rejected.clone()),
-            Box::new(route_duration.clone()),
-            Box::new(resume_attempts.clone()),
-            Box::new(streams_active.clone()),
-            Box::new(parking_lot_max.clone()),
-            Box::new(timer_lateness.clone()),
-            Box::new(drain_verdicts.clone()),
-            Box::new(drain_cancelled.clone()),
-            Box::new(park_decisions.clone()),
-            Box::new(invalid_targets.clone()),
-            Box::new(flights_active.clone()),
-            Box::new(flights_rejected.clone()),
-        ] {
-            registry.register(collector).expect("unique metric names");
-        }
-        let handles = std::sync::Arc::new(Handles {
-            decisions: [LotDecision::Fast, LotDecision::Admitted, LotDecision::Shed, LotDecision::Left]
-                .iter()
-                .map(|d| park_decisions.with_label_values(&[d.label()]))
-                .collect(),
-            route: ROUTE_OUTCOMES
-                .iter()
-                .flat_map(|o| RESUME_LABELS.iter().map(|r| route_duration.with_label_values(&[o, r])))
-                .collect(),
-            wait: WAIT_OUTCOMES.iter().map(|o| parking_wait.with_label_values(&[o.label()])).collect(),
-            attempts: (0..17)
-                .map(|i| resume_attempts.with_label_values(&[Code::from_i32(i).name()]))
-                .collect(),
-        });
-        // Creating the handles also exports every series from the start, at
-        // zero: rate() and absent-series alerts then behave from the first
-        // scrape, as Prometheus recommends.
-        Metrics {
-            handles,
-            registry,
-            parking_active,
-            parking_wait,
-            parking_rejected,
-            route_duration,
-            resume_attempts,
-            streams_active,
-            parking_lot_max,
+            parking_lot_max: gauge(
+                "atenet_router_parking_lot_max",
+                "The lot's capacity (--parked-request-max); 0 when parking is disabled.",
+            ),
             timer_lateness,
-            drain_verdicts,
-            drain_cancelled,
-            park_decisions,
-            invalid_targets,
-            flights_active,
-            flights_rejected,
+            drain_verdicts: counter("atenet_router_drain_verdicts_total", "Verdicts given after a drain started."),
+            drain_cancelled: counter(
+                "atenet_router_drain_cancelled_total",
+                "ext_proc streams cut by the final cancel when the drain timeout passed.",
+            ),
+            invalid_targets: counter(
+                "atenet_router_invalid_target_total",
+                "Requests answered 404 invalid actor reference (B4).",
+            ),
+            flights_active: gauge(
+                "atenet_router_flights_active",
+                "Flights in progress: actors being resumed, each with at most one ResumeActor call running.",
+            ),
+            flights_rejected: counter(
+                "atenet_router_flights_rejected_total",
+                "Requests refused because --flight-max flights were in progress (B58).",
+            ),
+            registry: registry.clone(),
+        };
+        for collector in [
+            Box::new(build_info) as Box<dyn Collector>,
+            // RSS, CPU, threads and open files of this process, as
+            // process_resident_memory_bytes, process_threads, ...
+            Box::new(prometheus::process_collector::ProcessCollector::for_self()),
+            Box::new(parking_active),
+            Box::new(parking_wait),
+            Box::new(parking_rejected),
+            Box::new(park_decisions),
+            Box::new(route_duration),
+            Box::new(resume_attempts),
+            Box::new(instruments.streams_active.clone()),
+            Box::new(instruments.parking_lot_max.clone()),
+            Box::new(instruments.timer_lateness.clone()),
+            Box::new(instruments.drain_verdicts.clone()),
+            Box::new(instruments.drain_cancelled.clone()),
+            Box::new(instruments.invalid_targets.clone()),
+            Box::new(instruments.flights_active.clone()),
+            Box::new(instruments.flights_rejected.clone()),
+        ] {
+            register(collector);
         }
+        Metrics { inner: Arc::new(instruments) }
     }
 
-    /// The wait histogram for one outcome.
-    pub fn wait(&self, outcome: WaitOutcome) -> &Histogram {
-        let i = WAIT_OUTCOMES.iter().position(|o| *o == outcome).expect("every outcome is listed");
-        &self.handles.wait[i]
+    /// The lot's instruments, for [`crate::lot::ParkingLot::new`].
+    pub fn lot_instruments(&self) -> LotInstruments {
+        self.inner.lot.clone()
     }
 
-    /// The counter for one lot decision.
-    pub fn decision(&self, decision: LotDecision) -> &IntCounter {
-        &self.handles.decisions[decision as usize]
+    /// Records one request_headers exchange (B35).
+    pub fn observe_route(&self, outcome: RouteOutcome, resume: ResumeLabel, seconds: f64) {
+        self.inner.route[outcome as usize * ResumeLabel::ALL.len() + resume as usize].observe(seconds);
     }
 
     /// Counts one ResumeActor attempt (B36).
     pub fn count_attempt(&self, code: Code) {
-        self.handles.attempts[code.as_i32() as usize].inc();
+        self.inner.attempts[code as usize].inc();
     }
 
-    /// Records one request_headers exchange (B35). `outcome` and `resume`
-    /// are values of [`ROUTE_OUTCOMES`] and [`RESUME_LABELS`].
-    pub fn observe_route(&self, outcome: &str, resume: &str, seconds: f64) {
-        let o = ROUTE_OUTCOMES.iter().position(|v| *v == outcome);
-        let r = RESUME_LABELS.iter().position(|v| *v == resume);
-        match (o, r) {
-            (Some(o), Some(r)) => self.handles.route[o * RESUME_LABELS.len() + r].observe(seconds),
-            _ => self.route_duration.with_label_values(&[outcome, resume]).observe(seconds),
-        }
+    /// ResumeActor attempts so far that ended with `code`.
+    pub fn attempts(&self, code: Code) -> u64 {
+        self.inner.attempts[code as usize].get()
     }
 
-    /// The registry, for callers that add their own collectors.
-    pub fn registry(&self) -> &Registry {
-        &self.registry
+    /// Requests shed by a full lot so far (B34).
+    pub fn parking_rejected(&self) -> u64 {
+        self.inner.lot.rejected.get()
+    }
+
+    /// `atenet_router_extproc_streams_active`: one more stream open, or one
+    /// fewer (`delta` of 1 or -1).
+    pub fn streams_opened(&self, delta: i64) {
+        self.inner.streams_active.add(delta);
+    }
+
+    /// ext_proc streams open now.
+    pub fn streams_active(&self) -> i64 {
+        self.inner.streams_active.get()
+    }
+
+    /// Sets `atenet_router_parking_lot_max`.
+    pub fn set_lot_max(&self, max: usize) {
+        self.inner.parking_lot_max.set(i64::try_from(max).unwrap_or(i64::MAX));
+    }
+
+    /// Sets `atenet_router_flights_active`.
+    pub fn set_flights_active(&self, flights: usize) {
+        self.inner.flights_active.set(i64::try_from(flights).unwrap_or(i64::MAX));
+    }
+
+    /// The timer thread's lateness histogram.
+    pub fn timer_lateness(&self) -> Histogram {
+        self.inner.timer_lateness.clone()
+    }
+
+    /// Counts a verdict given during a drain.
+    pub fn count_drain_verdict(&self) {
+        self.inner.drain_verdicts.inc();
+    }
+
+    /// Verdicts given after a drain started.
+    #[cfg(feature = "testkit")]
+    pub fn drain_verdicts(&self) -> u64 {
+        self.inner.drain_verdicts.get()
+    }
+
+    /// Counts streams cut at the drain timeout.
+    pub fn count_drain_cancelled(&self, streams: u64) {
+        self.inner.drain_cancelled.inc_by(streams);
+    }
+
+    /// Streams cut at the drain timeout.
+    #[cfg(feature = "testkit")]
+    pub fn drain_cancelled(&self) -> u64 {
+        self.inner.drain_cancelled.get()
+    }
+
+    /// Counts a request naming no valid actor (B4).
+    pub fn count_invalid_target(&self) {
+        self.inner.invalid_targets.inc();
+    }
+
+    /// Counts a request refused a flight (B58).
+    pub fn count_flight_rejected(&self) {
+        self.inner.flights_rejected.inc();
     }
 
     /// Text exposition format, as served on `/metrics`.
     pub fn render(&self) -> String {
         let mut out = Vec::new();
-        TextEncoder::new().encode(&self.registry.gather(), &mut out).expect("encoding to memory");
+        TextEncoder::new().encode(&self.inner.registry.gather(), &mut out).expect("encoding to memory");
         String::from_utf8(out).expect("text exposition is UTF-8")
+    }
+}
+
+#[cfg(test)]
+impl Metrics {
+    /// Wait samples recorded with `outcome`.
+    pub(crate) fn waits(&self, outcome: WaitOutcome) -> u64 {
+        self.inner.lot.waits[outcome as usize].get_sample_count()
+    }
+
+    /// Callers counted with `decision`.
+    pub(crate) fn decisions(&self, decision: LotDecision) -> u64 {
+        self.inner.lot.decisions[decision as usize].get()
+    }
+
+    /// Slots held now, as the gauge says.
+    pub(crate) fn parking_active(&self) -> i64 {
+        self.inner.lot.active.get()
     }
 }
 
 impl Default for Metrics {
     fn default() -> Self {
         Metrics::new()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn label_lists_are_in_discriminant_order() {
+        assert!(RouteOutcome::ALL.iter().enumerate().all(|(i, o)| *o as usize == i));
+        assert!(ResumeLabel::ALL.iter().enumerate().all(|(i, r)| *r as usize == i));
+        assert!(Code::ALL.iter().enumerate().all(|(i, c)| *c as usize == i && *c as i32 == i as i32));
+    }
+
+    #[test]
+    fn every_labelled_series_is_exported_from_the_start() {
+        let text = Metrics::new().render();
+        let series = |name: &str| text.lines().filter(|l| l.starts_with(name)).count();
+        assert_eq!(
+            series("atenet_router_route_duration_seconds_count"),
+            RouteOutcome::ALL.len() * ResumeLabel::ALL.len()
+        );
+        assert_eq!(series("atenet_router_resume_attempts_total"), Code::ALL.len());
+        assert_eq!(series("atenet_router_park_decisions_total"), LotDecision::ALL.len());
+        assert_eq!(series("atenet_router_parking_wait_duration_seconds_count"), WaitOutcome::ALL.len());
     }
 }

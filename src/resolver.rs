@@ -8,40 +8,47 @@
 //! (B24). Phase 2 holds the slot until the flight is done.
 //!
 //! A caller is a future, not a thread: a parked request costs a waker in its
-//! flight and a slot counter, whatever the number of parked requests.
+//! flight and a slot counter, whatever the number of parked requests. What
+//! must happen exactly once for a caller (its lot decision, its slot's
+//! release, its wait sample) is owned by one [`Account`], whose transitions
+//! consume what they finish and whose drop settles whatever the caller left
+//! undone.
 
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use crate::flight::{Flight, FlightEvent, FlightOutcome, FlightTable, FlightWait, FlightsFull, Role, Until};
-use crate::lot::{LotDecision, ParkingLot, Slot};
-use crate::metrics::WaitOutcome;
+use crate::lot::{LotDecision, ParkingLot, Slot, WaitOutcome};
 use crate::resume::{ResumeError, Resumed};
 use crate::target::ActorId;
 
 /// B21's per-caller `resume` label.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ResumeLabel {
-    /// The flight failed (or the caller never got a result).
-    Unknown,
-    /// The actor was already running.
-    None,
     /// This caller led a flight that resumed the actor.
     Triggered,
     /// This caller joined a flight that resumed the actor.
     Joined,
+    /// The actor was already running.
+    None,
+    /// The flight failed (or the caller never got a result).
+    Unknown,
 }
 
 impl ResumeLabel {
-    pub fn as_str(self) -> &'static str {
+    /// Every value, in the order of their discriminants.
+    pub const ALL: [ResumeLabel; 4] =
+        [ResumeLabel::Triggered, ResumeLabel::Joined, ResumeLabel::None, ResumeLabel::Unknown];
+
+    /// The label value.
+    pub fn name(self) -> &'static str {
         match self {
-            ResumeLabel::Unknown => "unknown",
-            ResumeLabel::None => "none",
             ResumeLabel::Triggered => "triggered",
             ResumeLabel::Joined => "joined",
+            ResumeLabel::None => "none",
+            ResumeLabel::Unknown => "unknown",
         }
     }
 }
@@ -123,30 +130,38 @@ impl Resolver {
     /// Starts resolving `actor` for one caller. Dropping the returned future
     /// abandons the wait as [`Abandon::Canceled`].
     pub fn resolve(&self, actor: &ActorId) -> Resolve {
-        let exit = Arc::new(AtomicU8::new(Abandon::Canceled as u8));
+        let account = Account { lot: self.lot.clone(), state: AccountState::Undecided, exit: Abandon::Canceled };
         match self.flights.join(actor) {
             Ok((flight, role)) => {
-                let body = wait(Arc::clone(&flight), role, self.lot.clone(), Arc::clone(&exit));
-                Resolve { body: Box::pin(body), exit, flight: Some(flight) }
+                let wait = flight.wait(Until::ParkedOrDone);
+                Resolve { stage: Stage::First { wait }, flight: Some(flight), role, account }
             }
-            Err(FlightsFull) => {
-                let outcome = ResumeOutcome {
-                    result: Err(ResolveError::FlightsFull),
-                    resume: ResumeLabel::Unknown,
-                    parked: false,
-                };
-                Resolve { body: Box::pin(std::future::ready(outcome)), exit, flight: None }
-            }
+            Err(FlightsFull) => Resolve { stage: Stage::Refused, flight: None, role: Role::Leader, account },
         }
     }
 }
 
-/// A caller's pending resolution.
+/// A caller's pending resolution: a small state machine polled by its
+/// stream's task.
 pub struct Resolve {
-    body: Pin<Box<dyn Future<Output = ResumeOutcome> + Send>>,
-    exit: Arc<AtomicU8>,
+    stage: Stage,
     /// `None` when the caller was refused a flight (B58).
     flight: Option<Arc<Flight>>,
+    role: Role,
+    account: Account,
+}
+
+/// Where a caller is in its wait (B23).
+enum Stage {
+    /// Refused a flight: the answer is ready.
+    Refused,
+    /// Phase 1: waiting for the park transition or the end.
+    First { wait: FlightWait },
+    /// Phase 2: holding a slot (or, with parking disabled, none) until the
+    /// end.
+    Parked { wait: FlightWait },
+    /// The outcome was returned.
+    Finished,
 }
 
 impl Resolve {
@@ -158,8 +173,12 @@ impl Resolve {
     }
 
     /// Stops waiting, recording `reason` for a held slot (B27, B33).
-    pub fn abandon(self, reason: Abandon) {
-        self.exit.store(reason as u8, Ordering::Release);
+    pub fn abandon(mut self, reason: Abandon) {
+        self.account.exit = reason;
+    }
+
+    fn served(&self, outcome: &FlightOutcome, parked: bool) -> ResumeOutcome {
+        outcome_for(outcome, self.role, parked)
     }
 }
 
@@ -167,78 +186,136 @@ impl Future for Resolve {
     type Output = ResumeOutcome;
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<ResumeOutcome> {
-        self.body.as_mut().poll(cx)
-    }
-}
-
-/// The caller's two-phase wait. A function returning an `async move`
-/// block, not an `async fn`: the latter stores its arguments twice, and this
-/// state is held once per parked request.
-#[allow(clippy::manual_async_fn, reason = "an async fn would store its arguments twice")]
-fn wait(
-    flight: Arc<Flight>,
-    role: Role,
-    lot: Option<Arc<ParkingLot>>,
-    exit: Arc<AtomicU8>,
-) -> impl Future<Output = ResumeOutcome> + Send {
-    async move {
-        let served = |outcome: &FlightOutcome, parked: bool| outcome_for(outcome, role, parked);
-        // Counts this caller's lot decision exactly once, `left` if it goes
-        // away first (for the soak's accounting invariant).
-        let mut decision = Decision { lot: lot.as_deref(), made: false };
-        if let FlightEvent::Done(outcome) = flight.wait(Until::ParkedOrDone).await {
-            decision.made(LotDecision::Fast);
-            return served(&outcome, false);
-        }
-        let Some(lot) = lot.as_ref() else {
-            // Parking disabled: a retried Aborted waits without a slot (B22).
-            return served(&*done(&flight).await, false);
-        };
-        // B24: the flight may have finished between the transition and now.
-        if let Some(outcome) = flight.outcome() {
-            decision.made(LotDecision::Fast);
-            return served(&outcome, false);
-        }
-        // try_admit counts admitted or shed itself.
-        decision.made = true;
-        let Some(slot) = lot.try_admit() else {
-            return ResumeOutcome {
-                result: Err(ResolveError::LotFull),
-                resume: ResumeLabel::Unknown,
-                parked: false,
+        let this = &mut *self;
+        loop {
+            let event = match &mut this.stage {
+                Stage::Finished => panic!("a Resolve polled after it completed"),
+                Stage::Refused => {
+                    this.stage = Stage::Finished;
+                    let result = Err(ResolveError::FlightsFull);
+                    return Poll::Ready(ResumeOutcome { result, resume: ResumeLabel::Unknown, parked: false });
+                }
+                Stage::First { wait } | Stage::Parked { wait } => match Pin::new(wait).poll(cx) {
+                    Poll::Pending => return Poll::Pending,
+                    Poll::Ready(event) => event,
+                },
             };
-        };
-        let mut parked = ParkedCaller::new(slot, &flight, exit);
-        let outcome = done(&flight).await;
-        parked.release(wait_outcome(&outcome));
-        served(&outcome, true)
-    }
-}
-
-/// Records a caller's lot decision once; `left` when dropped undecided.
-struct Decision<'a> {
-    lot: Option<&'a ParkingLot>,
-    made: bool,
-}
-
-impl Decision<'_> {
-    fn made(&mut self, decision: LotDecision) {
-        if let (Some(lot), false) = (self.lot, std::mem::replace(&mut self.made, true)) {
-            lot.note_decision(decision);
+            let flight = this.flight.as_ref().expect("a caller with a flight");
+            match (event, &this.stage) {
+                (FlightEvent::Done(outcome), Stage::First { .. }) => {
+                    this.account.fast();
+                    this.stage = Stage::Finished;
+                    return Poll::Ready(this.served(&outcome, false));
+                }
+                (FlightEvent::Done(outcome), _) => {
+                    let parked = this.account.close(wait_outcome(&outcome));
+                    this.stage = Stage::Finished;
+                    return Poll::Ready(this.served(&outcome, parked));
+                }
+                (_, Stage::First { .. }) => {
+                    // The park transition. B24: the flight may have finished
+                    // between it and now; then serve without touching the lot.
+                    if let Some(outcome) = flight.outcome() {
+                        this.account.fast();
+                        this.stage = Stage::Finished;
+                        return Poll::Ready(this.served(&outcome, false));
+                    }
+                    if !this.account.admit(flight) {
+                        this.stage = Stage::Finished;
+                        let result = Err(ResolveError::LotFull);
+                        return Poll::Ready(ResumeOutcome { result, resume: ResumeLabel::Unknown, parked: false });
+                    }
+                    this.stage = Stage::Parked { wait: flight.wait(Until::Done) };
+                }
+                // A wait until done ends only when done.
+                (_, _) => unreachable!("phase 2 woke before its flight ended"),
+            }
         }
     }
 }
 
-impl Drop for Decision<'_> {
-    fn drop(&mut self) {
-        self.made(LotDecision::Left);
+/// One caller's accounting (B25-B27, B32, B33, B55).
+struct Account {
+    /// `None` with parking disabled (B22): nothing to account.
+    lot: Option<Arc<ParkingLot>>,
+    state: AccountState,
+    /// Why the caller left, should it leave before its flight ends.
+    exit: Abandon,
+}
+
+enum AccountState {
+    /// No lot decision yet.
+    Undecided,
+    /// Served without a slot, or shed: nothing left to settle.
+    Settled,
+    /// Holding a slot on `flight`.
+    Parked { slot: Slot, flight: Arc<Flight> },
+}
+
+impl Account {
+    /// Served without a slot (B24): counted `fast`.
+    fn fast(&mut self) {
+        if let (Some(lot), AccountState::Undecided) = (&self.lot, &self.state) {
+            lot.note_decision(LotDecision::Fast);
+        }
+        self.state = AccountState::Settled;
+    }
+
+    /// The lot decision at the park transition: a slot (true), or shed
+    /// (false, B26). Without a lot the caller simply waits on (B22).
+    fn admit(&mut self, flight: &Arc<Flight>) -> bool {
+        let Some(lot) = &self.lot else { return true };
+        match lot.try_admit() {
+            Some(slot) => {
+                flight.note_parked_caller(true);
+                self.state = AccountState::Parked { slot, flight: Arc::clone(flight) };
+                true
+            }
+            None => {
+                self.state = AccountState::Settled;
+                false
+            }
+        }
+    }
+
+    /// The flight ended while the caller held a slot: release it with
+    /// `outcome`. Whether there was a slot.
+    fn close(&mut self, outcome: WaitOutcome) -> bool {
+        match std::mem::replace(&mut self.state, AccountState::Settled) {
+            AccountState::Parked { slot, flight } => {
+                flight.note_parked_caller(false);
+                slot.release(outcome);
+                true
+            }
+            _ => false,
+        }
     }
 }
 
-async fn done(flight: &Arc<Flight>) -> Arc<FlightOutcome> {
-    match flight.wait(Until::Done).await {
-        FlightEvent::Done(outcome) => outcome,
-        FlightEvent::Parked | FlightEvent::Overtime => unreachable!("a wait until done only ends when done"),
+impl Drop for Account {
+    /// The caller went away. Before a decision it is counted `left`; with a
+    /// slot, the slot is released now (B27), and B33's first match wins: a
+    /// flight that already succeeded or exhausted its budget is the outcome,
+    /// not the caller's departure.
+    fn drop(&mut self) {
+        match std::mem::replace(&mut self.state, AccountState::Settled) {
+            AccountState::Undecided => {
+                if let Some(lot) = &self.lot {
+                    lot.note_decision(LotDecision::Left);
+                }
+            }
+            AccountState::Parked { slot, flight } => {
+                let outcome = match flight.outcome().as_deref() {
+                    Some(FlightOutcome::Resumed(_)) => WaitOutcome::Served,
+                    Some(FlightOutcome::BudgetExhausted(_)) => WaitOutcome::BudgetExhausted,
+                    _ if self.exit == Abandon::Timeout => WaitOutcome::Timeout,
+                    _ => WaitOutcome::Canceled,
+                };
+                flight.note_parked_caller(false);
+                slot.release(outcome);
+            }
+            AccountState::Settled => {}
+        }
     }
 }
 
@@ -268,44 +345,6 @@ fn wait_outcome(outcome: &FlightOutcome) -> WaitOutcome {
     }
 }
 
-/// A caller holding a slot; releases it exactly once, with the abandon
-/// reason when the wait is cut short.
-struct ParkedCaller {
-    slot: Slot,
-    flight: Arc<Flight>,
-    exit: Arc<AtomicU8>,
-    released: bool,
-}
-
-impl ParkedCaller {
-    fn new(slot: Slot, flight: &Arc<Flight>, exit: Arc<AtomicU8>) -> ParkedCaller {
-        flight.note_parked_caller(true);
-        ParkedCaller { slot, flight: Arc::clone(flight), exit, released: false }
-    }
-
-    fn release(&mut self, outcome: WaitOutcome) {
-        if !std::mem::replace(&mut self.released, true) {
-            self.flight.note_parked_caller(false);
-            self.slot.release(outcome);
-        }
-    }
-}
-
-impl Drop for ParkedCaller {
-    /// The caller stopped waiting before it read its flight's outcome. B33's
-    /// first match wins: when the flight has already succeeded or exhausted
-    /// its budget, that is the outcome, not the caller's departure.
-    fn drop(&mut self) {
-        let reason = match self.flight.outcome().as_deref() {
-            Some(FlightOutcome::Resumed(_)) => WaitOutcome::Served,
-            Some(FlightOutcome::BudgetExhausted(_)) => WaitOutcome::BudgetExhausted,
-            _ if self.exit.load(Ordering::Acquire) == Abandon::Timeout as u8 => WaitOutcome::Timeout,
-            _ => WaitOutcome::Canceled,
-        };
-        self.release(reason);
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -325,7 +364,8 @@ mod tests {
     fn setup(lot_max: usize) -> Setup {
         let h = harness(1000, 100, lot_max > 0);
         let metrics = Metrics::new();
-        let lot = (lot_max > 0).then(|| ParkingLot::new(lot_max, Arc::new(h.clock.clone()), metrics.clone()));
+        let lot =
+            (lot_max > 0).then(|| ParkingLot::new(lot_max, Arc::new(h.clock.clone()), metrics.lot_instruments()));
         let resolver = Resolver::new(h.table.clone(), lot);
         Setup { h, metrics, resolver }
     }
@@ -362,14 +402,14 @@ mod tests {
         assert!(outcome.result.is_ok());
         assert_eq!(outcome.resume, ResumeLabel::None, "B21: already running");
         assert!(!outcome.parked);
-        assert_eq!(s.metrics.parking_rejected.get(), 0);
+        assert_eq!(s.metrics.parking_rejected(), 0);
         s.h.scheduler.advance(Duration::from_millis(100));
         s.h.resumer.answer(&hot, ok(true));
         let outcome = ready(&mut parked);
         assert_eq!(outcome.resume, ResumeLabel::Triggered);
         assert!(outcome.parked);
         assert_eq!(active(&s), 0);
-        assert_eq!(s.metrics.wait(WaitOutcome::Served).get_sample_count(), 1);
+        assert_eq!(s.metrics.waits(WaitOutcome::Served), 1);
     }
 
     #[test]
@@ -386,9 +426,9 @@ mod tests {
             Poll::Ready(o) => assert_eq!(o.result, Err(ResolveError::LotFull)),
             Poll::Pending => panic!("third caller should be shed"),
         }
-        assert_eq!(s.metrics.parking_rejected.get(), 1);
+        assert_eq!(s.metrics.parking_rejected(), 1);
         assert_eq!(active(&s), 2);
-        let decided = |d| s.metrics.decision(d).get();
+        let decided = |d| s.metrics.decisions(d);
         assert_eq!((decided(LotDecision::Admitted), decided(LotDecision::Shed)), (2, 1));
         s.h.scheduler.advance(Duration::from_millis(100));
         assert_eq!(s.h.resumer.calls(&a), 2, "one RPC per attempt for N callers");
@@ -396,7 +436,7 @@ mod tests {
         let labels: Vec<ResumeLabel> = callers[..2].iter_mut().map(|c| ready(c).resume).collect();
         assert_eq!(labels, vec![ResumeLabel::Triggered, ResumeLabel::Joined]);
         assert_eq!(active(&s), 0);
-        assert_eq!(s.metrics.wait(WaitOutcome::Served).get_sample_count(), 2);
+        assert_eq!(s.metrics.waits(WaitOutcome::Served), 2);
         assert!(s.h.table.is_empty(), "B30");
     }
 
@@ -412,7 +452,7 @@ mod tests {
         assert_eq!(active(&s), 2);
         drop(leaving);
         assert_eq!(active(&s), 1, "B27: freed at once");
-        assert_eq!(s.metrics.wait(WaitOutcome::Canceled).get_sample_count(), 1);
+        assert_eq!(s.metrics.waits(WaitOutcome::Canceled), 1);
         assert_eq!(s.h.table.len(), 1, "B28: flight goes on");
         s.h.scheduler.advance(Duration::from_millis(100));
         s.h.resumer.answer(&a, ok(true));
@@ -429,8 +469,8 @@ mod tests {
         s.h.resumer.answer(&a, err(Code::Aborted, "busy"));
         assert!(poll(&mut caller).is_pending());
         caller.abandon(Abandon::Timeout);
-        assert_eq!(s.metrics.wait(WaitOutcome::Timeout).get_sample_count(), 1);
-        assert_eq!(s.metrics.wait(WaitOutcome::Canceled).get_sample_count(), 0);
+        assert_eq!(s.metrics.waits(WaitOutcome::Timeout), 1);
+        assert_eq!(s.metrics.waits(WaitOutcome::Canceled), 0);
         s.h.scheduler.advance(Duration::from_millis(100));
         s.h.resumer.answer(&a, ok(true));
         assert!(s.h.table.is_empty());
@@ -449,8 +489,8 @@ mod tests {
         // runs again to read the result.
         s.h.resumer.answer(&a, ok(true));
         drop(caller);
-        assert_eq!(s.metrics.wait(WaitOutcome::Served).get_sample_count(), 1, "served wins");
-        assert_eq!(s.metrics.wait(WaitOutcome::Canceled).get_sample_count(), 0);
+        assert_eq!(s.metrics.waits(WaitOutcome::Served), 1, "served wins");
+        assert_eq!(s.metrics.waits(WaitOutcome::Canceled), 0);
         assert_eq!(active(&s), 0);
     }
 
@@ -499,8 +539,8 @@ mod tests {
             matches!(outcome.result, Err(ResolveError::BudgetExhausted(_))),
             "the flight ended: budget exhausted, not shed: {outcome:?}"
         );
-        assert_eq!(s.metrics.parking_rejected.get(), 0, "B26's counter is for real sheds only");
-        assert_eq!(s.metrics.decision(LotDecision::Shed).get(), 0);
+        assert_eq!(s.metrics.parking_rejected(), 0, "B26's counter is for real sheds only");
+        assert_eq!(s.metrics.decisions(LotDecision::Shed), 0);
         // The holder's flight reaches its own deadline at its next timer.
         s.h.scheduler.advance(Duration::from_millis(100));
         assert!(matches!(ready(&mut holder).result, Err(ResolveError::BudgetExhausted(_))));
@@ -532,15 +572,12 @@ mod tests {
         let mut caller = s.resolver.resolve(&a);
         assert!(poll(&mut caller).is_pending());
         drop(caller);
-        assert_eq!(s.metrics.decision(LotDecision::Left).get(), 1, "gone before the decision");
+        assert_eq!(s.metrics.decisions(LotDecision::Left), 1, "gone before the decision");
         let mut fast = s.resolver.resolve(&a);
         s.h.resumer.answer(&a, ok(true));
         assert!(ready(&mut fast).result.is_ok());
-        assert_eq!(s.metrics.decision(LotDecision::Fast).get(), 1);
-        let total: u64 = ["served", "budget_exhausted", "canceled", "timeout", "error"]
-            .iter()
-            .map(|o| s.metrics.parking_wait.with_label_values(&[o]).get_sample_count())
-            .sum();
+        assert_eq!(s.metrics.decisions(LotDecision::Fast), 1);
+        let total: u64 = WaitOutcome::ALL.iter().map(|o| s.metrics.waits(*o)).sum();
         assert_eq!(total, 0);
     }
 
@@ -568,8 +605,8 @@ mod tests {
         );
         assert_eq!(oa.resume, ResumeLabel::Unknown, "B21: failed flight is unknown");
         assert!(matches!(ready(&mut cb).result, Err(ResolveError::Failed(_))));
-        assert_eq!(s.metrics.wait(WaitOutcome::BudgetExhausted).get_sample_count(), 1);
-        assert_eq!(s.metrics.wait(WaitOutcome::Error).get_sample_count(), 1);
+        assert_eq!(s.metrics.waits(WaitOutcome::BudgetExhausted), 1);
+        assert_eq!(s.metrics.waits(WaitOutcome::Error), 1);
     }
 
     #[test]
@@ -584,7 +621,7 @@ mod tests {
         s.h.resumer.answer(&a, ok(true));
         let outcome = ready(&mut caller);
         assert!(outcome.result.is_ok() && !outcome.parked);
-        assert_eq!(s.metrics.parking_active.get(), 0);
-        assert_eq!(s.metrics.parking_wait.with_label_values(&["served"]).get_sample_count(), 0);
+        assert_eq!(s.metrics.parking_active(), 0);
+        assert_eq!(s.metrics.waits(WaitOutcome::Served), 0);
     }
 }

@@ -1,12 +1,9 @@
-//! What one `ResumeActor` attempt can return, independent of gRPC plumbing.
-//!
-//! The flight and parking logic depend on this module and on the [`Resumer`]
-//! trait only, so they run in unit tests against a scripted control plane.
+//! What one `ResumeActor` attempt can return, independent of gRPC plumbing:
+//! the vocabulary the flights, the verdicts and the ateapi client share.
 
 use std::fmt;
 use std::net::IpAddr;
 
-use crate::target::ActorId;
 
 /// gRPC status codes, as numbered on the wire.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -31,7 +28,8 @@ pub enum Code {
 }
 
 impl Code {
-    const ALL: [Code; 17] = [
+    /// Every code, in wire order (a code's discriminant is its wire number).
+    pub const ALL: [Code; 17] = [
         Code::Ok,
         Code::Cancelled,
         Code::Unknown,
@@ -54,11 +52,6 @@ impl Code {
     /// The code for a wire number; unknown numbers are `Unknown`, as gRPC says.
     pub fn from_i32(n: i32) -> Code {
         usize::try_from(n).ok().and_then(|i| Code::ALL.get(i)).copied().unwrap_or(Code::Unknown)
-    }
-
-    /// The wire number.
-    pub fn as_i32(self) -> i32 {
-        Code::ALL.iter().position(|&c| c == self).map_or(2, |i| i as i32)
     }
 
     /// The canonical name, as used in metric labels (`ResourceExhausted`).
@@ -154,17 +147,3 @@ fn worker_ip(ips: &[String]) -> Result<IpAddr, BadWorkerIp> {
 
 /// The result of one attempt.
 pub type AttemptResult = Result<Resumed, ResumeError>;
-
-/// Called exactly once with an attempt's result, on whatever thread
-/// completes it.
-pub type AttemptDone = Box<dyn FnOnce(AttemptResult) + Send + 'static>;
-
-/// Starts `ResumeActor` attempts without waiting for them.
-///
-/// Implementations must not block: the caller may be a completion-queue or
-/// timer thread. They must call `done` exactly once, and never while the
-/// caller of `start` still holds a lock it needs (calling it from inside
-/// `start` is allowed).
-pub trait Resumer: Send + Sync + 'static {
-    fn start(&self, actor: &ActorId, done: AttemptDone);
-}

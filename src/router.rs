@@ -9,34 +9,58 @@
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use crossbeam_channel::{bounded, Receiver};
 use grpcio::{ChannelBuilder, EnvBuilder, Environment, Server, ServerBuilder, ServerCredentials};
 
-use crate::ateapi::AteapiClient;
+use crate::ateapi::{AteapiClient, CredentialsError};
 use crate::clock::SystemClock;
 use crate::config::{AteapiTransport, Config};
 use crate::extproc::{ExtProc, ExtProcSettings};
 use crate::flight::{FlightPolicy, FlightTable};
-use crate::http::{self, HttpServer, Limits};
+use crate::http::{self, BindError, HttpServer, Limits};
 use crate::lot::ParkingLot;
 use crate::metrics::Metrics;
 use crate::resolver::Resolver;
 use crate::status::{RecentRequests, StatusPage};
 use crate::timer::TimerThread;
 
-/// Why the router could not start.
+/// Why the router could not start; each keeps its cause.
 #[derive(Debug)]
-pub struct StartError(pub String);
+pub enum StartError {
+    /// ateapi's credentials are unusable.
+    Ateapi(CredentialsError),
+    /// gRPC could not build the ext_proc server.
+    ExtProcServer(grpcio::Error),
+    /// The ext_proc port could not be bound.
+    ExtProcListen { addr: SocketAddr, source: grpcio::Error },
+    /// An HTTP listener (`what`: metrics or status) could not be bound.
+    Http { what: &'static str, source: BindError },
+}
 
 impl std::fmt::Display for StartError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.0)
+        match self {
+            StartError::Ateapi(e) => write!(f, "ateapi client: {e}"),
+            StartError::ExtProcServer(e) => write!(f, "building the ext_proc server: {e}"),
+            StartError::ExtProcListen { addr, source } => {
+                write!(f, "cannot listen for ext_proc on {addr}: {source}")
+            }
+            StartError::Http { what, source } => write!(f, "{what}: {source}"),
+        }
     }
 }
 
-impl std::error::Error for StartError {}
+impl std::error::Error for StartError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            StartError::Ateapi(e) => Some(e),
+            StartError::ExtProcServer(e) | StartError::ExtProcListen { source: e, .. } => Some(e),
+            StartError::Http { source, .. } => Some(source),
+        }
+    }
+}
 
 /// How often credential files are checked for rotation.
 const CREDENTIALS_CHECK: Duration = Duration::from_secs(1);
@@ -60,6 +84,7 @@ pub struct Router {
     http: Option<HttpServer>,
     status: Option<HttpServer>,
     timer: Arc<TimerThread>,
+    #[cfg(feature = "testkit")]
     resolver: Resolver,
     metrics: Metrics,
     ready: Arc<AtomicBool>,
@@ -106,11 +131,16 @@ impl Router {
     /// Starts every component. Binds the ext_proc port, the metrics listener
     /// and the status page; fails without leaving anything running.
     pub fn start(config: &Config) -> Result<Router, StartError> {
+        let flags: Vec<String> = crate::status::effective_flags(config)
+            .iter()
+            .map(|(flag, value)| format!("{flag}={value}"))
+            .collect();
+        log::debug!("effective flags: {}", flags.join(" "));
         let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
         let env = Arc::new(EnvBuilder::new().cq_count(cores).name_prefix("atenet-grpc").build());
         let metrics = Metrics::new();
-        metrics.parking_lot_max.set(config.parking.max as i64);
-        let timer = TimerThread::start_observed(Some(metrics.timer_lateness.clone()));
+        metrics.set_lot_max(config.parking.max);
+        let timer = TimerThread::start_observed(Some(metrics.timer_lateness()));
 
         let ateapi = Arc::new(
             AteapiClient::connect(
@@ -120,7 +150,7 @@ impl Router {
                 config.ateapi_token_file.as_deref(),
                 metrics.clone(),
             )
-            .map_err(|e| StartError(format!("ateapi client: {e}")))?,
+            .map_err(StartError::Ateapi)?,
         );
         let policy = FlightPolicy {
             budget: config.parking.budget,
@@ -133,7 +163,7 @@ impl Router {
         let lot = config
             .parking
             .enabled
-            .then(|| ParkingLot::new(config.parking.max, Arc::new(SystemClock), metrics.clone()));
+            .then(|| ParkingLot::new(config.parking.max, Arc::new(SystemClock), metrics.lot_instruments()));
         let resolver = Resolver::new(flights, lot);
         let ready = Arc::new(AtomicBool::new(true));
         let recent = Arc::new(RecentRequests::default());
@@ -160,10 +190,10 @@ impl Router {
             .channel_args(args)
             .register_service(extproc.service())
             .build()
-            .map_err(|e| StartError(format!("building the ext_proc server: {e}")))?;
+            .map_err(StartError::ExtProcServer)?;
         let port = grpc
             .add_listening_port(config.extproc_addr.to_string(), ServerCredentials::insecure())
-            .map_err(|_| StartError(format!("cannot listen for ext_proc on {}", config.extproc_addr)))?;
+            .map_err(|source| StartError::ExtProcListen { addr: config.extproc_addr, source })?;
         let extproc_addr = SocketAddr::new(config.extproc_addr.ip(), port);
         if !extproc_addr.ip().is_loopback() {
             log::warn!(
@@ -173,8 +203,8 @@ impl Router {
         }
 
         let sample = {
-            let (flights, gauge) = (resolver.flights().clone(), metrics.flights_active.clone());
-            move || gauge.set(i64::try_from(flights.len()).unwrap_or(i64::MAX))
+            let (flights, metrics) = (resolver.flights().clone(), metrics.clone());
+            move || metrics.set_flights_active(flights.len())
         };
         let http = HttpServer::start(
             config.metrics_addr,
@@ -182,21 +212,20 @@ impl Router {
             Limits::default(),
             http::metrics_handler(metrics.clone(), Arc::clone(&ready), sample),
         )
-        .map_err(|e| StartError(format!("metrics listener: {e}")))?;
+        .map_err(|source| StartError::Http { what: "metrics listener", source })?;
         let status = match config.status_addr {
             None => None,
             Some(addr) => {
-                let page = Arc::new(StatusPage {
-                    config: config.clone(),
-                    resolver: resolver.clone(),
+                let page = Arc::new(StatusPage::new(
+                    config.clone(),
+                    resolver.clone(),
                     recent,
-                    ateapi: Arc::clone(&ateapi),
-                    metrics: metrics.clone(),
-                    started: Instant::now(),
-                });
+                    Arc::clone(&ateapi),
+                    metrics.clone(),
+                ));
                 let server =
                     HttpServer::start(addr, "atenet-status", Limits::default(), StatusPage::handler(page))
-                        .map_err(|e| StartError(format!("status page: {e}")))?;
+                        .map_err(|source| StartError::Http { what: "status page", source })?;
                 Some(server)
             }
         };
@@ -209,6 +238,7 @@ impl Router {
             http: Some(http),
             status,
             timer,
+            #[cfg(feature = "testkit")]
             resolver,
             metrics,
             ready,
@@ -234,11 +264,13 @@ impl Router {
     }
 
     /// The router's instruments.
+    #[cfg(feature = "testkit")]
     pub fn metrics(&self) -> &Metrics {
         &self.metrics
     }
 
     /// The flight table and lot.
+    #[cfg(feature = "testkit")]
     pub fn resolver(&self) -> &Resolver {
         &self.resolver
     }
@@ -269,8 +301,8 @@ impl Router {
         };
         let mut cancelled = 0;
         if !finished {
-            cancelled = self.metrics.streams_active.get().max(0) as usize;
-            self.metrics.drain_cancelled.inc_by(cancelled as u64);
+            cancelled = self.metrics.streams_active().max(0) as usize;
+            self.metrics.count_drain_cancelled(cancelled as u64);
             log::warn!("drain: cancelling {cancelled} ext_proc streams still open");
             self.grpc.cancel_all_calls();
             let _ = done_rx.recv_timeout(Duration::from_secs(5));

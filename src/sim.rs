@@ -191,6 +191,47 @@ struct State {
     last_authorization: Mutex<Option<String>>,
 }
 
+/// Why the simulator could not start.
+#[derive(Debug)]
+pub enum SimError {
+    Build(grpcio::Error),
+    Listen { addr: SocketAddr, source: grpcio::Error },
+}
+
+impl std::fmt::Display for SimError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            SimError::Build(e) => write!(f, "building the sim server: {e}"),
+            SimError::Listen { addr, source } => write!(f, "cannot listen on {addr}: {source}"),
+        }
+    }
+}
+
+impl std::error::Error for SimError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            SimError::Build(e) | SimError::Listen { source: e, .. } => Some(e),
+        }
+    }
+}
+
+/// A script line that is not one (see [`parse_script`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ScriptError {
+    /// 1-based.
+    pub line: usize,
+    pub text: String,
+    pub reason: String,
+}
+
+impl std::fmt::Display for ScriptError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "script line {}: {}: {:?}", self.line, self.reason, self.text)
+    }
+}
+
+impl std::error::Error for ScriptError {}
+
 /// A running simulated control plane.
 pub struct Sim {
     state: Arc<State>,
@@ -200,7 +241,7 @@ pub struct Sim {
 
 impl Sim {
     /// Binds `config.listen` and starts serving.
-    pub fn start(config: SimConfig) -> Result<Sim, String> {
+    pub fn start(config: SimConfig) -> Result<Sim, SimError> {
         let env = Arc::new(EnvBuilder::new().cq_count(1).name_prefix("ateapi-sim").build());
         let actors = (0..config.actors)
             .map(|i| (format!("{}/actor-{i}", config.atespace), ActorSim::Suspended))
@@ -271,7 +312,7 @@ impl Sim {
             .channel_args(args)
             .register_service(service)
             .build()
-            .map_err(|e| format!("building the sim server: {e}"))?;
+            .map_err(SimError::Build)?;
         let credentials = match &state.config.tls {
             None => ServerCredentials::insecure(),
             Some(tls) => {
@@ -288,7 +329,7 @@ impl Sim {
         };
         let port = server
             .add_listening_port(state.config.listen.to_string(), credentials)
-            .map_err(|_| format!("cannot listen on {}", state.config.listen))?;
+            .map_err(|source| SimError::Listen { addr: state.config.listen, source })?;
         server.start();
         let addr = SocketAddr::new(state.config.listen.ip(), port);
         Ok(Sim { state, server, addr })
@@ -511,14 +552,14 @@ impl State {
 ///
 /// `ips` and `message` take `-` for none; the message is the rest of the
 /// line. Blank lines and `#` comments are skipped.
-pub fn parse_script(text: &str) -> Result<Vec<(String, Answer)>, String> {
+pub fn parse_script(text: &str) -> Result<Vec<(String, Answer)>, ScriptError> {
     let mut answers = Vec::new();
     for (n, line) in text.lines().enumerate() {
         let line = line.trim();
         if line.is_empty() || line.starts_with('#') {
             continue;
         }
-        let fail = |why: &str| format!("script line {}: {why}: {line:?}", n + 1);
+        let fail = |why: &str| ScriptError { line: n + 1, text: line.to_string(), reason: why.to_string() };
         let mut parts = line.split_whitespace();
         let mut next = |what: &str| parts.next().ok_or_else(|| fail(&format!("missing {what}")));
         let actor = next("actor")?.to_string();
@@ -557,8 +598,7 @@ async fn respond(
     answer: &Answer,
 ) -> grpcio::Result<()> {
     if answer.code != Code::Ok {
-        let status =
-            RpcStatus::with_message(RpcStatusCode::from(answer.code.as_i32()), answer.message.clone());
+        let status = RpcStatus::with_message(RpcStatusCode::from(answer.code as i32), answer.message.clone());
         return sink.fail(status).await;
     }
     let object = request.actor.clone().unwrap_or_default();

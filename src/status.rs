@@ -13,12 +13,13 @@ use std::time::{Duration, Instant, SystemTime};
 use parking_lot::Mutex;
 
 use crate::ateapi::AteapiClient;
-use crate::config::Config;
+use crate::config::{AteapiTransport, Config};
 use crate::godur;
 use crate::http::{Handler, Reply, Request};
 use crate::logging::json_string;
 use crate::metrics::Metrics;
 use crate::resolver::Resolver;
+use crate::resume::Code;
 
 /// How many recent requests the page keeps.
 pub const RECENT_CAPACITY: usize = 100;
@@ -81,12 +82,31 @@ impl RecentRequests {
 
 /// Everything the page reads.
 pub struct StatusPage {
-    pub config: Config,
-    pub resolver: Resolver,
-    pub recent: Arc<RecentRequests>,
-    pub ateapi: Arc<AteapiClient>,
-    pub metrics: Metrics,
-    pub started: Instant,
+    config: Config,
+    resolver: Resolver,
+    recent: Arc<RecentRequests>,
+    ateapi: Arc<AteapiClient>,
+    metrics: Metrics,
+    started: Instant,
+}
+
+/// The page's content at one instant, gathered once and rendered as HTML or
+/// JSON.
+struct Snapshot {
+    uptime: Duration,
+    parking_enabled: bool,
+    active: usize,
+    max_parked: usize,
+    max_wait: Duration,
+    flights: usize,
+    shed: u64,
+    parked_actors: Vec<ParkedActor>,
+    ateapi_address: String,
+    connectivity: &'static str,
+    /// ResumeActor attempts by code, for the codes seen, by name.
+    attempts: Vec<(&'static str, u64)>,
+    flags: Vec<(&'static str, String)>,
+    recent: Vec<RecentRequest>,
 }
 
 /// One actor with parked requests, as shown.
@@ -95,12 +115,22 @@ struct ParkedActor {
     waiting: usize,
     oldest: Duration,
     attempts: u32,
-    last_code: String,
+    last_code: &'static str,
     budget_left: Duration,
 }
 
 impl StatusPage {
-    /// The tiny_http handler for `/statusz`.
+    pub fn new(
+        config: Config,
+        resolver: Resolver,
+        recent: Arc<RecentRequests>,
+        ateapi: Arc<AteapiClient>,
+        metrics: Metrics,
+    ) -> StatusPage {
+        StatusPage { config, resolver, recent, ateapi, metrics, started: Instant::now() }
+    }
+
+    /// The handler for `/statusz`.
     pub fn handler(page: Arc<StatusPage>) -> Handler {
         Arc::new(move |request: &Request| {
             if request.path != "/statusz" && request.path != "/" {
@@ -108,20 +138,18 @@ impl StatusPage {
             }
             let wants_json = request.query.split('&').any(|p| p == "format=json")
                 || request.header("Accept").is_some_and(|accept| accept.contains("application/json"));
+            let snapshot = page.snapshot();
             if wants_json {
-                Reply { status: 200, content_type: "application/json", body: page.json().into_bytes() }
+                Reply { status: 200, content_type: "application/json", body: json(&snapshot).into_bytes() }
             } else {
-                Reply {
-                    status: 200,
-                    content_type: "text/html; charset=utf-8",
-                    body: page.html().into_bytes(),
-                }
+                Reply { status: 200, content_type: "text/html; charset=utf-8", body: html(&snapshot).into_bytes() }
             }
         })
     }
 
-    fn parked_actors(&self) -> Vec<ParkedActor> {
-        self.resolver
+    fn snapshot(&self) -> Snapshot {
+        let parked_actors = self
+            .resolver
             .flights()
             .snapshot()
             .into_iter()
@@ -131,179 +159,222 @@ impl StatusPage {
                 waiting: f.parked_callers,
                 oldest: f.age,
                 attempts: f.attempts,
-                last_code: f.last_code.map_or("-".into(), |c| c.name().to_string()),
+                last_code: f.last_code.map_or("-", Code::name),
                 budget_left: f.budget_left,
             })
-            .collect()
-    }
-
-    fn active(&self) -> usize {
-        self.resolver.lot().map_or(0, |l| l.active())
-    }
-
-    fn attempts_by_code(&self) -> Vec<(String, u64)> {
-        let mut counts: Vec<(String, u64)> = self
-            .metrics
-            .registry()
-            .gather()
+            .collect();
+        let mut attempts: Vec<(&'static str, u64)> = Code::ALL
             .iter()
-            .filter(|family| family.get_name() == "atenet_router_resume_attempts_total")
-            .flat_map(|family| family.get_metric().iter())
-            .map(|m| {
-                let code = m.get_label().first().map(|l| l.get_value().to_string()).unwrap_or_default();
-                (code, m.get_counter().get_value() as u64)
-            })
+            .map(|&code| (code.name(), self.metrics.attempts(code)))
             .filter(|(_, n)| *n > 0)
             .collect();
-        counts.sort();
-        counts
+        attempts.sort();
+        let parking = &self.config.parking;
+        Snapshot {
+            uptime: Duration::from_secs(self.started.elapsed().as_secs()),
+            parking_enabled: parking.enabled,
+            active: self.resolver.lot().map_or(0, |l| l.active()),
+            max_parked: parking.max,
+            max_wait: parking.budget,
+            flights: self.resolver.flights().len(),
+            shed: self.metrics.parking_rejected(),
+            parked_actors,
+            ateapi_address: self.config.ateapi_address.clone(),
+            connectivity: self.ateapi.connectivity(),
+            attempts,
+            flags: effective_flags(&self.config),
+            recent: self.recent.snapshot(),
+        }
     }
+}
 
-    /// The JSON form.
-    pub fn json(&self) -> String {
-        let p = &self.config.parking;
-        let mut j = String::from("{");
+/// The page as JSON.
+fn json(s: &Snapshot) -> String {
+    let mut j = String::from("{");
+    let _ = write!(
+        j,
+        "\"parking\":{{\"enabled\":{},\"active\":{},\"max_parked\":{},\"max_wait\":{}}}",
+        s.parking_enabled,
+        s.active,
+        s.max_parked,
+        json_string(&godur::format(s.max_wait))
+    );
+    j.push_str(",\"parked_actors\":[");
+    for (i, a) in s.parked_actors.iter().enumerate() {
         let _ = write!(
             j,
-            "\"parking\":{{\"enabled\":{},\"active\":{},\"max_parked\":{},\"max_wait\":{}}}",
-            p.enabled,
-            self.active(),
-            p.max,
-            json_string(&godur::format(p.budget))
+            "{}{{\"actor\":{},\"waiting\":{},\"oldest_wait_seconds\":{:.3},\"attempts\":{},\"last_code\":{},\"budget_left_seconds\":{:.3}}}",
+            if i > 0 { "," } else { "" },
+            json_string(&a.actor),
+            a.waiting,
+            a.oldest.as_secs_f64(),
+            a.attempts,
+            json_string(a.last_code),
+            a.budget_left.as_secs_f64()
         );
-        j.push_str(",\"parked_actors\":[");
-        for (i, a) in self.parked_actors().iter().enumerate() {
+    }
+    let _ = write!(
+        j,
+        "],\"flights\":{},\"ateapi\":{{\"address\":{},\"connectivity\":{},\"attempts\":{{",
+        s.flights,
+        json_string(&s.ateapi_address),
+        json_string(s.connectivity)
+    );
+    for (i, (code, n)) in s.attempts.iter().enumerate() {
+        let _ = write!(j, "{}{}:{n}", if i > 0 { "," } else { "" }, json_string(code));
+    }
+    j.push_str("}},\"flags\":{");
+    for (i, (flag, value)) in s.flags.iter().enumerate() {
+        let _ = write!(j, "{}{}:{}", if i > 0 { "," } else { "" }, json_string(flag), json_string(value));
+    }
+    j.push_str("},\"recent_requests\":[");
+    for (i, r) in s.recent.iter().enumerate() {
+        let _ = write!(
+            j,
+            "{}{{\"time\":{},\"method\":{},\"path\":{},\"actor\":{},\"verdict\":{},\"target\":{},\"duration_seconds\":{:.6}}}",
+            if i > 0 { "," } else { "" },
+            json_string(&crate::logging::rfc3339(r.at)),
+            json_string(&r.method),
+            json_string(&r.path),
+            json_string(&r.actor),
+            json_string(&r.verdict),
+            json_string(&r.target),
+            r.duration.as_secs_f64()
+        );
+    }
+    let _ = write!(j, "],\"uptime_seconds\":{}}}", s.uptime.as_secs());
+    j
+}
+
+/// The page as HTML: self-contained, refreshing itself every 2 seconds.
+fn html(s: &Snapshot) -> String {
+    let mut h = String::new();
+    let _ = write!(
+        h,
+        "<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\">\
+         <meta http-equiv=\"refresh\" content=\"2\"><title>atenet Router Status</title><style>{STYLE}</style></head>\
+         <body><h1>atenet Router Status</h1><p class=\"sub\">up {} &middot; refreshes every 2 s &middot; \
+         <a href=\"?format=json\">JSON</a></p><div class=\"cards\">",
+        godur::format(s.uptime)
+    );
+    let _ = write!(
+        h,
+        "<section class=\"card\" id=\"parking\"><h2>Request Parking</h2><dl>\
+         <dt>enabled</dt><dd id=\"parking-enabled\">{}</dd>\
+         <dt>parked</dt><dd><span id=\"parking-active\">{}</span> / <span id=\"parking-max\">{}</span></dd>\
+         <dt>max wait</dt><dd id=\"parking-max-wait\">{}</dd>\
+         <dt>flights</dt><dd id=\"flights\">{}</dd>\
+         <dt>shed (lot full)</dt><dd>{}</dd></dl>",
+        if s.parking_enabled { "yes" } else { "no" },
+        s.active,
+        s.max_parked,
+        escape(&godur::format(s.max_wait)),
+        s.flights,
+        s.shed
+    );
+    if s.parked_actors.is_empty() {
+        h.push_str("<p class=\"quiet\">No actor has parked requests.</p>");
+    } else {
+        h.push_str(
+            "<table id=\"parked-actors\"><tr><th>actor</th><th>waiting</th><th>oldest</th>\
+             <th>attempts</th><th>last code</th><th>budget left</th></tr>",
+        );
+        for a in &s.parked_actors {
             let _ = write!(
-                j,
-                "{}{{\"actor\":{},\"waiting\":{},\"oldest_wait_seconds\":{:.3},\"attempts\":{},\"last_code\":{},\"budget_left_seconds\":{:.3}}}",
-                if i > 0 { "," } else { "" },
-                json_string(&a.actor),
+                h,
+                "<tr><td>{}</td><td>{}</td><td>{:.1}s</td><td>{}</td><td>{}</td><td>{:.1}s</td></tr>",
+                escape(&a.actor),
                 a.waiting,
                 a.oldest.as_secs_f64(),
                 a.attempts,
-                json_string(&a.last_code),
+                escape(a.last_code),
                 a.budget_left.as_secs_f64()
             );
         }
-        let _ = write!(
-            j,
-            "],\"flights\":{},\"ateapi\":{{\"address\":{},\"connectivity\":{},\"attempts\":{{",
-            self.resolver.flights().len(),
-            json_string(&self.config.ateapi_address),
-            json_string(self.ateapi.connectivity())
-        );
-        for (i, (code, n)) in self.attempts_by_code().iter().enumerate() {
-            let _ = write!(j, "{}{}:{n}", if i > 0 { "," } else { "" }, json_string(code));
-        }
-        j.push_str("}},\"flags\":{");
-        for (i, (flag, value)) in self.config.effective_flags().iter().enumerate() {
-            let _ = write!(j, "{}{}:{}", if i > 0 { "," } else { "" }, json_string(flag), json_string(value));
-        }
-        j.push_str("},\"recent_requests\":[");
-        for (i, r) in self.recent.snapshot().iter().enumerate() {
-            let _ = write!(
-                j,
-                "{}{{\"time\":{},\"method\":{},\"path\":{},\"actor\":{},\"verdict\":{},\"target\":{},\"duration_seconds\":{:.6}}}",
-                if i > 0 { "," } else { "" },
-                json_string(&crate::logging::rfc3339(r.at)),
-                json_string(&r.method),
-                json_string(&r.path),
-                json_string(&r.actor),
-                json_string(&r.verdict),
-                json_string(&r.target),
-                r.duration.as_secs_f64()
-            );
-        }
-        let _ = write!(j, "],\"uptime_seconds\":{}}}", self.started.elapsed().as_secs());
-        j
+        h.push_str("</table>");
     }
+    h.push_str("</section>");
+    let _ = write!(
+        h,
+        "<section class=\"card\" id=\"ateapi\"><h2>ateapi connectivity</h2><dl>\
+         <dt>address</dt><dd>{}</dd><dt>channel</dt><dd id=\"ateapi-state\">{}</dd></dl><table>\
+         <tr><th>ResumeActor result</th><th>attempts</th></tr>",
+        escape(&s.ateapi_address),
+        s.connectivity
+    );
+    for (code, n) in &s.attempts {
+        let _ = write!(h, "<tr><td>{}</td><td>{n}</td></tr>", escape(code));
+    }
+    h.push_str("</table></section>");
+    h.push_str(
+        "<section class=\"card wide\" id=\"recent\"><h2>Recent requests</h2><table><tr><th>time</th>\
+         <th>method</th><th>path</th><th>actor</th><th>verdict</th><th>target</th><th>duration</th></tr>",
+    );
+    for r in &s.recent {
+        let _ = write!(
+            h,
+            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{:.1}ms</td></tr>",
+            escape(&crate::logging::rfc3339(r.at)),
+            escape(&r.method),
+            escape(&r.path),
+            escape(&r.actor),
+            escape(&r.verdict),
+            escape(&r.target),
+            r.duration.as_secs_f64() * 1000.0
+        );
+    }
+    h.push_str("</table></section><section class=\"card wide\" id=\"flags\"><h2>Effective flags</h2><table>");
+    for (flag, value) in &s.flags {
+        let _ = write!(h, "<tr><td><code>{flag}</code></td><td>{}</td></tr>", escape(value));
+    }
+    h.push_str("</table></section></div></body></html>\n");
+    h
+}
 
-    /// The HTML form: self-contained, refreshes itself every 2 seconds.
-    pub fn html(&self) -> String {
-        let p = &self.config.parking;
-        let mut h = String::new();
-        let _ = write!(
-            h,
-            "<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\">\
-             <meta http-equiv=\"refresh\" content=\"2\"><title>atenet Router Status</title><style>{STYLE}</style></head>\
-             <body><h1>atenet Router Status</h1><p class=\"sub\">up {} &middot; refreshes every 2 s &middot; \
-             <a href=\"?format=json\">JSON</a></p><div class=\"cards\">",
-            godur::format(Duration::from_secs(self.started.elapsed().as_secs()))
-        );
-        let _ = write!(
-            h,
-            "<section class=\"card\" id=\"parking\"><h2>Request Parking</h2><dl>\
-             <dt>enabled</dt><dd id=\"parking-enabled\">{}</dd>\
-             <dt>parked</dt><dd><span id=\"parking-active\">{}</span> / <span id=\"parking-max\">{}</span></dd>\
-             <dt>max wait</dt><dd id=\"parking-max-wait\">{}</dd>\
-             <dt>flights</dt><dd id=\"flights\">{}</dd>\
-             <dt>shed (lot full)</dt><dd>{}</dd></dl>",
-            if p.enabled { "yes" } else { "no" },
-            self.active(),
-            p.max,
-            escape(&godur::format(p.budget)),
-            self.resolver.flights().len(),
-            self.metrics.parking_rejected.get()
-        );
-        let parked = self.parked_actors();
-        if parked.is_empty() {
-            h.push_str("<p class=\"quiet\">No actor has parked requests.</p>");
-        } else {
-            h.push_str(
-                "<table id=\"parked-actors\"><tr><th>actor</th><th>waiting</th><th>oldest</th>\
-                 <th>attempts</th><th>last code</th><th>budget left</th></tr>",
-            );
-            for a in &parked {
-                let _ = write!(
-                    h,
-                    "<tr><td>{}</td><td>{}</td><td>{:.1}s</td><td>{}</td><td>{}</td><td>{:.1}s</td></tr>",
-                    escape(&a.actor),
-                    a.waiting,
-                    a.oldest.as_secs_f64(),
-                    a.attempts,
-                    escape(&a.last_code),
-                    a.budget_left.as_secs_f64()
-                );
-            }
-            h.push_str("</table>");
+/// The effective configuration as `(flag, value)` pairs, for the page and
+/// the startup log. Holds paths, never file contents.
+pub fn effective_flags(config: &Config) -> Vec<(&'static str, String)> {
+    let opt = |v: &Option<String>| v.clone().unwrap_or_default();
+    let path = |p: &Option<std::path::PathBuf>| p.as_ref().map(|p| p.display().to_string()).unwrap_or_default();
+    let (ca, cert, name) = match &config.ateapi_transport {
+        AteapiTransport::Insecure => (String::new(), String::new(), String::new()),
+        AteapiTransport::Tls { ca_file, client_cert, server_name } => {
+            (ca_file.display().to_string(), path(client_cert), opt(server_name))
         }
-        h.push_str("</section>");
-        let _ = write!(
-            h,
-            "<section class=\"card\" id=\"ateapi\"><h2>ateapi connectivity</h2><dl>\
-             <dt>address</dt><dd>{}</dd><dt>channel</dt><dd id=\"ateapi-state\">{}</dd></dl><table>\
-             <tr><th>ResumeActor result</th><th>attempts</th></tr>",
-            escape(&self.config.ateapi_address),
-            self.ateapi.connectivity()
-        );
-        for (code, n) in self.attempts_by_code() {
-            let _ = write!(h, "<tr><td>{}</td><td>{n}</td></tr>", escape(&code));
-        }
-        h.push_str("</table></section>");
-        h.push_str("<section class=\"card wide\" id=\"recent\"><h2>Recent requests</h2><table><tr><th>time</th>\
-                    <th>method</th><th>path</th><th>actor</th><th>verdict</th><th>target</th><th>duration</th></tr>");
-        for r in self.recent.snapshot() {
-            let _ = write!(
-                h,
-                "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{:.1}ms</td></tr>",
-                escape(&crate::logging::rfc3339(r.at)),
-                escape(&r.method),
-                escape(&r.path),
-                escape(&r.actor),
-                escape(&r.verdict),
-                escape(&r.target),
-                r.duration.as_secs_f64() * 1000.0
-            );
-        }
-        h.push_str(
-            "</table></section><section class=\"card wide\" id=\"flags\"><h2>Effective flags</h2><table>",
-        );
-        for (flag, value) in self.config.effective_flags() {
-            let _ = write!(h, "<tr><td><code>{flag}</code></td><td>{}</td></tr>", escape(&value));
-        }
-        h.push_str("</table></section></div></body></html>\n");
-        h
-    }
+    };
+    let parking = &config.parking;
+    vec![
+        ("--ateapi-address", config.ateapi_address.clone()),
+        ("--ateapi-insecure", (config.ateapi_transport == AteapiTransport::Insecure).to_string()),
+        ("--ateapi-ca-file", ca),
+        ("--ateapi-client-cert", cert),
+        ("--ateapi-server-name", name),
+        ("--ateapi-token-file", path(&config.ateapi_token_file)),
+        ("--extproc-address", config.extproc_addr.ip().to_string()),
+        ("--port-extproc", config.extproc_addr.port().to_string()),
+        ("--metrics-listen-addr", config.metrics_addr.to_string()),
+        ("--status-port", config.status_addr.map_or("disabled".into(), |a| a.port().to_string())),
+        ("--status-address", config.status_addr.map_or(String::new(), |a| a.ip().to_string())),
+        ("--parked-request-budget", godur::format(parking.configured_budget)),
+        ("--parked-request-max", parking.max.to_string()),
+        ("--parked-request-retry-interval", godur::format(parking.backoff.interval)),
+        ("--parked-request-retry-factor", parking.backoff.factor.to_string()),
+        ("--parked-request-retry-jitter", parking.backoff.jitter.to_string()),
+        ("--extproc-max-requests", config.extproc_max_requests.to_string()),
+        ("--flight-max", config.flight_max.to_string()),
+        ("--worker-port", config.worker_port.to_string()),
+        ("--drain-delay", godur::format(config.drain_delay)),
+        ("--drain-timeout", godur::format(config.drain_timeout)),
+        ("--envoy-admin-address", opt(&config.envoy_admin_address)),
+        ("--drain-complete-file", path(&config.drain_complete_file)),
+        ("--route-timeout", godur::format(config.route_timeout)),
+        ("--late-serve-limit", godur::format(config.late_serve_limit)),
+        ("--port-http", config.port_http.to_string()),
+        ("--port-health", config.port_health.to_string()),
+        ("--port-stats", config.port_stats.to_string()),
+        ("--log-level", config.log_level.as_str().to_lowercase()),
+        ("--log-format", config.log_format.to_string()),
+    ]
 }
 
 const STYLE: &str = "body{font-family:system-ui,sans-serif;margin:1.5rem;background:#f6f7f9;color:#1d2330}\

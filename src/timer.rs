@@ -13,17 +13,11 @@
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
-use std::future::Future;
-use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::task::{Context, Poll, Waker};
 use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use parking_lot::{Condvar, Mutex};
-
-use crate::clock::{Clock, ManualClock};
 
 /// Work to run when a deadline passes.
 pub type Task = Box<dyn FnOnce() + Send + 'static>;
@@ -101,6 +95,7 @@ impl Queue {
         due
     }
 
+    #[cfg(any(test, feature = "testkit"))]
     fn len(&self) -> usize {
         self.tasks.len()
     }
@@ -131,6 +126,7 @@ pub struct TimerThread {
 
 impl TimerThread {
     /// Starts the thread.
+    #[cfg(any(test, feature = "testkit"))]
     pub fn start() -> Arc<TimerThread> {
         TimerThread::start_observed(None)
     }
@@ -147,6 +143,7 @@ impl TimerThread {
     }
 
     /// How many tasks are waiting.
+    #[cfg(any(test, feature = "testkit"))]
     pub fn pending(&self) -> usize {
         self.shared.queue.lock().len()
     }
@@ -225,106 +222,126 @@ fn run(shared: &Shared) {
     }
 }
 
-/// A scheduler driven by a [`ManualClock`]: tasks run only inside
-/// [`ManualScheduler::advance`], on the caller's thread, in deadline order.
-#[derive(Clone)]
-pub struct ManualScheduler {
-    clock: ManualClock,
-    queue: Arc<Mutex<Queue>>,
-}
+#[cfg(any(test, feature = "testkit"))]
+pub use testing::{sleep_until, ManualScheduler};
 
-impl ManualScheduler {
-    /// A scheduler reading `clock`.
-    pub fn new(clock: ManualClock) -> ManualScheduler {
-        ManualScheduler { clock, queue: Arc::new(Mutex::new(Queue::default())) }
+/// What the tests, the simulator and the load tools need of the timer: a
+/// scheduler on a manual clock, and a sleeping future.
+#[cfg(any(test, feature = "testkit"))]
+mod testing {
+    use std::future::Future;
+    use std::pin::Pin;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+    use std::task::{Context, Poll, Waker};
+    use std::time::{Duration, Instant};
+
+    use parking_lot::Mutex;
+
+    use super::{Queue, Scheduler, Task, TimerId};
+    use crate::clock::{Clock, ManualClock};
+
+    /// A scheduler driven by a [`ManualClock`]: tasks run only inside
+    /// [`ManualScheduler::advance`], on the caller's thread, in deadline order.
+    #[derive(Clone)]
+    pub struct ManualScheduler {
+        clock: ManualClock,
+        pub(super) queue: Arc<Mutex<Queue>>,
     }
 
-    /// Moves the clock forward by `by`, running every task that falls due on
-    /// the way at its own instant (tasks may schedule more tasks).
-    pub fn advance(&self, by: Duration) {
-        let end = self.clock.now() + by;
-        loop {
-            let next = self.queue.lock().next_deadline();
-            match next {
-                Some(at) if at <= end => {
-                    self.clock.set(at);
-                    let due = self.queue.lock().take_due(at);
-                    for (_, task) in due {
-                        task();
+    impl ManualScheduler {
+        /// A scheduler reading `clock`.
+        pub fn new(clock: ManualClock) -> ManualScheduler {
+            ManualScheduler { clock, queue: Arc::new(Mutex::new(Queue::default())) }
+        }
+
+        /// Moves the clock forward by `by`, running every task that falls due on
+        /// the way at its own instant (tasks may schedule more tasks).
+        pub fn advance(&self, by: Duration) {
+            let end = self.clock.now() + by;
+            loop {
+                let next = self.queue.lock().next_deadline();
+                match next {
+                    Some(at) if at <= end => {
+                        self.clock.set(at);
+                        let due = self.queue.lock().take_due(at);
+                        for (_, task) in due {
+                            task();
+                        }
                     }
+                    _ => break,
                 }
-                _ => break,
+            }
+            self.clock.set(end);
+        }
+
+        /// How many tasks are waiting.
+        pub fn pending(&self) -> usize {
+            self.queue.lock().len()
+        }
+    }
+
+    impl Scheduler for ManualScheduler {
+        fn schedule(&self, at: Instant, task: Task) -> TimerId {
+            self.queue.lock().push(at, task)
+        }
+
+        fn cancel(&self, id: TimerId) {
+            self.queue.lock().cancel(id.0);
+        }
+    }
+
+    /// A future that completes at an instant; dropping it cancels its timer.
+    pub struct Sleep {
+        state: Arc<SleepState>,
+        scheduler: Arc<dyn Scheduler>,
+        timer: Option<TimerId>,
+    }
+
+    #[derive(Default)]
+    struct SleepState {
+        fired: AtomicBool,
+        waker: Mutex<Option<Waker>>,
+    }
+
+    /// Sleeps until `at` on `scheduler`.
+    pub fn sleep_until(scheduler: Arc<dyn Scheduler>, at: Instant) -> Sleep {
+        let state = Arc::new(SleepState::default());
+        let fired = Arc::clone(&state);
+        let timer = scheduler.schedule(
+            at,
+            Box::new(move || {
+                fired.fired.store(true, Ordering::Release);
+                if let Some(waker) = fired.waker.lock().take() {
+                    waker.wake();
+                }
+            }),
+        );
+        Sleep { state, scheduler, timer: Some(timer) }
+    }
+
+    impl Future for Sleep {
+        type Output = ();
+
+        fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+            if self.state.fired.load(Ordering::Acquire) {
+                return Poll::Ready(());
+            }
+            *self.state.waker.lock() = Some(cx.waker().clone());
+            // Re-check: the task may have fired between the load and the store.
+            if self.state.fired.load(Ordering::Acquire) {
+                Poll::Ready(())
+            } else {
+                Poll::Pending
             }
         }
-        self.clock.set(end);
     }
 
-    /// How many tasks are waiting.
-    pub fn pending(&self) -> usize {
-        self.queue.lock().len()
-    }
-}
-
-impl Scheduler for ManualScheduler {
-    fn schedule(&self, at: Instant, task: Task) -> TimerId {
-        self.queue.lock().push(at, task)
-    }
-
-    fn cancel(&self, id: TimerId) {
-        self.queue.lock().cancel(id.0);
-    }
-}
-
-/// A future that completes at an instant; dropping it cancels its timer.
-pub struct Sleep {
-    state: Arc<SleepState>,
-    scheduler: Arc<dyn Scheduler>,
-    timer: Option<TimerId>,
-}
-
-#[derive(Default)]
-struct SleepState {
-    fired: AtomicBool,
-    waker: Mutex<Option<Waker>>,
-}
-
-/// Sleeps until `at` on `scheduler`.
-pub fn sleep_until(scheduler: Arc<dyn Scheduler>, at: Instant) -> Sleep {
-    let state = Arc::new(SleepState::default());
-    let fired = Arc::clone(&state);
-    let timer = scheduler.schedule(
-        at,
-        Box::new(move || {
-            fired.fired.store(true, Ordering::Release);
-            if let Some(waker) = fired.waker.lock().take() {
-                waker.wake();
+    impl Drop for Sleep {
+        fn drop(&mut self) {
+            if let Some(timer) = self.timer.take() {
+                self.scheduler.cancel(timer);
             }
-        }),
-    );
-    Sleep { state, scheduler, timer: Some(timer) }
-}
-
-impl Future for Sleep {
-    type Output = ();
-
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
-        if self.state.fired.load(Ordering::Acquire) {
-            return Poll::Ready(());
-        }
-        *self.state.waker.lock() = Some(cx.waker().clone());
-        // Re-check: the task may have fired between the load and the store.
-        if self.state.fired.load(Ordering::Acquire) {
-            Poll::Ready(())
-        } else {
-            Poll::Pending
-        }
-    }
-}
-
-impl Drop for Sleep {
-    fn drop(&mut self) {
-        if let Some(timer) = self.timer.take() {
-            self.scheduler.cancel(timer);
         }
     }
 }
@@ -332,7 +349,12 @@ impl Drop for Sleep {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::clock::{Clock, ManualClock};
     use crossbeam_channel::unbounded;
+    use std::future::Future;
+    use std::pin::Pin;
+    use std::task::Context;
+    use std::time::Duration;
 
     #[test]
     fn manual_scheduler_runs_in_deadline_order_and_honours_cancel() {

@@ -32,18 +32,59 @@ pub struct Rejection {
     pub retry_after: Option<u64>,
 }
 
-/// B35's `outcome` label for a request.
-pub type RouteOutcomeLabel = &'static str;
+/// B35's `outcome` label: how a request_headers exchange ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RouteOutcome {
+    Ok,
+    NotFound,
+    NoCapacity,
+    Unavailable,
+    LockConflict,
+    FailedPrecondition,
+    Timeout,
+    Cancelled,
+    ResumeError,
+}
+
+impl RouteOutcome {
+    /// Every value, in the order of their discriminants.
+    pub const ALL: [RouteOutcome; 9] = [
+        RouteOutcome::Ok,
+        RouteOutcome::NotFound,
+        RouteOutcome::NoCapacity,
+        RouteOutcome::Unavailable,
+        RouteOutcome::LockConflict,
+        RouteOutcome::FailedPrecondition,
+        RouteOutcome::Timeout,
+        RouteOutcome::Cancelled,
+        RouteOutcome::ResumeError,
+    ];
+
+    /// The label value.
+    pub fn name(self) -> &'static str {
+        match self {
+            RouteOutcome::Ok => "ok",
+            RouteOutcome::NotFound => "not_found",
+            RouteOutcome::NoCapacity => "no_capacity",
+            RouteOutcome::Unavailable => "unavailable",
+            RouteOutcome::LockConflict => "lock_conflict",
+            RouteOutcome::FailedPrecondition => "failed_precondition",
+            RouteOutcome::Timeout => "timeout",
+            RouteOutcome::Cancelled => "cancelled",
+            RouteOutcome::ResumeError => "resume_error",
+        }
+    }
+}
 
 /// The 404 for a missing or invalid target (B4).
-pub fn invalid_target() -> (Verdict, RouteOutcomeLabel) {
+pub fn invalid_target() -> (Verdict, RouteOutcome) {
     let rejection = Rejection {
         status: 404,
         body: "invalid actor reference".into(),
         reason: "atenet_invalid_target",
         retry_after: None,
     };
-    (Verdict::Reject(rejection), "not_found")
+    (Verdict::Reject(rejection), RouteOutcome::NotFound)
 }
 
 /// The verdict for a caller's resolution. `retry_after` is the seconds a
@@ -53,7 +94,7 @@ pub fn for_outcome(
     outcome: &ResumeOutcome,
     worker_port: u16,
     retry_after: u64,
-) -> (Verdict, RouteOutcomeLabel) {
+) -> (Verdict, RouteOutcome) {
     let id = &target.actor;
     match &outcome.result {
         Ok(resumed) => match resumed.worker {
@@ -62,10 +103,10 @@ pub fn for_outcome(
                     IpAddr::V4(v4) => format!("{v4}:{worker_port}"),
                     IpAddr::V6(v6) => format!("[{v6}]:{worker_port}"),
                 };
-                (Verdict::Route { actor: id.clone(), worker, target_port: target.port }, "ok")
+                (Verdict::Route { actor: id.clone(), worker, target_port: target.port }, RouteOutcome::Ok)
             }
             Err(_) => {
-                reject(500, format!("actor {id} routing failed"), "atenet_routing_failed", "resume_error")
+                reject(500, format!("actor {id} routing failed"), "atenet_routing_failed", RouteOutcome::ResumeError)
             }
         },
         Err(ResolveError::LotFull) => with_retry_after(
@@ -73,7 +114,7 @@ pub fn for_outcome(
                 503,
                 format!("actor \"{id}\" unavailable: router at capacity"),
                 "atenet_lot_full",
-                "no_capacity",
+                RouteOutcome::NoCapacity,
             ),
             retry_after,
         ),
@@ -82,7 +123,7 @@ pub fn for_outcome(
                 503,
                 format!("actor \"{id}\" unavailable: router at capacity"),
                 "atenet_flights_full",
-                "no_capacity",
+                RouteOutcome::NoCapacity,
             ),
             retry_after,
         ),
@@ -94,9 +135,9 @@ pub fn for_outcome(
 }
 
 fn with_retry_after(
-    (verdict, label): (Verdict, RouteOutcomeLabel),
+    (verdict, label): (Verdict, RouteOutcome),
     seconds: u64,
-) -> (Verdict, RouteOutcomeLabel) {
+) -> (Verdict, RouteOutcome) {
     match verdict {
         Verdict::Reject(r) if r.status == 503 => {
             (Verdict::Reject(Rejection { retry_after: Some(seconds.max(1)), ..r }), label)
@@ -111,33 +152,33 @@ fn for_error(
     id: &ActorId,
     error: &ResumeError,
     reason: Option<&'static str>,
-) -> (Verdict, RouteOutcomeLabel) {
+) -> (Verdict, RouteOutcome) {
     let (status, body, token, label) = match error.code {
-        Code::NotFound => (404, format!("actor {id} not found"), "atenet_not_found", "not_found"),
+        Code::NotFound => (404, format!("actor {id} not found"), "atenet_not_found", RouteOutcome::NotFound),
         Code::ResourceExhausted => {
-            (503, format!("actor {id} unavailable: {}", error.message), "atenet_no_capacity", "no_capacity")
+            (503, format!("actor {id} unavailable: {}", error.message), "atenet_no_capacity", RouteOutcome::NoCapacity)
         }
         Code::FailedPrecondition => (
             503,
             format!("actor {id} unavailable: {}", error.message),
             "atenet_failed_precondition",
-            "failed_precondition",
+            RouteOutcome::FailedPrecondition,
         ),
         Code::Aborted => (
             503,
             format!("actor {id} unavailable: {}", error.message),
             "atenet_lock_conflict",
-            "lock_conflict",
+            RouteOutcome::LockConflict,
         ),
-        Code::Unavailable => (503, format!("actor {id} unavailable"), "atenet_unavailable", "unavailable"),
-        Code::DeadlineExceeded => (504, format!("actor {id} request timed out"), "atenet_timeout", "timeout"),
+        Code::Unavailable => (503, format!("actor {id} unavailable"), "atenet_unavailable", RouteOutcome::Unavailable),
+        Code::DeadlineExceeded => (504, format!("actor {id} request timed out"), "atenet_timeout", RouteOutcome::Timeout),
         Code::PermissionDenied => {
-            (403, format!("actor {id} access denied"), "atenet_access_denied", "resume_error")
+            (403, format!("actor {id} access denied"), "atenet_access_denied", RouteOutcome::ResumeError)
         }
         Code::Unauthenticated => {
-            (401, format!("actor {id} authentication required"), "atenet_unauthenticated", "resume_error")
+            (401, format!("actor {id} authentication required"), "atenet_unauthenticated", RouteOutcome::ResumeError)
         }
-        _ => (500, format!("error resuming actor {id}"), "atenet_resume_error", "resume_error"),
+        _ => (500, format!("error resuming actor {id}"), "atenet_resume_error", RouteOutcome::ResumeError),
     };
     reject(status, body, reason.unwrap_or(token), label)
 }
@@ -146,8 +187,8 @@ fn reject(
     status: u16,
     body: String,
     reason: &'static str,
-    label: RouteOutcomeLabel,
-) -> (Verdict, RouteOutcomeLabel) {
+    label: RouteOutcome,
+) -> (Verdict, RouteOutcome) {
     (Verdict::Reject(Rejection { status, body, reason, retry_after: None }), label)
 }
 

@@ -1,6 +1,8 @@
 //! An authenticated control plane: TLS, mTLS, server name override, bearer
 //! tokens, and credentials rotated on disk without a restart. Certificates
 //! are generated at test time with the openssl command.
+// The router's internals and the simulator: `--features testkit` (make test).
+#![cfg(feature = "testkit")]
 
 mod common;
 

@@ -1,5 +1,7 @@
 //! The real `atenet-router` binary: flags, validation messages, startup and
 //! shutdown (B37-B40, B46).
+// The router's internals and the simulator: `--features testkit` (make test).
+#![cfg(feature = "testkit")]
 
 mod common;
 

@@ -5,7 +5,7 @@
 //! The fault exists only in a test build (`--features fault-injection`,
 //! which `make test` sets): a request for `fault-injection/panic` panics on
 //! the completion-queue thread that handles it.
-#![cfg(feature = "fault-injection")]
+#![cfg(all(feature = "testkit", feature = "fault-injection"))]
 
 mod common;
 

@@ -1,5 +1,7 @@
 //! Graceful drain (B41, B43-B45): in-process against a fake Envoy admin, and
 //! with real signals to the real binary.
+// The router's internals and the simulator: `--features testkit` (make test).
+#![cfg(feature = "testkit")]
 
 mod common;
 
@@ -202,7 +204,7 @@ fn b43_drain_timeout_cuts_streams_still_open() {
     let report = drain(router, &plan(None, Duration::from_millis(300), None), &crossbeam_channel::never());
     assert!(!report.streams_finished);
     assert_eq!(report.cancelled, 1);
-    assert_eq!(metrics.drain_cancelled.get(), 1);
+    assert_eq!(metrics.drain_cancelled(), 1);
     assert_ne!(client.join().unwrap(), Some(true), "the cut stream got no verdict");
     stack.sim.release("demo/stuck");
 }
@@ -238,7 +240,7 @@ fn b44_parked_requests_get_verdicts_during_drain() {
     assert!(sim_release.streams_finished, "B44: every parked request finished");
     let replies = requests.join().unwrap();
     assert!(replies.iter().all(|r| routed(r).0 == "demo/hot"));
-    assert_eq!(metrics.drain_verdicts.get(), 5, "verdicts given during drain are counted");
+    assert_eq!(metrics.drain_verdicts(), 5, "verdicts given during drain are counted");
 }
 
 fn scripted_sim() -> Sim {

@@ -1,6 +1,8 @@
 //! Distinct-actor floods against the real binary (B58): a client sending
 //! 100,000 actor ids costs bounded flights, memory and control-plane calls,
 //! whether the control plane answers at once or never.
+// The router's internals and the simulator: `--features testkit` (make test).
+#![cfg(feature = "testkit")]
 
 mod common;
 

@@ -3,6 +3,8 @@
 //! stats, run as property tests for a bounded number of cases (`PROPTEST_CASES`
 //! raises it for longer runs, e.g. `PROPTEST_CASES=2000000 cargo test
 //! --release --test fuzz`).
+// The router's internals and the simulator: `--features testkit` (make test).
+#![cfg(feature = "testkit")]
 
 use std::collections::HashMap;
 

@@ -1,5 +1,7 @@
 //! Hostile input over real gRPC: each gets a clear verdict or a clean stream
 //! end, and the router keeps serving afterwards (issue "Reliability").
+// The router's internals and the simulator: `--features testkit` (make test).
+#![cfg(feature = "testkit")]
 
 mod common;
 

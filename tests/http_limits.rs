@@ -2,6 +2,8 @@
 //! crowds of idle connections and an endless header line cannot starve the
 //! probes, add threads or grow memory, and an `accept()` error (EMFILE) is
 //! survived.
+// The router's internals and the simulator: `--features testkit` (make test).
+#![cfg(feature = "testkit")]
 
 mod common;
 

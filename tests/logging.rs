@@ -1,4 +1,6 @@
 //! What the router logs, read from the real binary's stderr.
+// The router's internals and the simulator: `--features testkit` (make test).
+#![cfg(feature = "testkit")]
 
 mod common;
 

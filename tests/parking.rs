@@ -1,5 +1,7 @@
 //! Flights and parking over real gRPC against the simulated control plane
 //! (B14-B36).
+// The router's internals and the simulator: `--features testkit` (make test).
+#![cfg(feature = "testkit")]
 
 mod common;
 

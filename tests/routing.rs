@@ -1,4 +1,6 @@
 //! Routing verdicts and error mapping over real gRPC (B1-B13).
+// The router's internals and the simulator: `--features testkit` (make test).
+#![cfg(feature = "testkit")]
 
 mod common;
 

@@ -22,6 +22,8 @@
 //! stand-in reports its clients' open requests as Envoy's downstream
 //! connections, so the router waits for them. Every request has a client
 //! deadline: a hang fails the run and names the actor.
+// The router's internals and the simulator: `--features testkit` (make test).
+#![cfg(feature = "testkit")]
 
 mod common;
 

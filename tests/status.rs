@@ -1,5 +1,7 @@
 //! The status page (B42): JSON over HTTP, and the HTML rendered by a real
 //! headless browser while requests are parked.
+// The router's internals and the simulator: `--features testkit` (make test).
+#![cfg(feature = "testkit")]
 
 mod common;
 

@@ -1,5 +1,7 @@
 //! The router under systemd, faked: the notify protocol against a datagram
 //! socket of the test's own (B64), and journald's stream detection (B63).
+// The router's internals and the simulator: `--features testkit` (make test).
+#![cfg(feature = "testkit")]
 
 mod common;
 

@@ -132,7 +132,7 @@ fn tls(args: &Args) -> Result<Option<SimTls>, String> {
 
 fn read_script(path: &str) -> Result<Vec<(String, atenet_router::sim::Answer)>, String> {
     let text = std::fs::read_to_string(path).map_err(|e| format!("{path}: {e}"))?;
-    atenet_router::sim::parse_script(&text)
+    atenet_router::sim::parse_script(&text).map_err(|e| e.to_string())
 }
 
 fn main() -> ExitCode {

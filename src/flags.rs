@@ -1,0 +1,184 @@
+//! The command line as an operator types it: the commands, every flag with
+//! its default (B65), and the `--flag=value` form. What the values mean and
+//! whether they are acceptable is [`crate::config`]'s business.
+
+use argh::FromArgs;
+
+use crate::config::{Config, ConfigError};
+
+/// The top-level help.
+pub const HELP: &str = "Usage: atenet-router <command> [<flags>]
+
+Envoy ext_proc router that resumes actors through ateapi and parks requests
+through transient worker-pool saturation.
+
+Commands:
+  serve         Run the router: the ext_proc server Envoy calls for every request.
+  envoy-config  Print the Envoy v3 bootstrap (YAML) matching the same flags.
+  version       Print the version and the git revision it was built from.
+
+Both serve and envoy-config take the same flags; see `atenet-router serve --help`.
+";
+
+/// What the command line asks for.
+#[derive(Debug)]
+pub enum Command {
+    /// Run the router.
+    Serve(Box<Config>),
+    /// Print the Envoy bootstrap for this configuration.
+    EnvoyConfig(Box<Config>),
+    /// Print this text (on stdout, exit 0).
+    Help(String),
+    /// Print the version.
+    Version,
+    /// No command: print the help on stderr and exit 2.
+    Usage,
+}
+
+/// Reads the command line (without the program name).
+pub fn parse_command(args: &[String]) -> Result<Command, ConfigError> {
+    let command = args.first().map(String::as_str).unwrap_or("");
+    let rest: Vec<&str> = args.iter().skip(1).map(String::as_str).collect();
+    let config = |command| match parse_flags(command, &rest) {
+        Ok(flags) => Config::from_args(&flags).map(Box::new).map(Ok),
+        Err(FlagsError::Help(text)) => Ok(Err(text)),
+        Err(FlagsError::Invalid(e)) => Err(e),
+    };
+    match command {
+        "serve" => Ok(config(command)?.map_or_else(Command::Help, Command::Serve)),
+        "envoy-config" => Ok(config(command)?.map_or_else(Command::Help, Command::EnvoyConfig)),
+        "help" | "--help" | "-h" => Ok(Command::Help(HELP.to_string())),
+        "version" | "--version" | "-V" => Ok(Command::Version),
+        "" => Ok(Command::Usage),
+        other => Err(ConfigError::new(format!(
+            "unknown command {other:?} (expected serve, envoy-config or version)"
+        ))),
+    }
+}
+
+/// The router's flags, as typed by an operator. `serve` and `envoy-config`
+/// take the same set, so the Envoy configuration is always derived from
+/// exactly the values the router runs with.
+#[derive(FromArgs, Clone, Debug, PartialEq)]
+#[argh(description = "The router's flags; serve and envoy-config take the same set.")]
+pub struct ServeArgs {
+    /// ateapi control-plane address, host:port (default: api.ate-system.svc:443)
+    #[argh(option, default = "String::from(\"api.ate-system.svc:443\")")]
+    pub ateapi_address: String,
+    /// PEM file of CAs that verify ateapi's server certificate (default: none; required without --ateapi-insecure)
+    #[argh(option, default = "String::new()")]
+    pub ateapi_ca_file: String,
+    /// PEM bundle (certificate chain + PKCS#8 key) for mTLS to ateapi (default: none)
+    #[argh(option, default = "String::new()")]
+    pub ateapi_client_cert: String,
+    /// TLS server name to expect from ateapi (default: the address's host)
+    #[argh(option, default = "String::new()")]
+    pub ateapi_server_name: String,
+    /// talk to ateapi in plaintext (development only; no TLS flag allowed) (default: off)
+    #[argh(switch)]
+    pub ateapi_insecure: bool,
+    /// file holding a bearer token for ateapi (re-read on change; needs TLS) (default: none)
+    #[argh(option, default = "String::new()")]
+    pub ateapi_token_file: String,
+    /// address the ext_proc gRPC server binds (default: 127.0.0.1)
+    #[argh(option, default = "String::from(\"127.0.0.1\")")]
+    pub extproc_address: String,
+    /// port of the ext_proc gRPC server (default: 50051)
+    #[argh(option, default = "50051")]
+    pub port_extproc: i64,
+    /// listen address of /metrics, /healthz and /readyz ([host]:port) (default: :9090)
+    #[argh(option, default = "String::from(\":9090\")")]
+    pub metrics_listen_addr: String,
+    /// port of the /statusz page (<= 0 disables) (default: 4040)
+    #[argh(option, default = "4040")]
+    pub status_port: i64,
+    /// address the /statusz page binds (it shows actor ids, paths and worker IPs) (default: 127.0.0.1)
+    #[argh(option, default = "String::from(\"127.0.0.1\")")]
+    pub status_address: String,
+    /// how long a resume flight may keep retrying (Go duration) (default: 5s)
+    #[argh(option, default = "String::from(\"5s\")")]
+    pub parked_request_budget: String,
+    /// lot size: max concurrent parked requests (<= 0 disables parking) (default: 1024)
+    #[argh(option, default = "1024")]
+    pub parked_request_max: i64,
+    /// delay before a parked flight's first retry (Go duration) (default: 100ms)
+    #[argh(option, default = "String::from(\"100ms\")")]
+    pub parked_request_retry_interval: String,
+    /// multiplier applied to the retry delay after each retry, in [1, 100] (default: 1.1)
+    #[argh(option, default = "1.1")]
+    pub parked_request_retry_factor: f64,
+    /// random fraction in [0, 1) added to each retry delay (default: 0.1)
+    #[argh(option, default = "0.1")]
+    pub parked_request_retry_jitter: f64,
+    /// circuit breaker of the ext_proc cluster in Envoy (default: 0 = max(2 x lot, 1024))
+    #[argh(option, default = "0")]
+    pub extproc_max_requests: i64,
+    /// max actors resumed at once: flights and ResumeActor calls in progress (default: 0 = max(4 x lot, 4096))
+    #[argh(option, default = "0")]
+    pub flight_max: i64,
+    /// port the workers serve on (default: 443)
+    #[argh(option, default = "443")]
+    pub worker_port: i64,
+    /// drain: wait this long after readiness flips (Go duration) (default: 13s)
+    #[argh(option, default = "String::from(\"13s\")")]
+    pub drain_delay: String,
+    /// drain: max wait for in-flight ext_proc streams (default: 0 = budget + max(15s, late-serve limit))
+    #[argh(option, default = "String::from(\"0\")")]
+    pub drain_timeout: String,
+    /// address of the Envoy admin API used during drain; empty: do not drain Envoy (default: localhost:9901)
+    #[argh(option, default = "String::from(\"localhost:9901\")")]
+    pub envoy_admin_address: String,
+    /// file written when the drain completes; empty: none (default: /var/run/atenet/drain-complete)
+    #[argh(option, default = "String::from(\"/var/run/atenet/drain-complete\")")]
+    pub drain_complete_file: String,
+    /// route timeout Envoy applies to proxied requests (Go duration) (default: 5m)
+    #[argh(option, default = "String::from(\"5m\")")]
+    pub route_timeout: String,
+    /// log level: error, warn, info, debug or trace (default: info)
+    #[argh(option, default = "String::from(\"info\")")]
+    pub log_level: String,
+    /// log line format: text or json (one JSON object per line) (default: text)
+    #[argh(option, default = "String::from(\"text\")")]
+    pub log_format: String,
+    /// how long past the budget Envoy waits for a late verdict (0 disables) (default: 30s)
+    #[argh(option, default = "String::from(\"30s\")")]
+    pub late_serve_limit: String,
+    /// port of the HTTP listener in the generated Envoy config (default: 8080)
+    #[argh(option, default = "8080")]
+    pub port_http: i64,
+    /// port of Envoy's health-check listener (GET /ready) in the generated config (default: 8081)
+    #[argh(option, default = "8081")]
+    pub port_health: i64,
+    /// port of Envoy's metrics listener (GET /stats/prometheus) in the generated config (default: 9902)
+    #[argh(option, default = "9902")]
+    pub port_stats: i64,
+}
+
+/// Why flags did not parse.
+#[derive(Debug)]
+pub enum FlagsError {
+    /// `--help` was asked for; the text to print.
+    Help(String),
+    /// A flag is unknown or its value malformed.
+    Invalid(ConfigError),
+}
+
+/// Parses the flags of subcommand `command` (`serve` or `envoy-config`).
+/// Both `--flag value` and `--flag=value` are accepted, as operators write
+/// either (Kubernetes manifests favour the second).
+pub fn parse_flags(command: &str, args: &[&str]) -> Result<ServeArgs, FlagsError> {
+    let split: Vec<&str> = args
+        .iter()
+        .flat_map(|arg| match arg.split_once('=') {
+            Some((flag, value)) if flag.starts_with("--") => vec![flag, value],
+            _ => vec![*arg],
+        })
+        .collect();
+    ServeArgs::from_args(&["atenet-router", command], &split).map_err(|exit| {
+        if exit.status.is_ok() {
+            FlagsError::Help(exit.output)
+        } else {
+            FlagsError::Invalid(ConfigError::new(exit.output.trim().to_string()))
+        }
+    })
+}
