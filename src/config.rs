@@ -59,6 +59,8 @@ pub struct Parking {
     pub enabled: bool,
     /// Lot size; 0 when disabled.
     pub max: usize,
+    /// Slots one atespace may hold at once; 0: no cap (B69).
+    pub max_per_atespace: usize,
     /// The flight budget: the flag when enabled, 15 s when disabled (B18).
     pub budget: Duration,
     /// The flag value after normalisation, shown on the status page.
@@ -77,6 +79,8 @@ pub struct Config {
     pub metrics_addr: SocketAddr,
     pub status_addr: Option<SocketAddr>,
     pub parking: Parking,
+    /// Whether a parked caller's own deadline is honoured (B68).
+    pub caller_deadlines: bool,
     /// Effective Envoy circuit breaker for the ext_proc cluster (B39).
     pub extproc_max_requests: u64,
     /// Effective cap on flights in progress (B58).
@@ -160,6 +164,7 @@ impl Config {
             metrics_addr,
             status_addr,
             parking,
+            caller_deadlines: args.caller_deadlines,
             extproc_max_requests,
             flight_max,
             worker_port: port("--worker-port", args.worker_port)?,
@@ -222,9 +227,19 @@ fn parking(args: &ServeArgs) -> Result<Parking, ConfigError> {
         return Err(invalid(format!("--parked-request-retry-jitter must be in [0, 1), got {jitter}")));
     }
     let budget = if enabled { configured_budget } else { UNPARKED_BUDGET };
+    let max_per_atespace = match args.parked_request_max_per_atespace {
+        0 => 0,
+        n if n > 0 && (n as u64) <= max as u64 => n as usize,
+        n => {
+            return Err(invalid(format!(
+                "--parked-request-max-per-atespace must be 0 (no cap) or in 1..={max} (the lot size), got {n}"
+            )))
+        }
+    };
     Ok(Parking {
         enabled,
         max,
+        max_per_atespace,
         budget,
         configured_budget,
         backoff: BackoffPolicy { interval, factor, jitter },
@@ -484,6 +499,10 @@ mod tests {
         assert_eq!(c.drain_delay, Duration::from_secs(13));
         assert_eq!(c.drain_timeout, Duration::from_secs(35), "B40: 5s + max(15s, 30s late serve)");
         assert_eq!(c.flight_max, 4096, "B58: max(4 x 1024, 4096)");
+        assert_eq!(c.parking.max_per_atespace, 0, "B69: no per-atespace cap");
+        assert!(c.caller_deadlines, "B68: on by default");
+        let c = parse(&["--parked-request-max-per-atespace", "1024", "--caller-deadlines=false"]).unwrap();
+        assert_eq!((c.parking.max_per_atespace, c.caller_deadlines), (1024, false));
         assert_eq!(c.envoy_admin_address.as_deref(), Some("localhost:9901"));
         assert_eq!(c.drain_complete_file, Some(PathBuf::from("/var/run/atenet/drain-complete")));
         assert_eq!(c.route_timeout, Duration::from_secs(300));
@@ -507,6 +526,13 @@ mod tests {
             (&["--parked-request-retry-factor", "NaN"], "--parked-request-retry-factor"),
             (&["--parked-request-retry-factor", "inf"], "--parked-request-retry-factor"),
             (&["--flight-max", "-1"], "--flight-max"),
+            (&["--parked-request-max-per-atespace", "-1"], "--parked-request-max-per-atespace"),
+            (&["--parked-request-max-per-atespace", "1025"], "--parked-request-max-per-atespace"),
+            (
+                &["--parked-request-max", "0", "--parked-request-max-per-atespace", "1"],
+                "--parked-request-max-per-atespace",
+            ),
+            (&["--caller-deadlines", "maybe"], "--caller-deadlines"),
             (&["--port-health", "8080"], "--port-health"),
             (&["--port-stats", "9901"], "--port-stats"),
             (&["--port-stats", "0"], "--port-stats"),

@@ -23,6 +23,7 @@ use protobuf::well_known_types::struct_::{Struct, Value};
 use protobuf::well_known_types::wrappers::BoolValue;
 use protobuf::MessageField;
 
+use crate::deadline::{self, CallerTimeout};
 use crate::flight::{FlightEvent, FlightWait};
 use crate::logging::Throttle;
 use crate::metrics::Metrics;
@@ -55,6 +56,8 @@ pub struct ExtProc {
     /// Cleared when a drain starts.
     ready: Arc<AtomicBool>,
     recent: Arc<RecentRequests>,
+    /// Whether callers' deadline headers are honoured (B68).
+    caller_deadlines: bool,
     routing_failures: Throttle,
     resume_errors: Throttle,
 }
@@ -69,6 +72,7 @@ pub struct ExtProcSettings {
     pub late_serve_limit: Duration,
     pub ready: Arc<AtomicBool>,
     pub recent: Arc<RecentRequests>,
+    pub caller_deadlines: bool,
 }
 
 impl ExtProc {
@@ -80,6 +84,7 @@ impl ExtProc {
             late_serve_limit: settings.late_serve_limit,
             ready: settings.ready,
             recent: settings.recent,
+            caller_deadlines: settings.caller_deadlines,
             routing_failures: Throttle::new(ERROR_LOG_INTERVAL),
             resume_errors: Throttle::new(ERROR_LOG_INTERVAL),
         })
@@ -158,12 +163,17 @@ impl ExtProc {
                 log::debug!("ext_proc message with no known request kind; ignored");
                 Prepared::Ignore
             }
-            Classified::Route(target, line) => {
+            Classified::Route(target, line, timeout) => {
                 #[cfg(feature = "fault-injection")]
                 if target.actor.as_str() == "fault-injection/panic" {
                     panic!("injected fault: a request for {}", target.actor);
                 }
-                Prepared::Route(Pending { target, line, received })
+                if let Some(header) = timeout.malformed {
+                    log::debug!(actor = target.actor.as_str(); "ignored a malformed {header} header");
+                }
+                // Only parsed here: only a parked caller's wait looks at it.
+                let deadline = timeout.timeout.filter(|_| self.caller_deadlines).and_then(|t| received.checked_add(t));
+                Prepared::Route(Pending { target, line, received, deadline })
             }
             Classified::InvalidTarget(line) => {
                 self.metrics.count_invalid_target();
@@ -199,7 +209,7 @@ impl ExtProc {
                 self.observe(received, RouteOutcome::Cancelled, ResumeLabel::Unknown);
                 return None;
             }
-            let mut resolving = self.resolver.resolve(&target.actor);
+            let mut resolving = self.resolver.resolve(&target.actor, pending.deadline);
             let mut override_pending = !self.late_serve_limit.is_zero();
             let outcome = loop {
                 let overtime = override_pending.then(|| resolving.overtime()).flatten();
@@ -326,8 +336,9 @@ pub enum Classified {
     Reply(ProcessingResponse),
     /// No known request kind: nothing to answer.
     Ignore,
-    /// request_headers for an actor.
-    Route(Target, RequestLine),
+    /// request_headers for an actor, and what its headers say about its
+    /// caller's patience (B68).
+    Route(Target, RequestLine, CallerTimeout),
     /// request_headers naming no valid actor: the 404 (B4).
     InvalidTarget(RequestLine),
 }
@@ -342,7 +353,7 @@ pub fn classify(request: ProcessingRequest) -> Classified {
     let header_map = headers.headers.into_option().unwrap_or_default();
     let line = RequestLine::of(&header_map);
     match target::resolve(&header_map, &request.attributes) {
-        Ok(target) => Classified::Route(target, line),
+        Ok(target) => Classified::Route(target, line, deadline::caller_timeout(&header_map)),
         Err(_) => Classified::InvalidTarget(line),
     }
 }
@@ -359,6 +370,8 @@ struct Pending {
     target: Target,
     line: RequestLine,
     received: Instant,
+    /// The caller's own deadline (B68).
+    deadline: Option<Instant>,
 }
 
 /// Why a waiting request woke before its outcome.

@@ -101,6 +101,12 @@ pub struct ServeArgs {
     /// lot size: max concurrent parked requests (<= 0 disables parking) (default: 1024)
     #[argh(option, default = "1024")]
     pub parked_request_max: i64,
+    /// lot slots one atespace may hold at once; 0: no cap, else 1..=lot size (default: 0)
+    #[argh(option, default = "0")]
+    pub parked_request_max_per_atespace: i64,
+    /// honour callers' grpc-timeout and x-envoy-expected-rq-timeout-ms while parked (default: true)
+    #[argh(option, default = "true")]
+    pub caller_deadlines: bool,
     /// delay before a parked flight's first retry (Go duration) (default: 100ms)
     #[argh(option, default = "String::from(\"100ms\")")]
     pub parked_request_retry_interval: String,

@@ -199,6 +199,19 @@ impl Waiters {
 }
 
 impl Flight {
+    /// The actor this flight resumes.
+    pub fn actor(&self) -> &ActorId {
+        &self.actor
+    }
+
+    /// The latest retryable error, once past the park transition.
+    pub fn last_retryable(&self) -> Option<ResumeError> {
+        match &self.state.lock().phase {
+            Phase::Retrying { last, .. } | Phase::Overtime { last: Some(last) } => Some(last.clone()),
+            _ => None,
+        }
+    }
+
     /// The finished outcome, if any (B24's re-check).
     pub fn outcome(&self) -> Option<Arc<FlightOutcome>> {
         match &self.state.lock().phase {

@@ -45,8 +45,8 @@ macro_rules! internal {
 }
 
 internal!(
-    ateapi, backoff, clock, extproc, flight, http, lot, metrics, pem, proto, resolver, resume, status,
-    target, timer, verdict
+    ateapi, backoff, clock, deadline, extproc, flight, http, lot, metrics, pem, proto, resolver, resume,
+    status, target, timer, verdict
 );
 
 #[cfg(feature = "testkit")]

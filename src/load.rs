@@ -57,6 +57,25 @@ pub struct LoadSpec {
     pub distribution: Distribution,
     /// Print a progress line to stderr this often.
     pub progress: Option<Duration>,
+    /// A `grpc-timeout` header to send with every request (B68).
+    pub grpc_timeout: Option<CallerDeadline>,
+}
+
+/// A deadline the load's callers announce in `grpc-timeout`: the header's
+/// value as sent, and what it means.
+#[derive(Clone, Debug, PartialEq)]
+pub struct CallerDeadline {
+    pub header: String,
+    pub timeout: Duration,
+}
+
+impl CallerDeadline {
+    /// Parses gRPC's `TimeoutValue TimeoutUnit` (e.g. `300m`); `None` if the
+    /// router would ignore it as malformed.
+    pub fn parse(value: &str) -> Option<CallerDeadline> {
+        crate::deadline::grpc_timeout(value.as_bytes())
+            .map(|timeout| CallerDeadline { header: value.to_string(), timeout })
+    }
 }
 
 /// What a run measured.
@@ -71,6 +90,13 @@ pub struct LoadReport {
     pub latencies_us: Vec<u32>,
     /// Counts by `200 routed`, `<status> <x-atenet-reason>`, or `grpc-error <code>`.
     pub verdicts: BTreeMap<String, u64>,
+    /// The same counts for each atespace (the actor id's part before `/`).
+    pub by_atespace: BTreeMap<String, BTreeMap<String, u64>>,
+    /// With a caller deadline: verdicts that came after it.
+    pub overdue: u64,
+    /// With a caller deadline: the time those verdicts came after it, summed:
+    /// what the router held for callers that had already given up.
+    pub overdue_seconds: f64,
 }
 
 impl LoadReport {
@@ -117,15 +143,33 @@ impl LoadReport {
         for (verdict, n) in &self.verdicts {
             let _ = writeln!(out, "  {n:>9}  {verdict}");
         }
+        if self.by_atespace.len() > 1 {
+            for (atespace, verdicts) in &self.by_atespace {
+                let _ = writeln!(out, "verdicts for atespace {atespace}:");
+                for (verdict, n) in verdicts {
+                    let _ = writeln!(out, "  {n:>9}  {verdict}");
+                }
+            }
+        }
+        if self.overdue > 0 {
+            let _ = writeln!(
+                out,
+                "after the caller's deadline: {} verdicts, {:.3} s past it in total",
+                self.overdue, self.overdue_seconds
+            );
+        }
         out
     }
 
     /// The machine summary.
     pub fn json(&self) -> String {
-        let verdicts: Vec<String> =
-            self.verdicts.iter().map(|(k, v)| format!("{}:{v}", json_string(k))).collect();
+        let counts = |map: &BTreeMap<String, u64>| {
+            map.iter().map(|(k, v)| format!("{}:{v}", json_string(k))).collect::<Vec<_>>().join(",")
+        };
+        let by_atespace: Vec<String> =
+            self.by_atespace.iter().map(|(a, m)| format!("{}:{{{}}}", json_string(a), counts(m))).collect();
         format!(
-            "{{\"requests\":{},\"elapsed_seconds\":{:.6},\"throughput\":{:.3},\"skipped\":{},\"latency_ms\":{{\"p50\":{:.3},\"p90\":{:.3},\"p99\":{:.3},\"p999\":{:.3},\"max\":{:.3}}},\"verdicts\":{{{}}}}}",
+            "{{\"requests\":{},\"elapsed_seconds\":{:.6},\"throughput\":{:.3},\"skipped\":{},\"latency_ms\":{{\"p50\":{:.3},\"p90\":{:.3},\"p99\":{:.3},\"p999\":{:.3},\"max\":{:.3}}},\"verdicts\":{{{}}},\"by_atespace\":{{{}}},\"overdue\":{},\"overdue_seconds\":{:.6}}}",
             self.completed,
             self.elapsed.as_secs_f64(),
             self.throughput(),
@@ -135,7 +179,10 @@ impl LoadReport {
             self.quantile_us(0.99) as f64 / 1000.0,
             self.quantile_us(0.999) as f64 / 1000.0,
             self.latencies_us.last().copied().unwrap_or(0) as f64 / 1000.0,
-            verdicts.join(",")
+            counts(&self.verdicts),
+            by_atespace.join(","),
+            self.overdue,
+            self.overdue_seconds
         )
     }
 }
@@ -263,14 +310,14 @@ pub fn headers_request(headers: &[(&str, &str)]) -> ProcessingRequest {
     request
 }
 
-/// The request Envoy sends for `actor`.
-pub fn request_for(actor: &str) -> ProcessingRequest {
-    headers_request(&[
-        (":method", "GET"),
-        (":path", "/"),
-        (":authority", "load.test"),
-        ("ate-target-actor", actor),
-    ])
+/// The request Envoy sends for `actor`, with a `grpc-timeout` if given.
+pub fn request_for(actor: &str, grpc_timeout: Option<&str>) -> ProcessingRequest {
+    let mut headers =
+        vec![(":method", "GET"), (":path", "/"), (":authority", "load.test"), ("ate-target-actor", actor)];
+    if let Some(value) = grpc_timeout {
+        headers.push(("grpc-timeout", value));
+    }
+    headers_request(&headers)
 }
 
 /// The verdict's key in [`LoadReport::verdicts`].
@@ -309,12 +356,12 @@ impl Envoy {
     }
 
     /// One request: the verdict key, or `grpc-error <code>`.
-    pub async fn request(&self, actor: &str) -> String {
+    pub async fn request(&self, actor: &str, grpc_timeout: Option<&str>) -> String {
         let (mut tx, mut rx) = match self.client.duplex_streaming(&EXT_PROC_PROCESS, CallOption::default()) {
             Ok(call) => call,
             Err(e) => return format!("grpc-error {e}"),
         };
-        if let Err(e) = tx.send((request_for(actor), WriteFlags::default())).await {
+        if let Err(e) = tx.send((request_for(actor, grpc_timeout), WriteFlags::default())).await {
             return error_key(&e);
         }
         let key = loop {
@@ -345,18 +392,42 @@ fn error_key(e: &grpcio::Error) -> String {
 #[derive(Default)]
 struct Shared {
     latencies: Mutex<Vec<u32>>,
-    verdicts: Mutex<BTreeMap<String, u64>>,
+    verdicts: Mutex<Verdicts>,
+    /// The callers' timeout, if they announce one.
+    timeout: Option<Duration>,
     completed: AtomicU64,
     in_flight: AtomicU64,
     started: AtomicU64,
     stop: AtomicBool,
 }
 
+#[derive(Default)]
+struct Verdicts {
+    all: BTreeMap<String, u64>,
+    by_atespace: BTreeMap<String, BTreeMap<String, u64>>,
+    overdue: u64,
+    overdue_seconds: f64,
+}
+
 impl Shared {
-    fn record(&self, started: Instant, key: String) {
-        let us = started.elapsed().as_micros().min(u32::MAX as u128) as u32;
+    fn record(&self, started: Instant, actor: &str, key: String) {
+        let took = started.elapsed();
+        let us = took.as_micros().min(u32::MAX as u128) as u32;
         self.latencies.lock().push(us);
-        *self.verdicts.lock().entry(key).or_default() += 1;
+        {
+            let mut verdicts = self.verdicts.lock();
+            let atespace = actor.split_once('/').map_or("", |(a, _)| a);
+            if let Some(counts) = verdicts.by_atespace.get_mut(atespace) {
+                *counts.entry(key.clone()).or_default() += 1;
+            } else {
+                verdicts.by_atespace.insert(atespace.to_string(), BTreeMap::from([(key.clone(), 1)]));
+            }
+            *verdicts.all.entry(key).or_default() += 1;
+            if let Some(past) = self.timeout.and_then(|t| took.checked_sub(t)).filter(|p| !p.is_zero()) {
+                verdicts.overdue += 1;
+                verdicts.overdue_seconds += past.as_secs_f64();
+            }
+        }
         self.completed.fetch_add(1, Ordering::AcqRel);
     }
 }
@@ -369,7 +440,9 @@ pub fn run(spec: &LoadSpec) -> LoadReport {
 /// As [`run`], over an existing client (so benchmarks keep connections warm).
 pub fn run_with(envoy: &Envoy, spec: &LoadSpec) -> LoadReport {
     let picker = ActorPicker::new(spec.actors.clone(), &spec.distribution);
-    let shared = Arc::new(Shared::default());
+    let shared =
+        Arc::new(Shared { timeout: spec.grpc_timeout.as_ref().map(|d| d.timeout), ..Shared::default() });
+    let grpc_timeout: Option<Arc<str>> = spec.grpc_timeout.as_ref().map(|d| Arc::from(d.header.as_str()));
     let (done_tx, done_rx) = crossbeam_channel::unbounded::<()>();
     let begin = Instant::now();
     let limit = match spec.stop {
@@ -384,15 +457,21 @@ pub fn run_with(envoy: &Envoy, spec: &LoadSpec) -> LoadReport {
     match spec.rate {
         None => {
             for _ in 0..spec.concurrency.max(1) {
-                let (envoy2, picker, shared, done) =
-                    (envoy.clone(), picker.clone(), Arc::clone(&shared), done_tx.clone());
+                let (envoy2, picker, shared, done, grpc_timeout) = (
+                    envoy.clone(),
+                    picker.clone(),
+                    Arc::clone(&shared),
+                    done_tx.clone(),
+                    grpc_timeout.clone(),
+                );
                 envoy.spawn(async move {
                     while !shared.stop.load(Ordering::Acquire)
                         && shared.started.fetch_add(1, Ordering::AcqRel) < limit
                     {
                         let start = Instant::now();
-                        let key = envoy2.request(picker.pick()).await;
-                        shared.record(start, key);
+                        let actor = picker.pick();
+                        let key = envoy2.request(actor, grpc_timeout.as_deref()).await;
+                        shared.record(start, actor, key);
                     }
                     drop(done);
                 });
@@ -417,12 +496,17 @@ pub fn run_with(envoy: &Envoy, spec: &LoadSpec) -> LoadReport {
                 }
                 shared.started.fetch_add(1, Ordering::AcqRel);
                 shared.in_flight.fetch_add(1, Ordering::AcqRel);
-                let (envoy2, actor, shared, done) =
-                    (envoy.clone(), picker.pick().to_string(), Arc::clone(&shared), done_tx.clone());
+                let (envoy2, actor, shared, done, grpc_timeout) = (
+                    envoy.clone(),
+                    picker.pick().to_string(),
+                    Arc::clone(&shared),
+                    done_tx.clone(),
+                    grpc_timeout.clone(),
+                );
                 envoy.spawn(async move {
                     let start = Instant::now();
-                    let key = envoy2.request(&actor).await;
-                    shared.record(start, key);
+                    let key = envoy2.request(&actor, grpc_timeout.as_deref()).await;
+                    shared.record(start, &actor, key);
                     shared.in_flight.fetch_sub(1, Ordering::AcqRel);
                     drop(done);
                 });
@@ -461,7 +545,10 @@ pub fn run_with(envoy: &Envoy, spec: &LoadSpec) -> LoadReport {
         completed: shared.completed.load(Ordering::Acquire),
         skipped,
         latencies_us: latencies,
-        verdicts,
+        verdicts: verdicts.all,
+        by_atespace: verdicts.by_atespace,
+        overdue: verdicts.overdue,
+        overdue_seconds: verdicts.overdue_seconds,
     }
 }
 

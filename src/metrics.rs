@@ -71,6 +71,14 @@ impl Metrics {
             "atenet_router_parking_rejected_total",
             "Requests shed at the park transition because the lot was full.",
         );
+        let early_rejected = counter(
+            "atenet_router_parking_early_rejected_total",
+            "Requests refused at the park transition: their deadline was shorter than the time to serve a park.",
+        );
+        let atespace_rejected = counter(
+            "atenet_router_parking_atespace_rejected_total",
+            "Requests shed at the park transition because their atespace held its share of the lot.",
+        );
         let parking_wait = HistogramVec::new(
             HistogramOpts::new(
                 "atenet_router_parking_wait_duration_seconds",
@@ -120,6 +128,8 @@ impl Metrics {
         let lot = LotInstruments {
             active: parking_active.clone(),
             rejected: parking_rejected.clone(),
+            early_rejected: early_rejected.clone(),
+            atespace_rejected: atespace_rejected.clone(),
             decisions: LotDecision::ALL.map(|d| park_decisions.with_label_values(&[d.name()])),
             waits: WaitOutcome::ALL.map(|o| parking_wait.with_label_values(&[o.name()])),
         };
@@ -168,6 +178,8 @@ impl Metrics {
             Box::new(parking_active),
             Box::new(parking_wait),
             Box::new(parking_rejected),
+            Box::new(early_rejected),
+            Box::new(atespace_rejected),
             Box::new(park_decisions),
             Box::new(route_duration),
             Box::new(resume_attempts),

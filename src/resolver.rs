@@ -19,10 +19,14 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
+use std::time::Instant;
+
+use crate::clock::Clock;
 use crate::flight::{Flight, FlightEvent, FlightOutcome, FlightTable, FlightWait, FlightsFull, Role, Until};
-use crate::lot::{LotDecision, ParkingLot, Slot, WaitOutcome};
+use crate::lot::{LotDecision, ParkingLot, Refusal, Slot, WaitOutcome};
 use crate::resume::{ResumeError, Resumed};
 use crate::target::ActorId;
+use crate::timer::{sleep_until, Scheduler, Sleep};
 
 /// B21's per-caller `resume` label.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -65,6 +69,14 @@ pub enum ResolveError {
     /// The actor had no flight and `--flight-max` flights were in progress
     /// (B58).
     FlightsFull,
+    /// The caller's atespace held its share of the lot (B69).
+    AtespaceFull,
+    /// At the park transition, the time to serve a park exceeded what was
+    /// left of the caller's deadline (B68); wraps the flight's retryable
+    /// error.
+    DeadlineTooShort(ResumeError),
+    /// The caller's own deadline passed while it was parked (B68).
+    CallerDeadline,
 }
 
 impl std::fmt::Display for ResolveError {
@@ -74,6 +86,9 @@ impl std::fmt::Display for ResolveError {
             ResolveError::BudgetExhausted(e) => write!(f, "budget exhausted, last: {e}"),
             ResolveError::LotFull => f.write_str("parking lot full"),
             ResolveError::FlightsFull => f.write_str("flights full"),
+            ResolveError::AtespaceFull => f.write_str("atespace at its share of the lot"),
+            ResolveError::DeadlineTooShort(e) => write!(f, "deadline shorter than a park, last: {e}"),
+            ResolveError::CallerDeadline => f.write_str("the caller's deadline passed while parked"),
         }
     }
 }
@@ -92,7 +107,7 @@ pub struct ResumeOutcome {
 pub enum Abandon {
     /// The client went away (B33 `canceled`).
     Canceled,
-    /// The caller's own deadline passed (B33 `timeout`).
+    /// The ext_proc stream's own gRPC deadline passed (B33 `timeout`).
     Timeout,
 }
 
@@ -102,11 +117,19 @@ pub struct Resolver {
     flights: FlightTable,
     /// `None` when parking is disabled (B22): no lot, no parking metrics.
     lot: Option<Arc<ParkingLot>>,
+    clock: Arc<dyn Clock>,
+    /// Runs parked callers' own deadlines (B68).
+    scheduler: Arc<dyn Scheduler>,
 }
 
 impl Resolver {
-    pub fn new(flights: FlightTable, lot: Option<Arc<ParkingLot>>) -> Resolver {
-        Resolver { flights, lot }
+    pub fn new(
+        flights: FlightTable,
+        lot: Option<Arc<ParkingLot>>,
+        clock: Arc<dyn Clock>,
+        scheduler: Arc<dyn Scheduler>,
+    ) -> Resolver {
+        Resolver { flights, lot, clock, scheduler }
     }
 
     /// The flight table.
@@ -127,17 +150,16 @@ impl Resolver {
         }
     }
 
-    /// Starts resolving `actor` for one caller. Dropping the returned future
-    /// abandons the wait as [`Abandon::Canceled`].
-    pub fn resolve(&self, actor: &ActorId) -> Resolve {
+    /// Starts resolving `actor` for one caller whose own deadline, if it
+    /// has one, is `deadline` (B68). Dropping the returned future abandons
+    /// the wait as [`Abandon::Canceled`].
+    pub fn resolve(&self, actor: &ActorId, deadline: Option<Instant>) -> Resolve {
         let account = Account { lot: self.lot.clone(), state: AccountState::Undecided, exit: Abandon::Canceled };
-        match self.flights.join(actor) {
-            Ok((flight, role)) => {
-                let wait = flight.wait(Until::ParkedOrDone);
-                Resolve { stage: Stage::First { wait }, flight: Some(flight), role, account }
-            }
-            Err(FlightsFull) => Resolve { stage: Stage::Refused, flight: None, role: Role::Leader, account },
-        }
+        let (stage, flight, role) = match self.flights.join(actor) {
+            Ok((flight, role)) => (Stage::First { wait: flight.wait(Until::ParkedOrDone) }, Some(flight), role),
+            Err(FlightsFull) => (Stage::Refused, None, Role::Leader),
+        };
+        Resolve { stage, flight, role, account, deadline, resolver: self.clone() }
     }
 }
 
@@ -149,6 +171,9 @@ pub struct Resolve {
     flight: Option<Arc<Flight>>,
     role: Role,
     account: Account,
+    /// The caller's own deadline (B68).
+    deadline: Option<Instant>,
+    resolver: Resolver,
 }
 
 /// Where a caller is in its wait (B23).
@@ -158,8 +183,8 @@ enum Stage {
     /// Phase 1: waiting for the park transition or the end.
     First { wait: FlightWait },
     /// Phase 2: holding a slot (or, with parking disabled, none) until the
-    /// end.
-    Parked { wait: FlightWait },
+    /// end, or until the caller's own deadline (B68).
+    Parked { wait: FlightWait, deadline: Option<Sleep> },
     /// The outcome was returned.
     Finished,
 }
@@ -190,17 +215,25 @@ impl Future for Resolve {
         loop {
             let event = match &mut this.stage {
                 Stage::Finished => panic!("a Resolve polled after it completed"),
-                Stage::Refused => {
-                    this.stage = Stage::Finished;
-                    let result = Err(ResolveError::FlightsFull);
-                    return Poll::Ready(ResumeOutcome { result, resume: ResumeLabel::Unknown, parked: false });
-                }
-                Stage::First { wait } | Stage::Parked { wait } => match Pin::new(wait).poll(cx) {
+                Stage::Refused => return Poll::Ready(this.refuse(ResolveError::FlightsFull)),
+                Stage::First { wait } => match Pin::new(wait).poll(cx) {
                     Poll::Pending => return Poll::Pending,
                     Poll::Ready(event) => event,
                 },
+                Stage::Parked { wait, deadline } => match Pin::new(wait).poll(cx) {
+                    Poll::Ready(event) => event,
+                    Poll::Pending => {
+                        // The flight goes on; this caller's patience ended.
+                        if deadline.as_mut().is_some_and(|d| Pin::new(d).poll(cx).is_ready()) {
+                            this.account.close(WaitOutcome::Deadline);
+                            let outcome = this.refuse(ResolveError::CallerDeadline);
+                            return Poll::Ready(ResumeOutcome { parked: true, ..outcome });
+                        }
+                        return Poll::Pending;
+                    }
+                },
             };
-            let flight = this.flight.as_ref().expect("a caller with a flight");
+            let flight = Arc::clone(this.flight.as_ref().expect("a caller with a flight"));
             match (event, &this.stage) {
                 (FlightEvent::Done(outcome), Stage::First { .. }) => {
                     this.account.fast();
@@ -220,17 +253,43 @@ impl Future for Resolve {
                         this.stage = Stage::Finished;
                         return Poll::Ready(this.served(&outcome, false));
                     }
-                    if !this.account.admit(flight) {
-                        this.stage = Stage::Finished;
-                        let result = Err(ResolveError::LotFull);
-                        return Poll::Ready(ResumeOutcome { result, resume: ResumeLabel::Unknown, parked: false });
+                    if let Some(error) = this.too_short(&flight) {
+                        this.account.settle();
+                        return Poll::Ready(this.refuse(ResolveError::DeadlineTooShort(error)));
                     }
-                    this.stage = Stage::Parked { wait: flight.wait(Until::Done) };
+                    match this.account.admit(&flight) {
+                        Ok(()) => {}
+                        Err(Refusal::LotFull) => return Poll::Ready(this.refuse(ResolveError::LotFull)),
+                        Err(Refusal::AtespaceFull) => return Poll::Ready(this.refuse(ResolveError::AtespaceFull)),
+                    }
+                    let deadline = this
+                        .deadline
+                        .filter(|_| this.resolver.lot.is_some())
+                        .map(|at| sleep_until(Arc::clone(&this.resolver.scheduler), at));
+                    this.stage = Stage::Parked { wait: flight.wait(Until::Done), deadline };
                 }
                 // A wait until done ends only when done.
                 (_, _) => unreachable!("phase 2 woke before its flight ended"),
             }
         }
+    }
+}
+
+impl Resolve {
+    fn refuse(&mut self, error: ResolveError) -> ResumeOutcome {
+        self.stage = Stage::Finished;
+        ResumeOutcome { result: Err(error), resume: ResumeLabel::Unknown, parked: false }
+    }
+
+    /// Early rejection (B68): with parking on and an estimate of the time to
+    /// serve a park, a caller whose remaining time is shorter is refused
+    /// before it takes a slot. The flight's retryable error says why.
+    fn too_short(&self, flight: &Flight) -> Option<ResumeError> {
+        let (lot, deadline) = (self.resolver.lot.as_ref()?, self.deadline?);
+        // The park transition follows a retryable failure, so there is one.
+        let error = flight.last_retryable()?;
+        let remaining = deadline.saturating_duration_since(self.resolver.clock.now());
+        lot.rejects_early(remaining).then_some(error)
     }
 }
 
@@ -253,6 +312,12 @@ enum AccountState {
 }
 
 impl Account {
+    /// Decided elsewhere (early rejection, counted by the lot): nothing left
+    /// to settle.
+    fn settle(&mut self) {
+        self.state = AccountState::Settled;
+    }
+
     /// Served without a slot (B24): counted `fast`.
     fn fast(&mut self) {
         if let (Some(lot), AccountState::Undecided) = (&self.lot, &self.state) {
@@ -261,19 +326,19 @@ impl Account {
         self.state = AccountState::Settled;
     }
 
-    /// The lot decision at the park transition: a slot (true), or shed
-    /// (false, B26). Without a lot the caller simply waits on (B22).
-    fn admit(&mut self, flight: &Arc<Flight>) -> bool {
-        let Some(lot) = &self.lot else { return true };
-        match lot.try_admit() {
-            Some(slot) => {
+    /// The lot decision at the park transition: a slot, or shed (B26,
+    /// B69). Without a lot the caller simply waits on (B22).
+    fn admit(&mut self, flight: &Arc<Flight>) -> Result<(), Refusal> {
+        let Some(lot) = &self.lot else { return Ok(()) };
+        match lot.try_admit(flight.actor().atespace()) {
+            Ok(slot) => {
                 flight.note_parked_caller(true);
                 self.state = AccountState::Parked { slot, flight: Arc::clone(flight) };
-                true
+                Ok(())
             }
-            None => {
+            Err(refusal) => {
                 self.state = AccountState::Settled;
-                false
+                Err(refusal)
             }
         }
     }
@@ -365,8 +430,9 @@ mod tests {
         let h = harness(1000, 100, lot_max > 0);
         let metrics = Metrics::new();
         let lot =
-            (lot_max > 0).then(|| ParkingLot::new(lot_max, Arc::new(h.clock.clone()), metrics.lot_instruments()));
-        let resolver = Resolver::new(h.table.clone(), lot);
+            (lot_max > 0).then(|| ParkingLot::new(lot_max, 0, Arc::new(h.clock.clone()), metrics.lot_instruments()));
+        let resolver =
+            Resolver::new(h.table.clone(), lot, Arc::new(h.clock.clone()), Arc::new(h.scheduler.clone()));
         Setup { h, metrics, resolver }
     }
 
@@ -390,12 +456,12 @@ mod tests {
     fn b24_first_attempt_success_never_takes_a_slot_even_when_lot_full() {
         let s = setup(1);
         let (hot, running) = (actor("hot"), actor("running"));
-        let mut parked = s.resolver.resolve(&hot);
+        let mut parked = s.resolver.resolve(&hot, None);
         assert!(poll(&mut parked).is_pending());
         s.h.resumer.answer(&hot, err(Code::ResourceExhausted, "no free workers available"));
         assert!(poll(&mut parked).is_pending());
         assert_eq!(active(&s), 1, "lot now full");
-        let mut fast = s.resolver.resolve(&running);
+        let mut fast = s.resolver.resolve(&running, None);
         assert!(poll(&mut fast).is_pending());
         s.h.resumer.answer(&running, ok(false));
         let outcome = ready(&mut fast);
@@ -416,7 +482,7 @@ mod tests {
     fn b25_b26_each_joiner_needs_a_slot_and_full_lot_sheds_while_flight_goes_on() {
         let s = setup(2);
         let a = actor("a");
-        let mut callers: Vec<Resolve> = (0..3).map(|_| s.resolver.resolve(&a)).collect();
+        let mut callers: Vec<Resolve> = (0..3).map(|_| s.resolver.resolve(&a, None)).collect();
         assert_eq!(s.h.resumer.calls(&a), 1);
         callers.iter_mut().for_each(|c| assert!(poll(c).is_pending()));
         s.h.resumer.answer(&a, err(Code::ResourceExhausted, "no free workers available"));
@@ -444,8 +510,8 @@ mod tests {
     fn b27_b28_cancel_while_parked_frees_slot_at_once_flight_unaffected() {
         let s = setup(4);
         let a = actor("a");
-        let mut leaving = s.resolver.resolve(&a);
-        let mut staying = s.resolver.resolve(&a);
+        let mut leaving = s.resolver.resolve(&a, None);
+        let mut staying = s.resolver.resolve(&a, None);
         assert!(poll(&mut leaving).is_pending() && poll(&mut staying).is_pending());
         s.h.resumer.answer(&a, err(Code::Unavailable, "restarting"));
         assert!(poll(&mut leaving).is_pending() && poll(&mut staying).is_pending());
@@ -464,7 +530,7 @@ mod tests {
     fn b33_abandon_with_timeout_records_timeout() {
         let s = setup(4);
         let a = actor("a");
-        let mut caller = s.resolver.resolve(&a);
+        let mut caller = s.resolver.resolve(&a, None);
         assert!(poll(&mut caller).is_pending());
         s.h.resumer.answer(&a, err(Code::Aborted, "busy"));
         assert!(poll(&mut caller).is_pending());
@@ -480,7 +546,7 @@ mod tests {
     fn b33_first_match_wins_against_a_cancel_after_the_flight_succeeded() {
         let s = setup(4);
         let a = actor("a");
-        let mut caller = s.resolver.resolve(&a);
+        let mut caller = s.resolver.resolve(&a, None);
         assert!(poll(&mut caller).is_pending());
         s.h.resumer.answer(&a, err(Code::ResourceExhausted, "full"));
         assert!(poll(&mut caller).is_pending());
@@ -521,13 +587,13 @@ mod tests {
         let s = setup(1);
         let (a, other) = (actor("a"), actor("other"));
         // Fill the lot.
-        let mut holder = s.resolver.resolve(&other);
+        let mut holder = s.resolver.resolve(&other, None);
         assert!(poll(&mut holder).is_pending());
         s.h.resumer.answer(&other, err(Code::ResourceExhausted, "full"));
         assert!(poll(&mut holder).is_pending());
         assert_eq!(active(&s), 1);
         let probe = Arc::new(PollOnWake {
-            caller: Mutex::new(Some(s.resolver.resolve(&a))),
+            caller: Mutex::new(Some(s.resolver.resolve(&a, None))),
             result: Mutex::new(None),
         });
         futures::task::ArcWake::wake_by_ref(&probe);
@@ -547,15 +613,133 @@ mod tests {
         assert_eq!(active(&s), 0);
     }
 
+    /// A setup whose lot gives each atespace at most `per_atespace` slots.
+    fn setup_shared(lot_max: usize, per_atespace: usize) -> Setup {
+        let h = harness(1000, 100, true);
+        let metrics = Metrics::new();
+        let lot = ParkingLot::new(lot_max, per_atespace, Arc::new(h.clock.clone()), metrics.lot_instruments());
+        let resolver =
+            Resolver::new(h.table.clone(), Some(lot), Arc::new(h.clock.clone()), Arc::new(h.scheduler.clone()));
+        Setup { h, metrics, resolver }
+    }
+
+    #[test]
+    fn b68_a_parked_caller_gets_its_deadline_and_the_flight_goes_on() {
+        let s = setup(4);
+        let a = actor("a");
+        let deadline = s.h.clock.now() + Duration::from_millis(300);
+        let mut patient = s.resolver.resolve(&a, None);
+        let mut hurried = s.resolver.resolve(&a, Some(deadline));
+        assert!(poll(&mut patient).is_pending() && poll(&mut hurried).is_pending());
+        s.h.resumer.answer(&a, err(Code::ResourceExhausted, "full"));
+        assert!(poll(&mut patient).is_pending() && poll(&mut hurried).is_pending());
+        assert_eq!(active(&s), 2);
+        s.h.scheduler.advance(Duration::from_millis(299));
+        s.h.resumer.answer(&a, err(Code::ResourceExhausted, "full"));
+        assert!(poll(&mut hurried).is_pending(), "not before its deadline");
+        s.h.scheduler.advance(Duration::from_millis(1));
+        let outcome = ready(&mut hurried);
+        assert_eq!(outcome.result, Err(ResolveError::CallerDeadline));
+        assert!(outcome.parked, "it held a slot");
+        assert_eq!(active(&s), 1, "its slot freed at once");
+        assert_eq!(s.metrics.waits(WaitOutcome::Deadline), 1, "recorded once, as deadline");
+        drop(hurried);
+        assert_eq!(s.metrics.waits(WaitOutcome::Canceled), 0, "and not again when dropped");
+        assert_eq!(s.h.table.len(), 1, "the flight goes on for the others");
+        s.h.scheduler.advance(Duration::from_millis(500));
+        s.h.resumer.answer(&a, ok(true));
+        assert!(ready(&mut patient).result.is_ok());
+        assert_eq!(active(&s), 0);
+    }
+
+    #[test]
+    fn b68_no_estimate_no_early_rejection_then_rejection_once_there_is_one() {
+        let s = setup(4);
+        let a = actor("a");
+        // No served park yet: a caller whose time is already up still parks.
+        let mut first = s.resolver.resolve(&a, Some(s.h.clock.now()));
+        assert!(poll(&mut first).is_pending());
+        s.h.resumer.answer(&a, err(Code::ResourceExhausted, "no free workers available"));
+        assert!(poll(&mut first).is_pending(), "admitted: nothing says a park takes long");
+        assert_eq!(active(&s), 1);
+        s.h.scheduler.advance(Duration::ZERO);
+        assert_eq!(ready(&mut first).result, Err(ResolveError::CallerDeadline));
+        // A served park of 400 ms makes the estimate.
+        let mut served = s.resolver.resolve(&a, None);
+        assert!(poll(&mut served).is_pending());
+        s.h.scheduler.advance(Duration::from_millis(400));
+        s.h.resumer.answer(&a, ok(true));
+        assert!(ready(&mut served).result.is_ok());
+        assert_eq!(s.resolver.lot().unwrap().estimate(), Some(Duration::from_millis(400)));
+        // 300 ms left < 400 ms: refused at the park transition, no slot.
+        let b = actor("b");
+        let mut short = s.resolver.resolve(&b, Some(s.h.clock.now() + Duration::from_millis(300)));
+        let mut long = s.resolver.resolve(&b, Some(s.h.clock.now() + Duration::from_millis(500)));
+        assert!(poll(&mut short).is_pending() && poll(&mut long).is_pending());
+        s.h.resumer.answer(&b, err(Code::ResourceExhausted, "no free workers available"));
+        assert_eq!(
+            ready(&mut short).result,
+            Err(ResolveError::DeadlineTooShort(ResumeError::new(Code::ResourceExhausted, "no free workers available")))
+        );
+        assert!(poll(&mut long).is_pending(), "enough time left: parks");
+        assert_eq!(active(&s), 1, "the early rejection took no slot");
+        assert_eq!(s.metrics.decisions(LotDecision::EarlyRejected), 1);
+        s.h.scheduler.advance(Duration::from_millis(100));
+        s.h.resumer.answer(&b, ok(true));
+        assert!(ready(&mut long).result.is_ok());
+    }
+
+    #[test]
+    fn b68_the_first_attempt_ignores_the_deadline() {
+        let s = setup(4);
+        let a = actor("a");
+        let mut late = s.resolver.resolve(&a, Some(s.h.clock.now()));
+        s.h.clock.advance(Duration::from_secs(5));
+        s.h.resumer.answer(&a, ok(false));
+        let outcome = ready(&mut late);
+        assert!(outcome.result.is_ok(), "answered on the first attempt: never affected");
+        assert_eq!(s.metrics.decisions(LotDecision::Fast), 1);
+    }
+
+    #[test]
+    fn b69_an_atespace_at_its_share_is_shed_while_another_parks() {
+        let s = setup_shared(4, 2);
+        let hot = ActorId::parse("greedy/hot").unwrap();
+        let cold = ActorId::parse("greedy/cold").unwrap();
+        let polite = ActorId::parse("polite/b").unwrap();
+        // Two callers of one hot actor and one of another: three slots wanted by one atespace.
+        let mut callers: Vec<Resolve> = [&hot, &hot, &cold].iter().map(|a| s.resolver.resolve(a, None)).collect();
+        let mut other = s.resolver.resolve(&polite, None);
+        callers.iter_mut().chain([&mut other]).for_each(|c| assert!(poll(c).is_pending()));
+        for a in [&hot, &cold, &polite] {
+            s.h.resumer.answer(a, err(Code::ResourceExhausted, "full"));
+        }
+        let results: Vec<Poll<ResumeOutcome>> = callers.iter_mut().map(poll).collect();
+        assert!(results[0].is_pending() && results[1].is_pending());
+        assert!(matches!(&results[2], Poll::Ready(o) if o.result == Err(ResolveError::AtespaceFull)));
+        assert!(poll(&mut other).is_pending(), "the other atespace still parks");
+        assert_eq!(active(&s), 3);
+        assert_eq!(s.metrics.decisions(LotDecision::AtespaceFull), 1);
+        s.h.scheduler.advance(Duration::from_millis(100));
+        // The shed caller's flight retries too: a flight outlives its callers (B15).
+        for a in [&hot, &cold, &polite] {
+            s.h.resumer.answer(a, ok(true));
+        }
+        assert!(ready(&mut callers[0]).result.is_ok() && ready(&mut callers[1]).result.is_ok());
+        assert!(ready(&mut other).result.is_ok());
+        assert_eq!(active(&s), 0);
+        assert!(s.h.table.is_empty());
+    }
+
     #[test]
     fn b58_refused_flight_is_an_immediate_flights_full_outcome() {
         let s = setup(4);
-        let callers: Vec<Resolve> = (0..3).map(|i| s.resolver.resolve(&actor(&format!("a{i}")))).collect();
-        let mut refused = s.resolver.resolve(&actor("fourth"));
+        let callers: Vec<Resolve> = (0..3).map(|i| s.resolver.resolve(&actor(&format!("a{i}")), None)).collect();
+        let mut refused = s.resolver.resolve(&actor("fourth"), None);
         let outcome = ready(&mut refused);
         assert_eq!(outcome.result, Err(ResolveError::FlightsFull));
         assert!(refused.overtime().is_none());
-        let mut joiner = s.resolver.resolve(&actor("a0"));
+        let mut joiner = s.resolver.resolve(&actor("a0"), None);
         assert!(poll(&mut joiner).is_pending(), "joining an existing flight is never refused");
         for i in 0..3 {
             s.h.resumer.answer(&actor(&format!("a{i}")), ok(false));
@@ -569,11 +753,11 @@ mod tests {
     fn b32_no_sample_for_callers_gone_before_park_transition() {
         let s = setup(4);
         let a = actor("a");
-        let mut caller = s.resolver.resolve(&a);
+        let mut caller = s.resolver.resolve(&a, None);
         assert!(poll(&mut caller).is_pending());
         drop(caller);
         assert_eq!(s.metrics.decisions(LotDecision::Left), 1, "gone before the decision");
-        let mut fast = s.resolver.resolve(&a);
+        let mut fast = s.resolver.resolve(&a, None);
         s.h.resumer.answer(&a, ok(true));
         assert!(ready(&mut fast).result.is_ok());
         assert_eq!(s.metrics.decisions(LotDecision::Fast), 1);
@@ -585,8 +769,8 @@ mod tests {
     fn b33_budget_exhausted_and_error_outcomes() {
         let s = setup(4);
         let (a, b) = (actor("a"), actor("b"));
-        let mut ca = s.resolver.resolve(&a);
-        let mut cb = s.resolver.resolve(&b);
+        let mut ca = s.resolver.resolve(&a, None);
+        let mut cb = s.resolver.resolve(&b, None);
         assert!(poll(&mut ca).is_pending() && poll(&mut cb).is_pending());
         s.h.resumer.answer(&a, err(Code::ResourceExhausted, "no free workers available"));
         s.h.resumer.answer(&b, err(Code::ResourceExhausted, "no free workers available"));
@@ -613,7 +797,7 @@ mod tests {
     fn b22_parking_disabled_no_lot_no_metrics() {
         let s = setup(0);
         let a = actor("a");
-        let mut caller = s.resolver.resolve(&a);
+        let mut caller = s.resolver.resolve(&a, None);
         assert!(poll(&mut caller).is_pending());
         s.h.resumer.answer(&a, err(Code::Aborted, "conflict"));
         assert!(poll(&mut caller).is_pending());

@@ -160,11 +160,11 @@ impl Router {
             max_flights: config.flight_max,
         };
         let flights = FlightTable::new(policy, Arc::new(SystemClock), timer.clone(), ateapi.clone());
-        let lot = config
-            .parking
-            .enabled
-            .then(|| ParkingLot::new(config.parking.max, Arc::new(SystemClock), metrics.lot_instruments()));
-        let resolver = Resolver::new(flights, lot);
+        let lot = config.parking.enabled.then(|| {
+            let (max, per_atespace) = (config.parking.max, config.parking.max_per_atespace);
+            ParkingLot::new(max, per_atespace, Arc::new(SystemClock), metrics.lot_instruments())
+        });
+        let resolver = Resolver::new(flights, lot, Arc::new(SystemClock), timer.clone());
         let ready = Arc::new(AtomicBool::new(true));
         let recent = Arc::new(RecentRequests::default());
         let extproc = ExtProc::new(
@@ -175,6 +175,7 @@ impl Router {
                 late_serve_limit: config.late_serve_limit,
                 ready: Arc::clone(&ready),
                 recent: Arc::clone(&recent),
+                caller_deadlines: config.caller_deadlines,
             },
         );
 

@@ -16,10 +16,14 @@ use crate::ateapi::AteapiClient;
 use crate::config::{AteapiTransport, Config};
 use crate::godur;
 use crate::http::{Handler, Reply, Request};
+use crate::lot::AtespaceView;
 use crate::logging::json_string;
 use crate::metrics::Metrics;
 use crate::resolver::Resolver;
 use crate::resume::Code;
+
+/// How many atespaces the page lists (B69).
+const TOP_ATESPACES: usize = 20;
 
 /// How many recent requests the page keeps.
 pub const RECENT_CAPACITY: usize = 100;
@@ -101,6 +105,8 @@ struct Snapshot {
     flights: usize,
     shed: u64,
     parked_actors: Vec<ParkedActor>,
+    /// The atespaces holding slots now, most first (B69).
+    atespaces: Vec<AtespaceView>,
     ateapi_address: String,
     connectivity: &'static str,
     /// ResumeActor attempts by code, for the codes seen, by name.
@@ -179,6 +185,7 @@ impl StatusPage {
             flights: self.resolver.flights().len(),
             shed: self.metrics.parking_rejected(),
             parked_actors,
+            atespaces: self.resolver.lot().map_or_else(Vec::new, |lot| lot.atespaces(TOP_ATESPACES)),
             ateapi_address: self.config.ateapi_address.clone(),
             connectivity: self.ateapi.connectivity(),
             attempts,
@@ -211,6 +218,18 @@ fn json(s: &Snapshot) -> String {
             a.attempts,
             json_string(a.last_code),
             a.budget_left.as_secs_f64()
+        );
+    }
+    j.push_str("],\"atespaces\":[");
+    for (i, a) in s.atespaces.iter().enumerate() {
+        let _ = write!(
+            j,
+            "{}{{\"atespace\":{},\"slots\":{},\"oldest_wait_seconds\":{:.3},\"sheds_last_minute\":{}}}",
+            if i > 0 { "," } else { "" },
+            json_string(&a.atespace),
+            a.slots,
+            a.oldest_wait.as_secs_f64(),
+            a.sheds_last_minute
         );
     }
     let _ = write!(
@@ -293,6 +312,23 @@ fn html(s: &Snapshot) -> String {
         }
         h.push_str("</table>");
     }
+    if !s.atespaces.is_empty() {
+        h.push_str(
+            "<table id=\"atespaces\"><tr><th>atespace</th><th>slots</th><th>oldest wait</th>\
+             <th>shed by its cap (1 min)</th></tr>",
+        );
+        for a in &s.atespaces {
+            let _ = write!(
+                h,
+                "<tr><td>{}</td><td>{}</td><td>{:.1}s</td><td>{}</td></tr>",
+                escape(&a.atespace),
+                a.slots,
+                a.oldest_wait.as_secs_f64(),
+                a.sheds_last_minute
+            );
+        }
+        h.push_str("</table>");
+    }
     h.push_str("</section>");
     let _ = write!(
         h,
@@ -357,6 +393,8 @@ pub fn effective_flags(config: &Config) -> Vec<(&'static str, String)> {
         ("--status-address", config.status_addr.map_or(String::new(), |a| a.ip().to_string())),
         ("--parked-request-budget", godur::format(parking.configured_budget)),
         ("--parked-request-max", parking.max.to_string()),
+        ("--parked-request-max-per-atespace", parking.max_per_atespace.to_string()),
+        ("--caller-deadlines", config.caller_deadlines.to_string()),
         ("--parked-request-retry-interval", godur::format(parking.backoff.interval)),
         ("--parked-request-retry-factor", parking.backoff.factor.to_string()),
         ("--parked-request-retry-jitter", parking.backoff.jitter.to_string()),

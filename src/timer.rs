@@ -13,7 +13,11 @@
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::task::{Context, Poll, Waker};
 use std::thread::JoinHandle;
 use std::time::Instant;
 
@@ -222,18 +226,68 @@ fn run(shared: &Shared) {
     }
 }
 
+/// A future that completes at an instant; dropping it cancels its timer.
+pub struct Sleep {
+    state: Arc<SleepState>,
+    scheduler: Arc<dyn Scheduler>,
+    timer: Option<TimerId>,
+}
+
+#[derive(Default)]
+struct SleepState {
+    fired: AtomicBool,
+    waker: Mutex<Option<Waker>>,
+}
+
+/// Sleeps until `at` on `scheduler`.
+pub fn sleep_until(scheduler: Arc<dyn Scheduler>, at: Instant) -> Sleep {
+    let state = Arc::new(SleepState::default());
+    let fired = Arc::clone(&state);
+    let timer = scheduler.schedule(
+        at,
+        Box::new(move || {
+            fired.fired.store(true, Ordering::Release);
+            if let Some(waker) = fired.waker.lock().take() {
+                waker.wake();
+            }
+        }),
+    );
+    Sleep { state, scheduler, timer: Some(timer) }
+}
+
+impl Future for Sleep {
+    type Output = ();
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        if self.state.fired.load(Ordering::Acquire) {
+            return Poll::Ready(());
+        }
+        *self.state.waker.lock() = Some(cx.waker().clone());
+        // Re-check: the task may have fired between the load and the store.
+        if self.state.fired.load(Ordering::Acquire) {
+            Poll::Ready(())
+        } else {
+            Poll::Pending
+        }
+    }
+}
+
+impl Drop for Sleep {
+    fn drop(&mut self) {
+        if let Some(timer) = self.timer.take() {
+            self.scheduler.cancel(timer);
+        }
+    }
+}
+
 #[cfg(any(test, feature = "testkit"))]
-pub use testing::{sleep_until, ManualScheduler};
+pub use testing::ManualScheduler;
 
 /// What the tests, the simulator and the load tools need of the timer: a
 /// scheduler on a manual clock, and a sleeping future.
 #[cfg(any(test, feature = "testkit"))]
 mod testing {
-    use std::future::Future;
-    use std::pin::Pin;
-    use std::sync::atomic::{AtomicBool, Ordering};
     use std::sync::Arc;
-    use std::task::{Context, Poll, Waker};
     use std::time::{Duration, Instant};
 
     use parking_lot::Mutex;
@@ -290,60 +344,6 @@ mod testing {
             self.queue.lock().cancel(id.0);
         }
     }
-
-    /// A future that completes at an instant; dropping it cancels its timer.
-    pub struct Sleep {
-        state: Arc<SleepState>,
-        scheduler: Arc<dyn Scheduler>,
-        timer: Option<TimerId>,
-    }
-
-    #[derive(Default)]
-    struct SleepState {
-        fired: AtomicBool,
-        waker: Mutex<Option<Waker>>,
-    }
-
-    /// Sleeps until `at` on `scheduler`.
-    pub fn sleep_until(scheduler: Arc<dyn Scheduler>, at: Instant) -> Sleep {
-        let state = Arc::new(SleepState::default());
-        let fired = Arc::clone(&state);
-        let timer = scheduler.schedule(
-            at,
-            Box::new(move || {
-                fired.fired.store(true, Ordering::Release);
-                if let Some(waker) = fired.waker.lock().take() {
-                    waker.wake();
-                }
-            }),
-        );
-        Sleep { state, scheduler, timer: Some(timer) }
-    }
-
-    impl Future for Sleep {
-        type Output = ();
-
-        fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
-            if self.state.fired.load(Ordering::Acquire) {
-                return Poll::Ready(());
-            }
-            *self.state.waker.lock() = Some(cx.waker().clone());
-            // Re-check: the task may have fired between the load and the store.
-            if self.state.fired.load(Ordering::Acquire) {
-                Poll::Ready(())
-            } else {
-                Poll::Pending
-            }
-        }
-    }
-
-    impl Drop for Sleep {
-        fn drop(&mut self) {
-            if let Some(timer) = self.timer.take() {
-                self.scheduler.cancel(timer);
-            }
-        }
-    }
 }
 
 #[cfg(test)]
@@ -351,9 +351,6 @@ mod tests {
     use super::*;
     use crate::clock::{Clock, ManualClock};
     use crossbeam_channel::unbounded;
-    use std::future::Future;
-    use std::pin::Pin;
-    use std::task::Context;
     use std::time::Duration;
 
     #[test]

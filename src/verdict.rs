@@ -127,6 +127,24 @@ pub fn for_outcome(
             ),
             retry_after,
         ),
+        Err(ResolveError::AtespaceFull) => with_retry_after(
+            reject(
+                503,
+                format!("actor \"{id}\" unavailable: atespace at capacity"),
+                "atenet_atespace_full",
+                RouteOutcome::NoCapacity,
+            ),
+            retry_after,
+        ),
+        Err(ResolveError::DeadlineTooShort(error)) => {
+            with_retry_after(for_error(id, error, Some("atenet_deadline_too_short")), retry_after)
+        }
+        Err(ResolveError::CallerDeadline) => reject(
+            504,
+            format!("actor {id} request timed out"),
+            "atenet_caller_deadline",
+            RouteOutcome::Timeout,
+        ),
         Err(ResolveError::Failed(error)) => for_error(id, error, None),
         Err(ResolveError::BudgetExhausted(error)) => {
             with_retry_after(for_error(id, error, Some("atenet_budget_exhausted")), retry_after)
@@ -255,6 +273,13 @@ mod tests {
             (failed(Code::Unauthenticated, "who"), 401, "actor demo/a authentication required"),
             (Err(ResolveError::LotFull), 503, "actor \"demo/a\" unavailable: router at capacity"),
             (Err(ResolveError::FlightsFull), 503, "actor \"demo/a\" unavailable: router at capacity"),
+            (Err(ResolveError::AtespaceFull), 503, "actor \"demo/a\" unavailable: atespace at capacity"),
+            (Err(ResolveError::CallerDeadline), 504, "actor demo/a request timed out"),
+            (
+                Err(ResolveError::DeadlineTooShort(ResumeError::new(Code::ResourceExhausted, "no free workers available"))),
+                503,
+                "actor demo/a unavailable: no free workers available",
+            ),
             (failed(Code::Internal, "boom"), 500, "error resuming actor demo/a"),
             (failed(Code::Unknown, "transport"), 500, "error resuming actor demo/a"),
         ];
@@ -272,6 +297,10 @@ mod tests {
         };
         assert_eq!(retry(Err(ResolveError::LotFull)), Some(7));
         assert_eq!(retry(Err(ResolveError::FlightsFull)), Some(7));
+        assert_eq!(retry(Err(ResolveError::AtespaceFull)), Some(7));
+        let short = ResolveError::DeadlineTooShort(ResumeError::new(Code::ResourceExhausted, "full"));
+        assert_eq!(retry(Err(short)), Some(7));
+        assert_eq!(retry(Err(ResolveError::CallerDeadline)), None, "a 504 is not a capacity answer");
         let wrapped = ResumeError::new(Code::ResourceExhausted, "full");
         assert_eq!(retry(Err(ResolveError::BudgetExhausted(wrapped.clone()))), Some(7));
         assert_eq!(retry(Err(ResolveError::Failed(wrapped))), None, "a fail-fast 503 is not capacity");

@@ -90,6 +90,33 @@ fn b37_bad_flags_exit_nonzero_naming_the_flag() {
         (&["serve", "--ateapi-insecure", "--port-extproc", "abc"], "--port-extproc"),
         (&["serve", "--ateapi-insecure", "--parked-request-budget", "5"], "--parked-request-budget"),
         (&["serve", "--ateapi-insecure", "--ateapi-ca-file", "/tmp/ca.pem"], "--ateapi-insecure"),
+        (
+            &[
+                "serve",
+                "--ateapi-insecure",
+                "--parked-request-max",
+                "4",
+                "--parked-request-max-per-atespace",
+                "5",
+            ],
+            "--parked-request-max-per-atespace",
+        ),
+        (
+            &["serve", "--ateapi-insecure", "--parked-request-max-per-atespace", "-1"],
+            "--parked-request-max-per-atespace",
+        ),
+        (
+            &[
+                "serve",
+                "--ateapi-insecure",
+                "--parked-request-max",
+                "0",
+                "--parked-request-max-per-atespace",
+                "1",
+            ],
+            "--parked-request-max-per-atespace",
+        ),
+        (&["serve", "--ateapi-insecure", "--caller-deadlines", "maybe"], "--caller-deadlines"),
         (&["serve"], "--ateapi-ca-file"),
         (&["serve", "--bogus"], "--bogus"),
     ];
@@ -162,6 +189,71 @@ fn parkload_points_at_a_running_router_and_reports() {
         Command::new(env!("CARGO_BIN_EXE_parkload")).args(["--distribution", "bogus"]).output().unwrap();
     assert_eq!(bad.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&bad.stderr).contains("--distribution"));
+    assert_eq!(terminate(&mut router.process.child), 0);
+    assert_eq!(terminate(&mut sim.child), 0);
+}
+
+/// `--grpc-timeout` and an atespace mix (B68, B69), against the real binaries.
+#[test]
+fn parkload_sends_caller_deadlines_and_reports_each_atespace() {
+    let script = std::env::temp_dir().join(format!("parkload-mix-{}.script", std::process::id()));
+    std::fs::write(
+        &script,
+        "greedy/a0 ResourceExhausted 0s - false no free workers available\n\
+         greedy/a1 ResourceExhausted 0s - false no free workers available\n\
+         greedy/a2 ResourceExhausted 0s - false no free workers available\n\
+         polite/b OK 0s 10.0.0.1 false -\n",
+    )
+    .unwrap();
+    let mut sim = spawn_until(
+        SIM,
+        &["--listen", "127.0.0.1:0", "--workers", "0", "--actors", "0", "--script", script.to_str().unwrap()],
+        "listening on",
+    );
+    let mut router = spawn_router(&router_args(
+        word_after(&sim.line, "listening on "),
+        &[
+            "--parked-request-budget",
+            "30s",
+            "--parked-request-max",
+            "8",
+            "--parked-request-max-per-atespace",
+            "2",
+        ],
+    ));
+    let target = router.extproc.to_string();
+    let out = Command::new(env!("CARGO_BIN_EXE_parkload"))
+        .args([
+            "--target",
+            &target,
+            "--count",
+            "60",
+            "--concurrency",
+            "6",
+            "--actors",
+            "greedy/a{0..2},polite/b",
+        ])
+        .args(["--distribution", "round-robin", "--grpc-timeout", "300m", "--json", "--progress", "0"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let json = String::from_utf8(out.stdout).unwrap();
+    let section = |atespace: &str| {
+        let at = json.find(&format!("\"{atespace}\":{{")).unwrap_or_else(|| panic!("{atespace} in {json}"));
+        json[at..].split('}').next().unwrap().to_string()
+    };
+    let (greedy, polite) = (section("greedy"), section("polite"));
+    assert!(greedy.contains("\"504 atenet_caller_deadline\":"), "{json}");
+    assert!(greedy.contains("\"503 atenet_atespace_full\":"), "{json}");
+    assert!(!greedy.contains("200 routed"), "{json}");
+    assert_eq!(polite, "\"polite\":{\"200 routed\":15", "{json}");
+    let overdue = json.split("\"overdue\":").nth(1).unwrap();
+    assert!(!overdue.starts_with('0'), "504s come at or after the deadline: {json}");
+    let bad =
+        Command::new(env!("CARGO_BIN_EXE_parkload")).args(["--grpc-timeout", "300ms"]).output().unwrap();
+    assert_eq!(bad.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("--grpc-timeout"));
+    let _ = std::fs::remove_file(&script);
     assert_eq!(terminate(&mut router.process.child), 0);
     assert_eq!(terminate(&mut sim.child), 0);
 }

@@ -38,7 +38,7 @@ fn client(router: &RouterProcess) -> Arc<Client> {
 /// that gives up immediately does.
 async fn send_and_reset(client: &Client, actor: &str) {
     let Ok((mut tx, rx)) = client.duplex_streaming(&EXT_PROC_PROCESS, CallOption::default()) else { return };
-    let _ = tx.send((request_for(actor), WriteFlags::default())).await;
+    let _ = tx.send((request_for(actor, None), WriteFlags::default())).await;
     tx.cancel();
     drop(rx);
 }
@@ -49,7 +49,7 @@ async fn verdict_within(client: &Client, actor: &str, patience: Duration) -> Str
     let Ok((mut tx, mut rx)) = client.duplex_streaming(&EXT_PROC_PROCESS, call) else {
         return "open failed".into();
     };
-    if tx.send((request_for(actor), WriteFlags::default())).await.is_err() {
+    if tx.send((request_for(actor, None), WriteFlags::default())).await.is_err() {
         return "send failed".into();
     }
     let key = loop {

@@ -13,7 +13,7 @@ use atenet_router::extproc::{classify, Classified};
 use atenet_router::proto::base::{HeaderMap, HeaderValue};
 use atenet_router::proto::external_processor::ProcessingRequest;
 use atenet_router::target::{self, ActorId};
-use atenet_router::{drain, envoy, godur, pem};
+use atenet_router::{deadline, drain, envoy, godur, pem};
 use proptest::prelude::*;
 use protobuf::well_known_types::struct_::{Struct, Value};
 use protobuf::Message;
@@ -219,7 +219,9 @@ fn check(request: ProcessingRequest) -> Result<(), TestCaseError> {
             prop_assert!(reply.response.is_some(), "B9: a reply of a kind");
             prop_assert!(reply.write_to_bytes().is_ok());
         }
-        Classified::Route(target, line) => {
+        Classified::Route(target, line, timeout) => {
+            // B68: at most gRPC's longest (99999999H), or what fits a u64 of ms.
+            prop_assert!(timeout.timeout.is_none_or(|t| t.as_secs() <= u64::MAX / 1000));
             prop_assert!(oracle_valid(target.actor.as_str().as_bytes()));
             prop_assert!(!line.path().contains(&b'?'), "no query string is kept");
         }
@@ -339,6 +341,23 @@ proptest! {
         }
         bundle.truncate(cut.index(bundle.len() + 1));
         check_pem(&bundle)?;
+    }
+
+    /// Deadline headers (B68): gRPC's format exactly, or ignored.
+    #[test]
+    fn deadline_headers_parse_exactly_or_are_ignored(value in prop_oneof![
+        "[0-9]{0,10}[HMSmunx]?",
+        "[ -~]{0,12}",
+    ]) {
+        let parsed = deadline::grpc_timeout(value.as_bytes());
+        let (digits, unit) = value.split_at(value.len().saturating_sub(1));
+        let well_formed = (1..=8).contains(&digits.len())
+            && digits.bytes().all(|b| b.is_ascii_digit())
+            && matches!(unit, "H" | "M" | "S" | "m" | "u" | "n");
+        prop_assert_eq!(parsed.is_some(), well_formed);
+        let millis = deadline::millis(value.as_bytes());
+        let number = !value.is_empty() && value.bytes().all(|b| b.is_ascii_digit()) && value.parse::<u64>().is_ok();
+        prop_assert_eq!(millis.is_some(), number);
     }
 
     /// The admin stats parser never panics and sums exactly the non-admin

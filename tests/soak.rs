@@ -233,7 +233,7 @@ async fn one_request(
         Ok(call) => call,
         Err(e) => return Ending::Broken(format!("{actor}: open: {e}")),
     };
-    if let Err(e) = tx.send((request_for(&actor), WriteFlags::default())).await {
+    if let Err(e) = tx.send((request_for(&actor, None), WriteFlags::default())).await {
         return Ending::Broken(format!("{actor}: send: {e}"));
     }
     let verdict = async {

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use argh::FromArgs;
 use atenet_router::godur;
-use atenet_router::load::{self, Distribution, LoadSpec, Stop};
+use atenet_router::load::{self, CallerDeadline, Distribution, LoadSpec, Stop};
 
 #[derive(FromArgs)]
 /// Load generator for atenet-router's ext_proc port: one stream per request,
@@ -28,7 +28,7 @@ struct Args {
     /// stop after this many requests instead of a duration
     #[argh(option)]
     count: Option<u64>,
-    /// actors, comma-separated, with ranges: demo/actor-{0..63}
+    /// actors, comma-separated, with ranges: demo/actor-{0..63}; several atespaces (greedy/a-{0..99},polite/b-{0..9}) make a mix reported per atespace
     #[argh(option, default = "String::from(\"demo/actor-{0..63}\")")]
     actors: String,
     /// uniform, zipf, hot or round-robin
@@ -43,6 +43,9 @@ struct Args {
     /// stream-hold mode: open N streams at once and hold them until each gets its verdict
     #[argh(option)]
     hold: Option<u64>,
+    /// send this grpc-timeout with every request (e.g. 300m) and report verdicts that came after it
+    #[argh(option)]
+    grpc_timeout: Option<String>,
     /// print the summary as JSON
     #[argh(switch)]
     json: bool,
@@ -87,7 +90,13 @@ fn spec(args: &Args) -> Result<LoadSpec, String> {
         }
     };
     let progress = (args.progress > 0.0).then(|| Duration::from_secs_f64(args.progress));
-    Ok(LoadSpec { target, concurrency, rate, stop, actors, distribution, progress })
+    let grpc_timeout = match &args.grpc_timeout {
+        Some(value) => Some(CallerDeadline::parse(value).ok_or_else(|| {
+            format!("--grpc-timeout {value:?}: want 1 to 8 digits and a unit H, M, S, m, u or n (e.g. 300m)")
+        })?),
+        None => None,
+    };
+    Ok(LoadSpec { target, concurrency, rate, stop, actors, distribution, progress, grpc_timeout })
 }
 
 fn main() -> ExitCode {
