@@ -262,7 +262,7 @@ impl ParkingLot {
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| (n < self.max).then_some(n + 1))
             .is_ok();
         if !admitted {
-            self.shares.free(atespace, now, now);
+            self.shares.free(atespace, now);
             self.instruments.rejected.inc();
             self.note_decision(LotDecision::Shed);
             return Err(Refusal::LotFull);
@@ -280,7 +280,7 @@ impl ParkingLot {
     fn free(&self, atespace: &str, taken: Instant, outcome: WaitOutcome) {
         let now = self.clock.now();
         let waited = now.saturating_duration_since(taken).as_secs_f64();
-        self.shares.free(atespace, taken, now);
+        self.shares.free(atespace, taken);
         // The counter cannot go below zero: each admission adds exactly one,
         // and each slot frees once.
         self.active.fetch_sub(1, Ordering::AcqRel);
@@ -330,8 +330,9 @@ pub struct AtespaceView {
 }
 
 /// Every atespace's share of the lot, in shards keyed by name. An entry
-/// lives while its atespace holds a slot or was shed in the last minute, so
-/// the map is bounded by the lot, not by the number of tenants.
+/// lives exactly while its atespace holds a slot (a caller is shed only by
+/// an atespace holding its cap), so the map is bounded by the lot, not by
+/// the number of tenants; its shed count goes with it.
 struct Shares {
     /// 0: no cap.
     cap: usize,
@@ -397,7 +398,10 @@ impl Shares {
     /// Counts one more slot for `atespace`, unless it holds its cap.
     fn reserve(&self, atespace: &str, now: Instant) -> bool {
         let mut shard = self.shard(atespace).lock();
-        let share = shard.entry(Box::from(atespace)).or_default();
+        if !shard.contains_key(atespace) {
+            shard.insert(Box::from(atespace), Share::default());
+        }
+        let share = shard.get_mut(atespace).expect("just made sure");
         if self.cap > 0 && share.slots >= self.cap {
             share.sheds.count(self.second(now));
             return false;
@@ -407,7 +411,7 @@ impl Shares {
         true
     }
 
-    fn free(&self, atespace: &str, taken: Instant, now: Instant) {
+    fn free(&self, atespace: &str, taken: Instant) {
         let mut shard = self.shard(atespace).lock();
         let Some(share) = shard.get_mut(atespace) else { return };
         share.slots = share.slots.saturating_sub(1);
@@ -417,7 +421,7 @@ impl Shares {
                 share.taken.remove(&taken);
             }
         }
-        if share.slots == 0 && share.sheds.last_minute(self.second(now)) == 0 {
+        if share.slots == 0 {
             shard.remove(atespace);
         }
     }
@@ -426,9 +430,8 @@ impl Shares {
         let second = self.second(now);
         let mut views: Vec<AtespaceView> = Vec::new();
         for shard in self.shards.iter() {
-            let mut shard = shard.lock();
-            shard.retain(|_, share| share.slots > 0 || share.sheds.last_minute(second) > 0);
-            views.extend(shard.iter().filter(|(_, share)| share.slots > 0).map(|(name, share)| AtespaceView {
+            let shard = shard.lock();
+            views.extend(shard.iter().map(|(name, share)| AtespaceView {
                 atespace: name.to_string(),
                 slots: share.slots,
                 oldest_wait: share.taken.keys().next().map_or(Duration::ZERO, |t| now.saturating_duration_since(*t)),
@@ -563,12 +566,28 @@ mod tests {
             }
         );
         assert_eq!((views[1].atespace.as_str(), views[1].slots, views[1].sheds_last_minute), ("polite", 1, 0));
-        drop(greedy);
+        let mut greedy = greedy.into_iter();
+        drop(greedy.next());
         let again = lot.try_admit("greedy").expect("room again once a slot is freed");
         clock.advance(Duration::from_secs(61));
-        let greedy = lot.atespaces(20).into_iter().find(|v| v.atespace == "greedy").unwrap();
-        assert_eq!((greedy.slots, greedy.sheds_last_minute), (1, 0), "sheds older than a minute are forgotten");
-        drop((again, polite));
+        let view = lot.atespaces(20).into_iter().find(|v| v.atespace == "greedy").unwrap();
+        assert_eq!((view.slots, view.sheds_last_minute), (2, 0), "sheds older than a minute are forgotten");
+        drop((again, polite, greedy));
+        // Bounded by the lot, not by tenants: nothing is kept for an
+        // atespace that holds no slot, however recently it was shed.
+        assert!(lot.shares.shards.iter().all(|shard| shard.lock().is_empty()));
+    }
+
+    #[test]
+    fn b69_a_shed_atespace_that_frees_its_slots_leaves_nothing_behind() {
+        let lot = lot(4, 1, Arc::new(ManualClock::new()));
+        for i in 0..1000 {
+            let tenant = format!("tenant-{i}");
+            let held = lot.try_admit(&tenant).unwrap();
+            assert_eq!(lot.try_admit(&tenant).err(), Some(Refusal::AtespaceFull));
+            drop(held);
+        }
+        assert!(lot.shares.shards.iter().all(|shard| shard.lock().is_empty()), "one entry per tenant ever seen");
     }
 
     #[test]
