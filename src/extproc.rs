@@ -38,7 +38,7 @@ use crate::proto::http_status::HttpStatus;
 use crate::proto::EXT_PROC_PROCESS;
 use crate::resolver::{Abandon, ResolveError, Resolver, ResumeLabel};
 use crate::resume::{BadWorkerIp, Resumed};
-use crate::status::{RecentRequest, RecentRequests};
+use crate::status::{Answered, RecentRequests, RecentVerdict};
 use crate::target::{self, ActorId, Target, ACTOR_HEADER};
 use crate::verdict::{self, Rejection, RouteOutcome, Verdict};
 
@@ -116,11 +116,13 @@ impl ExtProc {
             self.metrics.streams_opened(1);
             let _open = StreamGauge(&self.metrics);
             loop {
-                // Ok(None) is a half-close and Err a reset: either way, no
-                // more messages. Envoy resets the stream after the exchange.
+                // Ok(None) is a half-close, answered with the call's status;
+                // Err is a reset (what Envoy does after the exchange), where a
+                // status would be one more batch for gRPC core to fail.
                 let request = match stream.next().await {
                     Some(Ok(request)) => request,
-                    _ => break,
+                    None => break,
+                    Some(Err(_)) => return,
                 };
                 // In observability mode Envoy neither reads a reply nor waits
                 // for one (wire.md): a verdict would change nothing, so no
@@ -300,17 +302,17 @@ impl ExtProc {
             self.metrics.count_drain_verdict();
         }
         let (summary, worker) = match verdict {
-            Verdict::Route { worker, .. } => ("200 routed".to_string(), worker.clone()),
-            Verdict::Reject(r) => (format!("{} {}", r.status, r.reason), String::new()),
+            Verdict::Route { worker, .. } => (RecentVerdict::Routed, worker.as_str()),
+            Verdict::Reject(r) => (RecentVerdict::Rejected { status: r.status, reason: r.reason }, ""),
         };
-        self.recent.record(RecentRequest::new(
-            request.method(),
-            request.path(),
+        self.recent.record(Answered {
+            method: request.method(),
+            path: request.path(),
             actor,
-            summary,
-            worker,
-            received.elapsed(),
-        ));
+            verdict: summary,
+            target: worker,
+            duration: received.elapsed(),
+        });
     }
 
     fn observe(&self, received: Instant, outcome: RouteOutcome, resume: ResumeLabel) {
@@ -381,7 +383,7 @@ enum Woken {
 }
 
 /// The method and path of a request, for the status page; the path's
-/// query string is dropped by [`RecentRequest::new`].
+/// query string is dropped by [`RecentRequests::record`].
 ///
 /// One allocation, method then path without its query, both bounded: it
 /// is held for as long as the request waits.

@@ -5,7 +5,6 @@
 //! the path never reach it, and the path loses its query string before it is
 //! stored, so no authorization, cookie, query string or token can appear.
 
-use std::collections::VecDeque;
 use std::fmt::Write;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
@@ -38,50 +37,99 @@ pub struct RecentRequest {
     /// The path without its query string.
     pub path: String,
     pub actor: String,
-    /// `200 routed`, or the status and reason token of a rejection.
-    pub verdict: String,
+    pub verdict: RecentVerdict,
     /// The worker address when routed.
     pub target: String,
     pub duration: Duration,
 }
 
-impl RecentRequest {
-    /// Builds an entry, stripping the query and bounding lengths.
-    pub fn new(
-        method: &[u8],
-        path: &[u8],
-        actor: &str,
-        verdict: String,
-        target: String,
-        duration: Duration,
-    ) -> Self {
-        let path = String::from_utf8_lossy(path);
-        let path = path.split(['?', '#']).next().unwrap_or("");
-        let path: String = path.chars().take(MAX_PATH).collect();
-        let method: String = String::from_utf8_lossy(method).chars().take(16).collect();
-        let actor: String = actor.chars().take(128).collect();
-        RecentRequest { at: SystemTime::now(), method, path, actor, verdict, target, duration }
+/// How a recent request was answered.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RecentVerdict {
+    Routed,
+    /// The status and reason token of a rejection.
+    Rejected { status: u16, reason: &'static str },
+}
+
+impl std::fmt::Display for RecentVerdict {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            RecentVerdict::Routed => f.write_str("200 routed"),
+            RecentVerdict::Rejected { status, reason } => write!(f, "{status} {reason}"),
+        }
     }
 }
 
-/// The last [`RECENT_CAPACITY`] requests, newest first.
+/// A request as the extproc service saw it, borrowed for [`RecentRequests::record`].
+pub struct Answered<'a> {
+    pub method: &'a [u8],
+    pub path: &'a [u8],
+    pub actor: &'a str,
+    pub verdict: RecentVerdict,
+    pub target: &'a str,
+    pub duration: Duration,
+}
+
+/// The last [`RECENT_CAPACITY`] requests. Every request on the fast path is
+/// recorded, so the ring reuses its entries' buffers instead of allocating.
 #[derive(Default)]
 pub struct RecentRequests {
-    entries: Mutex<VecDeque<RecentRequest>>,
+    ring: Mutex<Ring>,
+}
+
+#[derive(Default)]
+struct Ring {
+    entries: Vec<RecentRequest>,
+    /// Where the next entry goes once the ring is full.
+    next: usize,
 }
 
 impl RecentRequests {
-    pub fn record(&self, entry: RecentRequest) {
-        let mut entries = self.entries.lock();
-        if entries.len() == RECENT_CAPACITY {
-            entries.pop_back();
-        }
-        entries.push_front(entry);
+    /// Keeps `answered`, stripping the path's query and bounding lengths.
+    pub fn record(&self, answered: Answered<'_>) {
+        let at = SystemTime::now();
+        let mut ring = self.ring.lock();
+        let entry = if ring.entries.len() < RECENT_CAPACITY {
+            ring.entries.push(RecentRequest {
+                at,
+                method: String::new(),
+                path: String::new(),
+                actor: String::new(),
+                verdict: answered.verdict,
+                target: String::new(),
+                duration: answered.duration,
+            });
+            ring.entries.last_mut().expect("just pushed")
+        } else {
+            let next = ring.next;
+            ring.next = (next + 1) % RECENT_CAPACITY;
+            &mut ring.entries[next]
+        };
+        entry.at = at;
+        entry.verdict = answered.verdict;
+        entry.duration = answered.duration;
+        let path = answered.path.split(|b| *b == b'?' || *b == b'#').next().unwrap_or_default();
+        refill(&mut entry.method, answered.method, 16);
+        refill(&mut entry.path, path, MAX_PATH);
+        refill(&mut entry.actor, answered.actor.as_bytes(), 128);
+        refill(&mut entry.target, answered.target.as_bytes(), 64);
     }
 
+    /// The entries, newest first.
     pub fn snapshot(&self) -> Vec<RecentRequest> {
-        self.entries.lock().iter().cloned().collect()
+        let ring = self.ring.lock();
+        // In time order: from the slot written next (the oldest) to the end,
+        // then the slots before it.
+        let (newest, oldest) = ring.entries.split_at(ring.next.min(ring.entries.len()));
+        oldest.iter().chain(newest).rev().cloned().collect()
     }
+}
+
+/// Replaces `into`'s text with at most `chars` characters of `bytes`
+/// (invalid UTF-8 shown as U+FFFD), keeping its allocation.
+fn refill(into: &mut String, bytes: &[u8], chars: usize) {
+    into.clear();
+    into.extend(String::from_utf8_lossy(bytes).chars().take(chars));
 }
 
 /// Everything the page reads.
@@ -256,7 +304,7 @@ fn json(s: &Snapshot) -> String {
             json_string(&r.method),
             json_string(&r.path),
             json_string(&r.actor),
-            json_string(&r.verdict),
+            json_string(&r.verdict.to_string()),
             json_string(&r.target),
             r.duration.as_secs_f64()
         );
@@ -354,7 +402,7 @@ fn html(s: &Snapshot) -> String {
             escape(&r.method),
             escape(&r.path),
             escape(&r.actor),
-            escape(&r.verdict),
+            escape(&r.verdict.to_string()),
             escape(&r.target),
             r.duration.as_secs_f64() * 1000.0
         );
@@ -448,19 +496,43 @@ mod tests {
         let recent = RecentRequests::default();
         for i in 0..150 {
             let path = format!("/api/{i}?token=secret&x=1");
-            recent.record(RecentRequest::new(
-                b"GET",
-                path.as_bytes(),
-                "demo/a",
-                "200 routed".into(),
-                String::new(),
-                Duration::ZERO,
-            ));
+            let verdict = if i % 2 == 0 {
+                RecentVerdict::Routed
+            } else {
+                RecentVerdict::Rejected { status: 503, reason: "atenet_lot_full" }
+            };
+            let answered = Answered {
+                method: b"GET",
+                path: path.as_bytes(),
+                actor: "demo/a",
+                verdict,
+                target: "",
+                duration: Duration::ZERO,
+            };
+            recent.record(answered);
         }
         let all = recent.snapshot();
         assert_eq!(all.len(), RECENT_CAPACITY);
         assert_eq!(all[0].path, "/api/149", "newest first, no query");
+        assert_eq!(all[99].path, "/api/50", "oldest last");
+        assert!(all.windows(2).all(|w| w[0].at >= w[1].at));
+        assert_eq!(all[0].verdict.to_string(), "503 atenet_lot_full");
+        assert_eq!(all[1].verdict.to_string(), "200 routed");
         assert!(all.iter().all(|r| !r.path.contains("secret")));
+        let few = RecentRequests::default();
+        for path in ["/a", "/b"] {
+            let answered = Answered {
+                method: b"GET",
+                path: path.as_bytes(),
+                actor: "",
+                verdict: RecentVerdict::Routed,
+                target: "",
+                duration: Duration::ZERO,
+            };
+            few.record(answered);
+        }
+        let paths: Vec<String> = few.snapshot().into_iter().map(|r| r.path).collect();
+        assert_eq!(paths, ["/b", "/a"]);
     }
 
     #[test]
