@@ -205,6 +205,22 @@ fn start_router(sim: SocketAddr, envoy_admin: &str) -> (RouterProcess, SocketAdd
     (spawn_router(&args), format!("127.0.0.1:{status_port}").parse().unwrap())
 }
 
+/// `http_get` from a router that must be up; if it cannot be reached, the
+/// failure says whether the process still runs and what it logged last.
+fn router_get(router: &RouterProcess, addr: SocketAddr, path: &str) -> String {
+    if std::net::TcpStream::connect(addr).is_err() {
+        let pid = router.process.child.id();
+        let alive = std::path::Path::new(&format!("/proc/{pid}/status")).exists();
+        let log = router.process.log.lock();
+        let tail = &log[log.len().saturating_sub(40)..];
+        panic!(
+            "router {pid} (running: {alive}) refuses {addr}{path}; its last log lines:\n{}",
+            tail.join("\n")
+        );
+    }
+    http_get(addr, path).1
+}
+
 fn rss_kib(child: &Child) -> u64 {
     std::fs::read_to_string(format!("/proc/{}/status", child.id()))
         .unwrap()
@@ -459,13 +475,14 @@ fn soak() {
             }
             for (i, (router, status)) in routers.iter().enumerate() {
                 eventually("parking_active back to 0", || {
-                    Metrics(http_get(router.metrics, "/metrics").1).value("atenet_router_parking_active", &[])
+                    Metrics(router_get(router, router.metrics, "/metrics"))
+                        .value("atenet_router_parking_active", &[])
                         == 0.0
                 });
                 eventually("flight table empty", || {
-                    http_get(*status, "/statusz?format=json").1.contains("\"flights\":0,")
+                    router_get(router, *status, "/statusz?format=json").contains("\"flights\":0,")
                 });
-                *replicas[i].envoy.scrape.lock() = Some(http_get(router.metrics, "/metrics").1);
+                *replicas[i].envoy.scrape.lock() = Some(router_get(router, router.metrics, "/metrics"));
                 rss.push((replicas[i].name, warm[i], rss_kib(&router.process.child)));
             }
         }
