@@ -718,9 +718,14 @@ async fn before<T>(
     }
 }
 
+/// A failure's verdict key: its status code alone when it has one, so that
+/// failures that differ only in their message (a timestamp, an address)
+/// count together.
 fn error_key(e: &grpcio::Error) -> String {
     match e {
-        grpcio::Error::RpcFailure(status) => format!("{GRPC_ERROR} {:?}", status.code()),
+        grpcio::Error::RpcFailure(status) | grpcio::Error::RpcFinished(Some(status)) => {
+            format!("{GRPC_ERROR} {:?}", status.code())
+        }
         other => format!("{GRPC_ERROR} {other}"),
     }
 }
