@@ -153,8 +153,9 @@ impl LoadSpec {
         }
         let _ = write!(
             out,
-            "; {} actors, {}; request timeout {}",
+            "; {} actor{}, {}; request timeout {}",
             self.actors.len(),
+            if self.actors.len() == 1 { "" } else { "s" },
             self.distribution,
             crate::godur::format(self.request_timeout)
         );
