@@ -42,7 +42,8 @@ use crate::proto::EXT_PROC_PROCESS;
 use crate::timer::{sleep_until, Scheduler, TimerThread};
 
 /// An open-loop request sent later than this after its scheduled time is
-/// late: the generator, not the server, fell behind the timetable.
+/// late: every slot was taken when it was due, or the generator itself fell
+/// behind.
 pub const LATE: Duration = Duration::from_millis(1);
 
 /// The verdict key of a request that got no verdict within its timeout.
@@ -132,10 +133,15 @@ impl std::fmt::Display for Distribution {
 }
 
 impl LoadSpec {
+    /// The open loop's rate; `None` for a closed loop.
+    fn open_loop_rate(&self) -> Option<f64> {
+        self.rate.filter(|rate| *rate > 0.0)
+    }
+
     /// One line saying what the run does, to head the human summary.
     fn describe(&self) -> String {
         let mut out = format!("target {}: ", self.target);
-        match self.rate {
+        match self.open_loop_rate() {
             Some(rate) => {
                 let _ = write!(out, "open loop at {rate}/s, at most {} in flight", self.concurrency);
             }
@@ -176,7 +182,7 @@ impl LoadSpec {
             "{{\"target\":{},\"concurrency\":{},\"rate\":{},\"duration_seconds\":{duration},\"count\":{count},\"actors\":{},\"distribution\":{},\"grpc_timeout\":{},\"request_timeout_seconds\":{}}}",
             json_string(&self.target.to_string()),
             self.concurrency,
-            self.rate.map_or_else(|| "null".to_string(), json_number),
+            self.open_loop_rate().map_or_else(|| "null".to_string(), json_number),
             self.actors.len(),
             json_string(&self.distribution.to_string()),
             self.grpc_timeout.as_ref().map_or_else(|| "null".to_string(), |d| json_string(&d.header)),
@@ -202,8 +208,8 @@ pub struct LoadReport {
     pub completed: u64,
     /// Open loop: requests sent more than [`LATE`] after their scheduled time.
     pub late: u64,
-    /// Open loop for a duration: requests scheduled within it but not sent
-    /// when it was up, because `concurrency` requests were still in flight.
+    /// Open loop for a duration: requests scheduled within it but not yet
+    /// sent when it was up (every slot was still taken).
     pub unsent: u64,
     /// Counts by `200 routed`, `<status> <x-atenet-reason>`, `grpc-error
     /// <code>`, or [`CLIENT_TIMEOUT`].
@@ -351,7 +357,7 @@ impl LoadReport {
             self.elapsed.as_secs_f64(),
             self.throughput()
         );
-        if spec.rate.is_some() {
+        if spec.open_loop_rate().is_some() {
             let _ = writeln!(
                 out,
                 "late: {} sent more than {} ms after their scheduled time (latency counts from that time)",
@@ -795,7 +801,7 @@ pub fn run_with(envoy: &Envoy, spec: &LoadSpec) -> LoadReport {
             let (run, quitting) = (&run, &quitting);
             scope.spawn(move || progress(run, every, quitting));
         }
-        let unsent = match spec.rate.filter(|rate| *rate > 0.0) {
+        let unsent = match spec.open_loop_rate() {
             None => {
                 closed_loop(&run, spec, done);
                 0
@@ -833,7 +839,7 @@ fn closed_loop(run: &Arc<Run>, spec: &LoadSpec, done: Sender<()>) {
         });
     }
     if let Stop::After(d) = spec.stop {
-        std::thread::sleep(d);
+        std::thread::sleep(d.saturating_sub(run.begin.elapsed()));
         stop.store(true, Ordering::Release);
     }
 }
@@ -944,8 +950,8 @@ impl Slots {
         Slots { free: Mutex::new(n), freed: Condvar::new() }
     }
 
-    /// Takes a slot, waiting for one if none is free; `false` once `until`
-    /// has come without one.
+    /// Takes a slot, waiting for one if none is free; `false`, and no slot,
+    /// once `until` has come.
     fn take(&self, until: Option<Instant>) -> bool {
         let mut free = self.free.lock();
         loop {
