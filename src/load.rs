@@ -4,25 +4,61 @@
 //!
 //! Requests are futures on the client's own completion-queue thread, so a
 //! run with 10,000 requests in flight costs no more threads than a run with
-//! one. Latencies are kept exactly (microseconds, one `u32` per request) and
-//! sorted once at the end; at a few hundred thousand requests that is cheaper
-//! and more honest than a bucketed histogram.
+//! one.
+//!
+//! An open-loop run (a rate) keeps a timetable: request `i` is due `i / rate`
+//! seconds after the run begins, and its latency counts from then, not from
+//! when it was sent. When `concurrency` requests are in flight the next one
+//! waits for a free slot and goes late, and the wait is part of its latency:
+//! a slow server cannot hide its queue by slowing the client down
+//! (coordinated omission). A closed loop has no timetable and times each
+//! request from its send.
+//!
+//! Latencies go into HDR histograms (microseconds, 3 significant digits, up
+//! to an hour): constant memory however long the run, and runs merge.
 
 use std::collections::BTreeMap;
 use std::fmt::Write;
+use std::future::Future;
 use std::net::SocketAddr;
+use std::pin::pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
+use futures::future::{select, Either};
 use futures::{SinkExt, StreamExt};
-use grpcio::{CallOption, ChannelBuilder, Client, EnvBuilder, WriteFlags};
-use parking_lot::Mutex;
+use grpcio::{
+    CallOption, ChannelBuilder, Client, ClientDuplexReceiver, ClientDuplexSender, EnvBuilder, WriteFlags,
+};
+use hdrhistogram::Histogram;
+use parking_lot::{Condvar, Mutex};
 
 use crate::logging::json_string;
 use crate::proto::base::{HeaderMap, HeaderValue};
 use crate::proto::external_processor::{HttpHeaders, ProcessingRequest, ProcessingResponse};
 use crate::proto::EXT_PROC_PROCESS;
+use crate::timer::{sleep_until, Scheduler, TimerThread};
+
+/// An open-loop request sent later than this after its scheduled time is
+/// late: every slot was taken when it was due, or the generator itself fell
+/// behind.
+pub const LATE: Duration = Duration::from_millis(1);
+
+/// The verdict key of a request that got no verdict within its timeout.
+pub const CLIENT_TIMEOUT: &str = "client-timeout";
+
+/// How the verdict keys of requests that failed at the gRPC level begin.
+pub const GRPC_ERROR: &str = "grpc-error";
+
+/// The longest latency a histogram tells apart, in microseconds: an hour.
+/// Longer ones are recorded as an hour.
+const MAX_LATENCY_US: u64 = 3_600_000_000;
+
+/// The fastest rate a timetable keeps: one request a nanosecond, the
+/// clock's resolution. Faster rates are run at this one.
+const MAX_RATE: f64 = 1e9;
 
 /// How actors are picked for each request.
 #[derive(Clone, Debug, PartialEq)]
@@ -40,7 +76,9 @@ pub enum Distribution {
 /// When a run ends.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Stop {
+    /// Stop sending after this long, then wait for the requests in flight.
     After(Duration),
+    /// Send this many requests, then wait for them.
     Count(u64),
 }
 
@@ -48,9 +86,11 @@ pub enum Stop {
 #[derive(Clone, Debug)]
 pub struct LoadSpec {
     pub target: SocketAddr,
-    /// Requests in flight at most.
+    /// Requests in flight at most. A closed loop keeps exactly this many;
+    /// an open loop's next request waits for one of them to end.
     pub concurrency: usize,
-    /// Requests per second (open loop); `None` is a closed loop.
+    /// Requests per second (open loop); `None`, or a rate that is not
+    /// positive, is a closed loop.
     pub rate: Option<f64>,
     pub stop: Stop,
     pub actors: Vec<String>,
@@ -59,6 +99,9 @@ pub struct LoadSpec {
     pub progress: Option<Duration>,
     /// A `grpc-timeout` header to send with every request (B68).
     pub grpc_timeout: Option<CallerDeadline>,
+    /// How long a request waits for its verdict before it is cancelled and
+    /// counted as [`CLIENT_TIMEOUT`], so that no request can hang a run.
+    pub request_timeout: Duration,
 }
 
 /// A deadline the load's callers announce in `grpc-timeout`: the header's
@@ -78,17 +121,98 @@ impl CallerDeadline {
     }
 }
 
+impl std::fmt::Display for Distribution {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Distribution::Uniform => f.write_str("uniform"),
+            Distribution::Zipf(s) => write!(f, "zipf s={s}"),
+            Distribution::Hot(fraction) => write!(f, "hot {fraction}"),
+            Distribution::RoundRobin => f.write_str("round-robin"),
+        }
+    }
+}
+
+impl LoadSpec {
+    /// The open loop's rate; `None` for a closed loop.
+    fn open_loop_rate(&self) -> Option<f64> {
+        self.rate.filter(|rate| *rate > 0.0)
+    }
+
+    /// One line saying what the run does, to head the human summary.
+    fn describe(&self) -> String {
+        let mut out = format!("target {}: ", self.target);
+        match self.open_loop_rate() {
+            Some(rate) => {
+                let _ = write!(out, "open loop at {rate}/s, at most {} in flight", self.concurrency);
+            }
+            None => {
+                let _ = write!(out, "closed loop, {} in flight", self.concurrency);
+            }
+        }
+        match self.stop {
+            Stop::After(d) => {
+                let _ = write!(out, ", for {}", crate::godur::format(d));
+            }
+            Stop::Count(n) => {
+                let _ = write!(out, ", {n} requests");
+            }
+        }
+        let _ = write!(
+            out,
+            "; {} actor{}, {}; request timeout {}",
+            self.actors.len(),
+            if self.actors.len() == 1 { "" } else { "s" },
+            self.distribution,
+            crate::godur::format(self.request_timeout)
+        );
+        if let Some(deadline) = &self.grpc_timeout {
+            let _ = write!(out, "; grpc-timeout {}", deadline.header);
+        }
+        out
+    }
+
+    /// The parameters as a JSON object, so that a saved summary says what
+    /// produced it.
+    fn json(&self) -> String {
+        let (duration, count) = match self.stop {
+            Stop::After(d) => (json_number(d.as_secs_f64()), "null".to_string()),
+            Stop::Count(n) => ("null".to_string(), n.to_string()),
+        };
+        format!(
+            "{{\"target\":{},\"concurrency\":{},\"rate\":{},\"duration_seconds\":{duration},\"count\":{count},\"actors\":{},\"distribution\":{},\"grpc_timeout\":{},\"request_timeout_seconds\":{}}}",
+            json_string(&self.target.to_string()),
+            self.concurrency,
+            self.open_loop_rate().map_or_else(|| "null".to_string(), json_number),
+            self.actors.len(),
+            json_string(&self.distribution.to_string()),
+            self.grpc_timeout.as_ref().map_or_else(|| "null".to_string(), |d| json_string(&d.header)),
+            json_number(self.request_timeout.as_secs_f64()),
+        )
+    }
+}
+
+/// A JSON number, or `null` for what JSON cannot say (NaN, infinities).
+fn json_number(x: f64) -> String {
+    if x.is_finite() {
+        x.to_string()
+    } else {
+        "null".to_string()
+    }
+}
+
 /// What a run measured.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug)]
 pub struct LoadReport {
     pub elapsed: Duration,
-    /// Requests that got a verdict or failed.
+    /// Requests that got a verdict, failed or timed out.
     pub completed: u64,
-    /// Open-loop ticks skipped because `concurrency` requests were in flight.
-    pub skipped: u64,
-    /// Verdict latencies in microseconds, sorted.
-    pub latencies_us: Vec<u32>,
-    /// Counts by `200 routed`, `<status> <x-atenet-reason>`, or `grpc-error <code>`.
+    /// Open loop: requests sent more than [`LATE`] after their scheduled time.
+    pub late: u64,
+    /// Open loop for a duration: requests scheduled within it but not yet
+    /// sent when it was up (every slot was still taken).
+    pub unsent: u64,
+    /// Counts by `200 routed`, `<status> <x-atenet-reason>`, `grpc-error
+    /// <code>`, or [`CLIENT_TIMEOUT`].
     pub verdicts: BTreeMap<String, u64>,
     /// The same counts for each atespace (the actor id's part before `/`).
     pub by_atespace: BTreeMap<String, BTreeMap<String, u64>>,
@@ -97,6 +221,45 @@ pub struct LoadReport {
     /// With a caller deadline: the time those verdicts came after it, summed:
     /// what the router held for callers that had already given up.
     pub overdue_seconds: f64,
+    /// Requests completed in each second of the run; the last entry may
+    /// cover part of a second.
+    pub per_second: Vec<u64>,
+    /// Every latency, in microseconds.
+    latency: Histogram<u64>,
+    /// The same, one histogram for each key in `verdicts`.
+    latency_by_verdict: BTreeMap<String, Histogram<u64>>,
+}
+
+impl Default for LoadReport {
+    fn default() -> LoadReport {
+        LoadReport {
+            elapsed: Duration::ZERO,
+            completed: 0,
+            late: 0,
+            unsent: 0,
+            verdicts: BTreeMap::new(),
+            by_atespace: BTreeMap::new(),
+            overdue: 0,
+            overdue_seconds: 0.0,
+            per_second: Vec::new(),
+            latency: histogram(),
+            latency_by_verdict: BTreeMap::new(),
+        }
+    }
+}
+
+/// One finished request, as a report records it.
+struct Outcome<'a> {
+    actor: &'a str,
+    key: String,
+    /// When it finished, counted from the run's start: its second in
+    /// `per_second`.
+    at: Duration,
+    /// From its scheduled time (open loop) or its send (closed loop) to its
+    /// end.
+    latency: Duration,
+    /// How long after the caller's deadline its verdict came, if it did.
+    overdue: Option<Duration>,
 }
 
 impl LoadReport {
@@ -105,31 +268,105 @@ impl LoadReport {
         self.completed as f64 / self.elapsed.as_secs_f64().max(1e-9)
     }
 
-    /// The `q` quantile (0..=1) of latency, in microseconds.
+    /// The `q` quantile (0..=1) of latency, in microseconds (0 with none).
     pub fn quantile_us(&self, q: f64) -> u32 {
-        if self.latencies_us.is_empty() {
-            return 0;
-        }
-        let rank = ((self.latencies_us.len() as f64 * q).ceil() as usize).clamp(1, self.latencies_us.len());
-        self.latencies_us[rank - 1]
+        quantile_us(&self.latency, q)
     }
 
-    /// The human summary.
-    pub fn summary(&self) -> String {
-        let ms = |us: u32| us as f64 / 1000.0;
+    /// The longest latency, in microseconds (0 with none).
+    pub fn max_us(&self) -> u32 {
+        max_us(&self.latency)
+    }
+
+    /// Requests that failed at the gRPC level or timed out: what a run
+    /// against a healthy router should have none of.
+    pub fn errors(&self) -> u64 {
+        self.verdicts.iter().filter(|(key, _)| is_error(key)).map(|(_, n)| n).sum()
+    }
+
+    /// Adds `other`'s requests to these, as if the runs went one after the
+    /// other: elapsed times add up and `per_second` continues with
+    /// `other`'s seconds.
+    pub fn merge(&mut self, other: &LoadReport) {
+        self.elapsed += other.elapsed;
+        self.completed += other.completed;
+        self.late += other.late;
+        self.unsent += other.unsent;
+        add_counts(&mut self.verdicts, &other.verdicts);
+        for (atespace, counts) in &other.by_atespace {
+            add_counts(self.by_atespace.entry(atespace.clone()).or_default(), counts);
+        }
+        self.overdue += other.overdue;
+        self.overdue_seconds += other.overdue_seconds;
+        self.per_second.extend_from_slice(&other.per_second);
+        add_histogram(&mut self.latency, &other.latency);
+        for (verdict, latency) in &other.latency_by_verdict {
+            add_histogram(self.latency_by_verdict.entry(verdict.clone()).or_insert_with(histogram), latency);
+        }
+    }
+
+    fn record(&mut self, outcome: Outcome<'_>) {
+        let us = u64::try_from(outcome.latency.as_micros()).unwrap_or(u64::MAX);
+        self.latency.saturating_record(us);
+        match self.latency_by_verdict.get_mut(&outcome.key) {
+            Some(latency) => latency.saturating_record(us),
+            None => {
+                let mut latency = histogram();
+                latency.saturating_record(us);
+                self.latency_by_verdict.insert(outcome.key.clone(), latency);
+            }
+        }
+        let atespace = outcome.actor.split_once('/').map_or("", |(a, _)| a);
+        match self.by_atespace.get_mut(atespace) {
+            Some(counts) => bump(counts, &outcome.key),
+            None => {
+                self.by_atespace.insert(atespace.to_string(), BTreeMap::from([(outcome.key.clone(), 1)]));
+            }
+        }
+        bump(&mut self.verdicts, &outcome.key);
+        if let Some(past) = outcome.overdue {
+            self.overdue += 1;
+            self.overdue_seconds += past.as_secs_f64();
+        }
+        let second = outcome.at.as_secs() as usize;
+        if self.per_second.len() <= second {
+            self.per_second.resize(second + 1, 0);
+        }
+        self.per_second[second] += 1;
+        self.completed += 1;
+    }
+
+    /// Closes the report of a run that took `elapsed`: its seconds without a
+    /// completion, at the end, still get their zero in `per_second`.
+    fn finish(&mut self, elapsed: Duration) {
+        self.elapsed = elapsed;
+        let seconds = elapsed.as_secs() + u64::from(elapsed.subsec_nanos() > 0);
+        if (self.per_second.len() as u64) < seconds {
+            self.per_second.resize(seconds as usize, 0);
+        }
+    }
+
+    /// The human summary of a run of `spec`.
+    pub fn summary(&self, spec: &LoadSpec) -> String {
         let mut out = String::new();
+        let _ = writeln!(out, "{}", spec.describe());
         let _ = writeln!(
             out,
-            "requests: {} in {:.2}s = {:.1} req/s{}",
+            "requests: {} in {:.2}s = {:.1} req/s",
             self.completed,
             self.elapsed.as_secs_f64(),
-            self.throughput(),
-            if self.skipped > 0 {
-                format!(" ({} ticks skipped at the concurrency cap)", self.skipped)
-            } else {
-                String::new()
-            }
+            self.throughput()
         );
+        if spec.open_loop_rate().is_some() {
+            let _ = writeln!(
+                out,
+                "late: {} sent more than {} ms after their scheduled time (latency counts from that time)",
+                self.late,
+                LATE.as_millis()
+            );
+            let _ = writeln!(out, "unsent: {} scheduled but not sent when the time was up", self.unsent);
+        }
+        let _ = writeln!(out, "errors: {} (gRPC errors and client timeouts)", self.errors());
         let _ = writeln!(
             out,
             "latency ms: p50 {:.3}  p90 {:.3}  p99 {:.3}  p99.9 {:.3}  max {:.3}",
@@ -137,11 +374,15 @@ impl LoadReport {
             ms(self.quantile_us(0.9)),
             ms(self.quantile_us(0.99)),
             ms(self.quantile_us(0.999)),
-            ms(self.latencies_us.last().copied().unwrap_or(0))
+            ms(self.max_us())
         );
         let _ = writeln!(out, "verdicts:");
         for (verdict, n) in &self.verdicts {
-            let _ = writeln!(out, "  {n:>9}  {verdict}");
+            let (p50, p99) = self
+                .latency_by_verdict
+                .get(verdict)
+                .map_or((0, 0), |latency| (quantile_us(latency, 0.5), quantile_us(latency, 0.99)));
+            let _ = writeln!(out, "  {n:>9}  p50 {:>10.3} ms  p99 {:>10.3} ms  {verdict}", ms(p50), ms(p99));
         }
         if self.by_atespace.len() > 1 {
             for (atespace, verdicts) in &self.by_atespace {
@@ -161,29 +402,95 @@ impl LoadReport {
         out
     }
 
-    /// The machine summary.
-    pub fn json(&self) -> String {
+    /// The machine summary of a run of `spec`.
+    pub fn json(&self, spec: &LoadSpec) -> String {
         let counts = |map: &BTreeMap<String, u64>| {
             map.iter().map(|(k, v)| format!("{}:{v}", json_string(k))).collect::<Vec<_>>().join(",")
         };
         let by_atespace: Vec<String> =
             self.by_atespace.iter().map(|(a, m)| format!("{}:{{{}}}", json_string(a), counts(m))).collect();
+        let by_verdict: Vec<String> = self
+            .latency_by_verdict
+            .iter()
+            .map(|(verdict, latency)| {
+                format!(
+                    "{}:{{\"count\":{},{}}}",
+                    json_string(verdict),
+                    latency.len(),
+                    latency_ms_json(latency, &[("p50", 0.5), ("p90", 0.9), ("p99", 0.99)])
+                )
+            })
+            .collect();
+        let per_second: Vec<String> = self.per_second.iter().map(u64::to_string).collect();
         format!(
-            "{{\"requests\":{},\"elapsed_seconds\":{:.6},\"throughput\":{:.3},\"skipped\":{},\"latency_ms\":{{\"p50\":{:.3},\"p90\":{:.3},\"p99\":{:.3},\"p999\":{:.3},\"max\":{:.3}}},\"verdicts\":{{{}}},\"by_atespace\":{{{}}},\"overdue\":{},\"overdue_seconds\":{:.6}}}",
+            "{{\"requests\":{},\"elapsed_seconds\":{:.6},\"throughput\":{:.3},\"late\":{},\"unsent\":{},\"errors\":{},\"latency_ms\":{{{}}},\"latency_ms_by_verdict\":{{{}}},\"verdicts\":{{{}}},\"by_atespace\":{{{}}},\"overdue\":{},\"overdue_seconds\":{:.6},\"per_second\":[{}],\"params\":{}}}",
             self.completed,
             self.elapsed.as_secs_f64(),
             self.throughput(),
-            self.skipped,
-            self.quantile_us(0.5) as f64 / 1000.0,
-            self.quantile_us(0.9) as f64 / 1000.0,
-            self.quantile_us(0.99) as f64 / 1000.0,
-            self.quantile_us(0.999) as f64 / 1000.0,
-            self.latencies_us.last().copied().unwrap_or(0) as f64 / 1000.0,
+            self.late,
+            self.unsent,
+            self.errors(),
+            latency_ms_json(&self.latency, &[("p50", 0.5), ("p90", 0.9), ("p99", 0.99), ("p999", 0.999)]),
+            by_verdict.join(","),
             counts(&self.verdicts),
             by_atespace.join(","),
             self.overdue,
-            self.overdue_seconds
+            self.overdue_seconds,
+            per_second.join(","),
+            spec.json()
         )
+    }
+}
+
+/// Whether a verdict key is a failure of the request itself rather than a
+/// verdict of the router.
+fn is_error(key: &str) -> bool {
+    key.starts_with(GRPC_ERROR) || key == CLIENT_TIMEOUT
+}
+
+/// An empty latency histogram; every one has the same bounds, so any two add.
+fn histogram() -> Histogram<u64> {
+    Histogram::new_with_bounds(1, MAX_LATENCY_US, 3).expect("constant histogram bounds are valid")
+}
+
+fn add_histogram(into: &mut Histogram<u64>, from: &Histogram<u64>) {
+    into.add(from).expect("latency histograms share their bounds");
+}
+
+fn quantile_us(latency: &Histogram<u64>, q: f64) -> u32 {
+    u32::try_from(latency.value_at_quantile(q)).unwrap_or(u32::MAX)
+}
+
+fn max_us(latency: &Histogram<u64>) -> u32 {
+    u32::try_from(latency.max()).unwrap_or(u32::MAX)
+}
+
+fn ms(us: u32) -> f64 {
+    f64::from(us) / 1000.0
+}
+
+/// `"name":ms,...` for each named quantile, then `"max":ms`.
+fn latency_ms_json(latency: &Histogram<u64>, quantiles: &[(&str, f64)]) -> String {
+    let mut out = String::new();
+    for (name, q) in quantiles {
+        let _ = write!(out, "\"{name}\":{:.3},", ms(quantile_us(latency, *q)));
+    }
+    let _ = write!(out, "\"max\":{:.3}", ms(max_us(latency)));
+    out
+}
+
+fn bump(counts: &mut BTreeMap<String, u64>, key: &str) {
+    match counts.get_mut(key) {
+        Some(n) => *n += 1,
+        None => {
+            counts.insert(key.to_string(), 1);
+        }
+    }
+}
+
+fn add_counts(into: &mut BTreeMap<String, u64>, from: &BTreeMap<String, u64>) {
+    for (key, n) in from {
+        *into.entry(key.clone()).or_default() += n;
     }
 }
 
@@ -339,10 +646,12 @@ pub fn verdict_key(reply: &ProcessingResponse) -> String {
     "other".to_string()
 }
 
-/// An ext_proc client with its own completion queue.
+/// An ext_proc client with its own completion queue, and a timer for its
+/// requests' timeouts.
 #[derive(Clone)]
 pub struct Envoy {
     client: Arc<Client>,
+    timer: Arc<TimerThread>,
 }
 
 impl Envoy {
@@ -352,83 +661,118 @@ impl Envoy {
             .max_concurrent_stream(i32::MAX)
             .initial_reconnect_backoff(Duration::from_millis(50))
             .connect(&target.to_string());
-        Envoy { client: Arc::new(Client::new(channel)) }
+        Envoy { client: Arc::new(Client::new(channel)), timer: TimerThread::start_observed(None) }
     }
 
-    /// One request: the verdict key, or `grpc-error <code>`.
-    pub async fn request(&self, actor: &str, grpc_timeout: Option<&str>) -> String {
+    /// One request: the verdict key, `grpc-error <code>`, or
+    /// [`CLIENT_TIMEOUT`] when no verdict came within `timeout` of the send.
+    /// The stream is cancelled either way, as Envoy resets it.
+    ///
+    /// The timeout is the client's own timer, not a gRPC deadline: the
+    /// router must not see a deadline Envoy never sends.
+    pub async fn request(&self, actor: &str, grpc_timeout: Option<&str>, timeout: Duration) -> String {
         let (mut tx, mut rx) = match self.client.duplex_streaming(&EXT_PROC_PROCESS, CallOption::default()) {
             Ok(call) => call,
-            Err(e) => return format!("grpc-error {e}"),
+            Err(e) => return format!("{GRPC_ERROR} {e}"),
         };
-        if let Err(e) = tx.send((request_for(actor, grpc_timeout), WriteFlags::default())).await {
-            return error_key(&e);
-        }
-        let key = loop {
-            match rx.next().await {
-                Some(Ok(reply)) if reply.response.is_none() => continue,
-                Some(Ok(reply)) => break verdict_key(&reply),
-                Some(Err(e)) => break error_key(&e),
-                None => break "grpc-error stream ended".to_string(),
-            }
+        let deadline = Instant::now().checked_add(timeout);
+        let exchange = exchange(&mut tx, &mut rx, request_for(actor, grpc_timeout));
+        let key = match deadline {
+            Some(deadline) => before(exchange, Arc::clone(&self.timer) as Arc<dyn Scheduler>, deadline)
+                .await
+                .unwrap_or_else(|| CLIENT_TIMEOUT.to_string()),
+            None => exchange.await,
         };
         tx.cancel();
         key
     }
 
     /// Runs `future` on the client's completion queue.
-    pub fn spawn(&self, future: impl std::future::Future<Output = ()> + Send + 'static) {
+    pub fn spawn(&self, future: impl Future<Output = ()> + Send + 'static) {
         self.client.spawn(future);
     }
 }
 
-fn error_key(e: &grpcio::Error) -> String {
-    match e {
-        grpcio::Error::RpcFailure(status) => format!("grpc-error {:?}", status.code()),
-        other => format!("grpc-error {other}"),
+/// Sends `request` on an open stream and reads up to its verdict.
+async fn exchange(
+    tx: &mut ClientDuplexSender<ProcessingRequest>,
+    rx: &mut ClientDuplexReceiver<ProcessingResponse>,
+    request: ProcessingRequest,
+) -> String {
+    if let Err(e) = tx.send((request, WriteFlags::default())).await {
+        return error_key(&e);
+    }
+    loop {
+        match rx.next().await {
+            Some(Ok(reply)) if reply.response.is_none() => continue,
+            Some(Ok(reply)) => return verdict_key(&reply),
+            Some(Err(e)) => return error_key(&e),
+            None => return format!("{GRPC_ERROR} stream ended"),
+        }
     }
 }
 
-#[derive(Default)]
-struct Shared {
-    latencies: Mutex<Vec<u32>>,
-    verdicts: Mutex<Verdicts>,
-    /// The callers' timeout, if they announce one.
-    timeout: Option<Duration>,
-    completed: AtomicU64,
-    in_flight: AtomicU64,
-    started: AtomicU64,
-    stop: AtomicBool,
+/// `future`'s output, or `None` if `deadline` on `scheduler` comes first
+/// (the future is then dropped unfinished).
+async fn before<T>(
+    future: impl Future<Output = T>,
+    scheduler: Arc<dyn Scheduler>,
+    deadline: Instant,
+) -> Option<T> {
+    match select(pin!(future), sleep_until(scheduler, deadline)).await {
+        Either::Left((output, _)) => Some(output),
+        Either::Right(_) => None,
+    }
 }
 
-#[derive(Default)]
-struct Verdicts {
-    all: BTreeMap<String, u64>,
-    by_atespace: BTreeMap<String, BTreeMap<String, u64>>,
-    overdue: u64,
-    overdue_seconds: f64,
-}
-
-impl Shared {
-    fn record(&self, started: Instant, actor: &str, key: String) {
-        let took = started.elapsed();
-        let us = took.as_micros().min(u32::MAX as u128) as u32;
-        self.latencies.lock().push(us);
-        {
-            let mut verdicts = self.verdicts.lock();
-            let atespace = actor.split_once('/').map_or("", |(a, _)| a);
-            if let Some(counts) = verdicts.by_atespace.get_mut(atespace) {
-                *counts.entry(key.clone()).or_default() += 1;
-            } else {
-                verdicts.by_atespace.insert(atespace.to_string(), BTreeMap::from([(key.clone(), 1)]));
-            }
-            *verdicts.all.entry(key).or_default() += 1;
-            if let Some(past) = self.timeout.and_then(|t| took.checked_sub(t)).filter(|p| !p.is_zero()) {
-                verdicts.overdue += 1;
-                verdicts.overdue_seconds += past.as_secs_f64();
-            }
+/// A failure's verdict key: its status code alone when it has one, so that
+/// failures that differ only in their message (a timestamp, an address)
+/// count together.
+fn error_key(e: &grpcio::Error) -> String {
+    match e {
+        grpcio::Error::RpcFailure(status) | grpcio::Error::RpcFinished(Some(status)) => {
+            format!("{GRPC_ERROR} {:?}", status.code())
         }
-        self.completed.fetch_add(1, Ordering::AcqRel);
+        other => format!("{GRPC_ERROR} {other}"),
+    }
+}
+
+/// What a run's generator, its requests and its progress line share.
+struct Run {
+    envoy: Envoy,
+    picker: ActorPicker,
+    grpc_timeout: Option<CallerDeadline>,
+    request_timeout: Duration,
+    begin: Instant,
+    report: Mutex<LoadReport>,
+    in_flight: AtomicU64,
+}
+
+impl Run {
+    /// Sends one request and records it. Its latency counts from `due`, its
+    /// scheduled time, or without a timetable (`None`) from its send.
+    async fn request(&self, due: Option<Instant>) {
+        self.in_flight.fetch_add(1, Ordering::AcqRel);
+        let actor = self.picker.pick();
+        let header = self.grpc_timeout.as_ref().map(|d| d.header.as_str());
+        let sent = Instant::now();
+        let key = self.envoy.request(actor, header, self.request_timeout).await;
+        let done = Instant::now();
+        // A request that timed out got no verdict, late or not.
+        let overdue = self
+            .grpc_timeout
+            .as_ref()
+            .filter(|_| key != CLIENT_TIMEOUT)
+            .and_then(|d| done.saturating_duration_since(sent).checked_sub(d.timeout))
+            .filter(|past| !past.is_zero());
+        self.report.lock().record(Outcome {
+            actor,
+            key,
+            at: done.saturating_duration_since(self.begin),
+            latency: done.saturating_duration_since(due.unwrap_or(sent)),
+            overdue,
+        });
+        self.in_flight.fetch_sub(1, Ordering::AcqRel);
     }
 }
 
@@ -439,116 +783,217 @@ pub fn run(spec: &LoadSpec) -> LoadReport {
 
 /// As [`run`], over an existing client (so benchmarks keep connections warm).
 pub fn run_with(envoy: &Envoy, spec: &LoadSpec) -> LoadReport {
-    let picker = ActorPicker::new(spec.actors.clone(), &spec.distribution);
-    let shared =
-        Arc::new(Shared { timeout: spec.grpc_timeout.as_ref().map(|d| d.timeout), ..Shared::default() });
-    let grpc_timeout: Option<Arc<str>> = spec.grpc_timeout.as_ref().map(|d| Arc::from(d.header.as_str()));
-    let (done_tx, done_rx) = crossbeam_channel::unbounded::<()>();
-    let begin = Instant::now();
+    let run = Arc::new(Run {
+        envoy: envoy.clone(),
+        picker: ActorPicker::new(spec.actors.clone(), &spec.distribution),
+        grpc_timeout: spec.grpc_timeout.clone(),
+        request_timeout: spec.request_timeout,
+        begin: Instant::now(),
+        report: Mutex::new(LoadReport::default()),
+        in_flight: AtomicU64::new(0),
+    });
+    // Every request holds a clone of `done`: `all_done` disconnects when the
+    // last one ends.
+    let (done, all_done) = crossbeam_channel::unbounded::<()>();
+    let (quit, quitting) = crossbeam_channel::bounded::<()>(0);
+    let elapsed = std::thread::scope(|scope| {
+        if let Some(every) = spec.progress {
+            let (run, quitting) = (&run, &quitting);
+            scope.spawn(move || progress(run, every, quitting));
+        }
+        let unsent = match spec.open_loop_rate() {
+            None => {
+                closed_loop(&run, spec, done);
+                0
+            }
+            Some(rate) => open_loop(&run, spec, rate, done),
+        };
+        let _ = all_done.recv();
+        let elapsed = run.begin.elapsed();
+        run.report.lock().unsent = unsent;
+        drop(quit);
+        elapsed
+    });
+    let mut report = std::mem::take(&mut *run.report.lock());
+    report.finish(elapsed);
+    report
+}
+
+/// Keeps `concurrency` requests in flight: each sends its next as its last
+/// ends, until the count is reached or the time is up.
+fn closed_loop(run: &Arc<Run>, spec: &LoadSpec, done: Sender<()>) {
     let limit = match spec.stop {
         Stop::Count(n) => n,
         Stop::After(_) => u64::MAX,
     };
-    let end = match spec.stop {
-        Stop::After(d) => Some(begin + d),
-        Stop::Count(_) => None,
+    let stop = Arc::new(AtomicBool::new(false));
+    let started = Arc::new(AtomicU64::new(0));
+    for _ in 0..spec.concurrency.max(1) {
+        let (task, stop, started, done) =
+            (Arc::clone(run), Arc::clone(&stop), Arc::clone(&started), done.clone());
+        run.envoy.spawn(async move {
+            while !stop.load(Ordering::Acquire) && started.fetch_add(1, Ordering::AcqRel) < limit {
+                task.request(None).await;
+            }
+            drop(done);
+        });
+    }
+    if let Stop::After(d) = spec.stop {
+        std::thread::sleep(d.saturating_sub(run.begin.elapsed()));
+        stop.store(true, Ordering::Release);
+    }
+}
+
+/// Sends on the timetable, `concurrency` in flight at most; returns how
+/// many scheduled requests the run's time was up before.
+fn open_loop(run: &Arc<Run>, spec: &LoadSpec, rate: f64, done: Sender<()>) -> u64 {
+    let schedule = Schedule::new(run.begin, rate);
+    let (ticks, end) = match spec.stop {
+        Stop::Count(n) => (n, None),
+        Stop::After(d) => (schedule.ticks_within(d), run.begin.checked_add(d)),
     };
-    let mut skipped = 0;
-    match spec.rate {
-        None => {
-            for _ in 0..spec.concurrency.max(1) {
-                let (envoy2, picker, shared, done, grpc_timeout) = (
-                    envoy.clone(),
-                    picker.clone(),
-                    Arc::clone(&shared),
-                    done_tx.clone(),
-                    grpc_timeout.clone(),
-                );
-                envoy.spawn(async move {
-                    while !shared.stop.load(Ordering::Acquire)
-                        && shared.started.fetch_add(1, Ordering::AcqRel) < limit
-                    {
-                        let start = Instant::now();
-                        let actor = picker.pick();
-                        let key = envoy2.request(actor, grpc_timeout.as_deref()).await;
-                        shared.record(start, actor, key);
-                    }
-                    drop(done);
-                });
-            }
+    let slots = Arc::new(Slots::new(spec.concurrency.max(1)));
+    pace(&schedule, ticks, end, &slots, |tick| {
+        if tick.late {
+            run.report.lock().late += 1;
         }
-        Some(rate) => {
-            let interval = Duration::from_secs_f64(1.0 / rate.max(1e-6));
-            let mut next = begin;
-            loop {
-                if shared.started.load(Ordering::Acquire) >= limit || end.is_some_and(|e| Instant::now() >= e)
-                {
-                    break;
+        let (task, slots, done) = (Arc::clone(run), Arc::clone(&slots), done.clone());
+        run.envoy.spawn(async move {
+            task.request(Some(tick.due)).await;
+            slots.give();
+            drop(done);
+        });
+    })
+}
+
+/// The open loop's timetable: request `i` is due `i / rate` seconds after
+/// `begin`.
+struct Schedule {
+    begin: Instant,
+    rate: f64,
+}
+
+impl Schedule {
+    fn new(begin: Instant, rate: f64) -> Schedule {
+        Schedule { begin, rate: rate.min(MAX_RATE) }
+    }
+
+    fn offset(&self, i: u64) -> Duration {
+        Duration::try_from_secs_f64(i as f64 / self.rate).unwrap_or(Duration::MAX)
+    }
+
+    /// When request `i` is due; `None` if the clock cannot say (a rate so
+    /// low that it is never due).
+    fn due(&self, i: u64) -> Option<Instant> {
+        self.begin.checked_add(self.offset(i))
+    }
+
+    /// How many requests are due within `d` of the start.
+    fn ticks_within(&self, d: Duration) -> u64 {
+        // Exact arithmetic would give the product; rounding may put it one
+        // off either way, so the timetable itself has the last word.
+        let mut n = (d.as_secs_f64() * self.rate).ceil() as u64;
+        while n > 0 && self.offset(n - 1) >= d {
+            n -= 1;
+        }
+        while n < u64::MAX && self.offset(n) < d {
+            n += 1;
+        }
+        n
+    }
+}
+
+/// A request the open loop sends.
+#[derive(Clone, Copy, Debug)]
+struct Tick {
+    /// When it was scheduled.
+    due: Instant,
+    /// Whether it was sent more than [`LATE`] after that.
+    late: bool,
+}
+
+/// The open loop's clock: hands tick `i` of `ticks` to `send` at
+/// `schedule.due(i)`, or once a slot is free if none is then. A tick is never
+/// skipped: a server that holds requests makes the next ones late, and their
+/// latency shows it. When `end` comes, the ticks not yet sent stay unsent;
+/// returns how many.
+fn pace(
+    schedule: &Schedule,
+    ticks: u64,
+    end: Option<Instant>,
+    slots: &Slots,
+    mut send: impl FnMut(Tick),
+) -> u64 {
+    for i in 0..ticks {
+        let Some(due) = schedule.due(i) else {
+            return ticks - i;
+        };
+        std::thread::sleep(due.saturating_duration_since(Instant::now()));
+        if !slots.take(end) {
+            return ticks - i;
+        }
+        let late = Instant::now().saturating_duration_since(due) > LATE;
+        send(Tick { due, late });
+    }
+    0
+}
+
+/// The open loop's requests in flight, as slots: taken to send, given back
+/// when a request ends.
+struct Slots {
+    free: Mutex<usize>,
+    freed: Condvar,
+}
+
+impl Slots {
+    fn new(n: usize) -> Slots {
+        Slots { free: Mutex::new(n), freed: Condvar::new() }
+    }
+
+    /// Takes a slot, waiting for one if none is free; `false`, and no slot,
+    /// once `until` has come.
+    fn take(&self, until: Option<Instant>) -> bool {
+        let mut free = self.free.lock();
+        loop {
+            if until.is_some_and(|until| Instant::now() >= until) {
+                return false;
+            }
+            if *free > 0 {
+                *free -= 1;
+                return true;
+            }
+            match until {
+                Some(until) => {
+                    self.freed.wait_until(&mut free, until);
                 }
-                let now = Instant::now();
-                if next > now {
-                    std::thread::sleep(next - now);
-                }
-                next += interval;
-                if shared.in_flight.load(Ordering::Acquire) >= spec.concurrency as u64 {
-                    skipped += 1;
-                    continue;
-                }
-                shared.started.fetch_add(1, Ordering::AcqRel);
-                shared.in_flight.fetch_add(1, Ordering::AcqRel);
-                let (envoy2, actor, shared, done, grpc_timeout) = (
-                    envoy.clone(),
-                    picker.pick().to_string(),
-                    Arc::clone(&shared),
-                    done_tx.clone(),
-                    grpc_timeout.clone(),
-                );
-                envoy.spawn(async move {
-                    let start = Instant::now();
-                    let key = envoy2.request(&actor, grpc_timeout.as_deref()).await;
-                    shared.record(start, &actor, key);
-                    shared.in_flight.fetch_sub(1, Ordering::AcqRel);
-                    drop(done);
-                });
+                None => self.freed.wait(&mut free),
             }
         }
     }
-    drop(done_tx);
-    let mut last_progress = Instant::now();
-    loop {
-        let tick = spec.progress.unwrap_or(Duration::from_millis(100)).min(Duration::from_millis(100));
-        if let Err(crossbeam_channel::RecvTimeoutError::Disconnected) = done_rx.recv_timeout(tick) {
-            break;
-        }
-        if end.is_some_and(|e| Instant::now() >= e) {
-            shared.stop.store(true, Ordering::Release);
-        }
-        if let Some(every) = spec.progress {
-            if last_progress.elapsed() >= every {
-                last_progress = Instant::now();
-                let done = shared.completed.load(Ordering::Acquire);
-                eprintln!(
-                    "[{:>6.1}s] completed {done}  rate {:.0}/s  in flight {}",
-                    begin.elapsed().as_secs_f64(),
-                    done as f64 / begin.elapsed().as_secs_f64(),
-                    shared.started.load(Ordering::Acquire).min(limit).saturating_sub(done)
-                );
-            }
-        }
+
+    fn give(&self) {
+        *self.free.lock() += 1;
+        self.freed.notify_one();
     }
-    let elapsed = begin.elapsed();
-    let mut latencies = std::mem::take(&mut *shared.latencies.lock());
-    latencies.sort_unstable();
-    let verdicts = std::mem::take(&mut *shared.verdicts.lock());
-    LoadReport {
-        elapsed,
-        completed: shared.completed.load(Ordering::Acquire),
-        skipped,
-        latencies_us: latencies,
-        verdicts: verdicts.all,
-        by_atespace: verdicts.by_atespace,
-        overdue: verdicts.overdue,
-        overdue_seconds: verdicts.overdue_seconds,
+}
+
+/// Prints a progress line to stderr every `every` until `quit` closes: the
+/// completion rate over the last interval, requests in flight, late sends.
+fn progress(run: &Run, every: Duration, quit: &Receiver<()>) {
+    let (mut then, mut before) = (Instant::now(), 0);
+    while let Err(RecvTimeoutError::Timeout) = quit.recv_timeout(every) {
+        let (completed, late) = {
+            let report = run.report.lock();
+            (report.completed, report.late)
+        };
+        let now = Instant::now();
+        let rate = (completed - before) as f64 / now.duration_since(then).as_secs_f64().max(1e-9);
+        eprintln!(
+            "[{:>6.1}s] completed {completed}  rate {rate:.0}/s  in flight {}  late {late}",
+            now.duration_since(run.begin).as_secs_f64(),
+            run.in_flight.load(Ordering::Acquire)
+        );
+        (then, before) = (now, completed);
     }
 }
 
@@ -587,17 +1032,175 @@ mod tests {
         assert_eq!(order[10], "demo/a0");
     }
 
+    /// A report of finished requests: (actor, verdict key, ms since the
+    /// start when it finished, latency in ms).
+    fn report_of(outcomes: &[(&str, &str, u64, u64)]) -> LoadReport {
+        let mut report = LoadReport::default();
+        for &(actor, key, at, latency) in outcomes {
+            report.record(Outcome {
+                actor,
+                key: key.to_string(),
+                at: Duration::from_millis(at),
+                latency: Duration::from_millis(latency),
+                overdue: None,
+            });
+        }
+        report
+    }
+
+    fn spec() -> LoadSpec {
+        LoadSpec {
+            target: "127.0.0.1:1".parse().unwrap(),
+            concurrency: 2,
+            rate: None,
+            stop: Stop::Count(3),
+            actors: vec!["demo/a".into()],
+            distribution: Distribution::Zipf(1.1),
+            progress: None,
+            grpc_timeout: CallerDeadline::parse("300m"),
+            request_timeout: Duration::from_millis(1500),
+        }
+    }
+
     #[test]
     fn quantiles() {
-        let report = LoadReport {
-            latencies_us: (1..=100).collect(),
-            completed: 100,
-            elapsed: Duration::from_secs(2),
-            ..Default::default()
-        };
+        let mut report = LoadReport::default();
+        for us in 1..=100 {
+            report.record(Outcome {
+                actor: "demo/a",
+                key: "200 routed".into(),
+                at: Duration::ZERO,
+                latency: Duration::from_micros(us),
+                overdue: None,
+            });
+        }
+        report.finish(Duration::from_secs(2));
         assert_eq!(report.quantile_us(0.5), 50);
         assert_eq!(report.quantile_us(0.99), 99);
         assert_eq!(report.quantile_us(1.0), 100);
+        assert_eq!(report.max_us(), 100);
         assert_eq!(report.throughput(), 50.0);
+        assert_eq!(LoadReport::default().quantile_us(0.5), 0);
+        assert_eq!(LoadReport::default().max_us(), 0);
+    }
+
+    #[test]
+    fn per_second_counts_completions_in_each_second_of_the_run() {
+        let mut report = report_of(&[
+            ("demo/a", "200 routed", 200, 1),
+            ("demo/a", "200 routed", 999, 1),
+            ("demo/a", "200 routed", 2500, 1),
+        ]);
+        report.finish(Duration::from_millis(4200));
+        assert_eq!(report.per_second, vec![2, 0, 1, 0, 0], "a quiet last second still counts");
+        let mut whole = report_of(&[("demo/a", "200 routed", 1000, 1)]);
+        whole.finish(Duration::from_secs(2));
+        assert_eq!(whole.per_second, vec![0, 1]);
+    }
+
+    #[test]
+    fn merge_adds_counts_histograms_and_seconds() {
+        let mut a = report_of(&[
+            ("greedy/a", "200 routed", 100, 10),
+            ("greedy/a", "grpc-error Unavailable", 1500, 3),
+        ]);
+        a.finish(Duration::from_secs(2));
+        a.late = 1;
+        let mut b = report_of(&[("polite/b", "200 routed", 300, 30), ("polite/b", CLIENT_TIMEOUT, 500, 500)]);
+        b.finish(Duration::from_secs(1));
+        b.unsent = 2;
+        let mut all = LoadReport::default();
+        all.merge(&a);
+        all.merge(&b);
+        assert_eq!(all.completed, 4);
+        assert_eq!(all.elapsed, Duration::from_secs(3));
+        assert_eq!((all.late, all.unsent, all.errors()), (1, 2, 2));
+        assert_eq!(all.per_second, vec![1, 1, 2], "b's seconds follow a's");
+        assert_eq!(all.verdicts["200 routed"], 2);
+        assert_eq!(all.by_atespace["greedy"]["grpc-error Unavailable"], 1);
+        assert_eq!(all.by_atespace["polite"][CLIENT_TIMEOUT], 1);
+        assert_eq!(all.latency_by_verdict["200 routed"].len(), 2);
+        // Three significant digits: within 0.1% of the recorded values.
+        assert!((500_000..=500_500).contains(&all.max_us()), "{}", all.max_us());
+        assert!((10_000..=10_010).contains(&all.quantile_us(0.5)), "{}", all.quantile_us(0.5));
+        assert_eq!(all.throughput(), 4.0 / 3.0);
+    }
+
+    #[test]
+    fn json_says_what_ran_and_each_verdicts_latency() {
+        let mut report =
+            report_of(&[("demo/a", "200 routed", 100, 2), ("demo/a", CLIENT_TIMEOUT, 1600, 1500)]);
+        report.finish(Duration::from_millis(1600));
+        let json = report.json(&spec());
+        assert!(json.starts_with("{\"requests\":2,"), "{json}");
+        assert!(json.contains("\"errors\":1,"), "{json}");
+        assert!(json.contains("\"per_second\":[1,1]"), "{json}");
+        assert!(
+            json.contains("\"latency_ms_by_verdict\":{\"200 routed\":{\"count\":1,\"p50\":2.000,"),
+            "{json}"
+        );
+        assert!(json.contains("\"client-timeout\":{\"count\":1,\"p50\":1500."), "{json}");
+        assert!(
+            json.ends_with(
+                "\"params\":{\"target\":\"127.0.0.1:1\",\"concurrency\":2,\"rate\":null,\"duration_seconds\":null,\"count\":3,\"actors\":1,\"distribution\":\"zipf s=1.1\",\"grpc_timeout\":\"300m\",\"request_timeout_seconds\":1.5}}"
+            ),
+            "{json}"
+        );
+    }
+
+    #[test]
+    fn schedule_counts_the_ticks_due_within_a_duration() {
+        let now = Instant::now();
+        let twenty = Schedule::new(now, 20.0);
+        assert_eq!(twenty.ticks_within(Duration::from_secs(1)), 20, "the tick at 1 s is past the end");
+        assert_eq!(twenty.ticks_within(Duration::from_millis(950)), 19);
+        assert_eq!(twenty.ticks_within(Duration::from_millis(951)), 20);
+        assert_eq!(twenty.ticks_within(Duration::ZERO), 0);
+        assert_eq!(twenty.due(19), Some(now + Duration::from_millis(950)));
+        assert_eq!(Schedule::new(now, 2.5).ticks_within(Duration::from_secs(1)), 3);
+        let never = Schedule::new(now, 1e-300);
+        assert_eq!(never.ticks_within(Duration::from_secs(10)), 1);
+        assert_eq!(never.due(1), None);
+        assert_eq!(Schedule::new(now, f64::INFINITY).ticks_within(Duration::from_millis(1)), 1_000_000);
+    }
+
+    /// One slot, each request holding it 5 ms, ticks due every 1 ms: tick
+    /// `i` cannot go before `5i` ms, `4i` ms after it was due. Every tick is
+    /// sent all the same, and all but the first are late by construction.
+    #[test]
+    fn pace_waits_for_a_free_slot_and_counts_late_sends() {
+        let schedule = Schedule::new(Instant::now(), 1000.0);
+        let slots = Arc::new(Slots::new(1));
+        let mut sent = Vec::new();
+        let unsent = pace(&schedule, 10, None, &slots, |tick| {
+            sent.push(tick);
+            let slots = Arc::clone(&slots);
+            std::thread::spawn(move || {
+                std::thread::sleep(Duration::from_millis(5));
+                slots.give();
+            });
+        });
+        assert_eq!(unsent, 0);
+        assert_eq!(sent.len(), 10, "no tick skipped");
+        for (i, tick) in sent.iter().enumerate() {
+            assert_eq!(Some(tick.due), schedule.due(i as u64));
+        }
+        assert!(sent[1..].iter().all(|tick| tick.late), "{sent:?}");
+    }
+
+    /// 100 ticks due within a second and a slot that is never given back:
+    /// at most the first is sent, and every other one is counted unsent.
+    #[test]
+    fn pace_counts_the_ticks_left_when_the_time_is_up() {
+        let begin = Instant::now();
+        let schedule = Schedule::new(begin, 100.0);
+        let end = begin + Duration::from_secs(1);
+        let ticks = schedule.ticks_within(Duration::from_secs(1));
+        assert_eq!(ticks, 100);
+        let mut sent = 0;
+        let unsent = pace(&schedule, ticks, Some(end), &Slots::new(1), |_| sent += 1);
+        assert!(sent <= 1);
+        assert_eq!(sent + unsent, ticks);
+        assert!(Instant::now() >= end, "waited for a slot until the end");
     }
 }

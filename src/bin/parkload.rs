@@ -12,14 +12,16 @@ use atenet_router::load::{self, CallerDeadline, Distribution, LoadSpec, Stop};
 #[derive(FromArgs)]
 /// Load generator for atenet-router's ext_proc port: one stream per request,
 /// like Envoy. Prints progress to stderr and a summary (or --json) to stdout.
+/// Exits 1 when more requests than --max-errors failed at the gRPC level or
+/// timed out, or none completed; 2 on a bad flag.
 struct Args {
     /// router ext_proc address (host:port)
     #[argh(option, default = "String::from(\"127.0.0.1:50051\")")]
     target: String,
-    /// requests in flight at most (closed loop: exactly this many)
+    /// requests in flight at most (closed loop: exactly this many; open loop: a request due when all are taken waits for one, and goes late)
     #[argh(option, default = "16")]
     concurrency: usize,
-    /// requests per second (open loop); 0 runs a closed loop
+    /// requests per second (open loop), each timed from its scheduled send; 0 runs a closed loop, each timed from its send
     #[argh(option, default = "0.0")]
     rate: f64,
     /// run this long (Go duration), unless --count is given
@@ -46,6 +48,12 @@ struct Args {
     /// send this grpc-timeout with every request (e.g. 300m) and report verdicts that came after it
     #[argh(option)]
     grpc_timeout: Option<String>,
+    /// cancel a request that has no verdict this long after its send (Go duration) and count it as client-timeout
+    #[argh(option, default = "String::from(\"30s\")")]
+    request_timeout: String,
+    /// exit 0 with up to this many requests failed at the gRPC level or timed out
+    #[argh(option, default = "0")]
+    max_errors: u64,
     /// print the summary as JSON
     #[argh(switch)]
     json: bool,
@@ -85,22 +93,70 @@ fn spec(args: &Args) -> Result<LoadSpec, String> {
                 Some(n) => Stop::Count(n),
                 None => Stop::After(duration.positive().ok_or("--duration must be positive")?),
             };
+            if !(args.rate.is_finite() && args.rate >= 0.0) {
+                return Err(format!(
+                    "--rate must be a number of requests per second, 0 or more, got {}",
+                    args.rate
+                ));
+            }
             let rate = (args.rate > 0.0).then_some(args.rate);
             (args.concurrency, stop, rate)
         }
     };
-    let progress = (args.progress > 0.0).then(|| Duration::from_secs_f64(args.progress));
+    let progress = match Duration::try_from_secs_f64(args.progress) {
+        Ok(every) if every.is_zero() => None,
+        Ok(every) => Some(every),
+        Err(_) => {
+            return Err(format!("--progress must be a number of seconds, 0 or more, got {}", args.progress))
+        }
+    };
     let grpc_timeout = match &args.grpc_timeout {
         Some(value) => Some(CallerDeadline::parse(value).ok_or_else(|| {
             format!("--grpc-timeout {value:?}: want 1 to 8 digits and a unit H, M, S, m, u or n (e.g. 300m)")
         })?),
         None => None,
     };
-    Ok(LoadSpec { target, concurrency, rate, stop, actors, distribution, progress, grpc_timeout })
+    let request_timeout = godur::parse(&args.request_timeout)
+        .map_err(|e| format!("--request-timeout: {e}"))?
+        .positive()
+        .ok_or("--request-timeout must be positive")?;
+    Ok(LoadSpec {
+        target,
+        concurrency,
+        rate,
+        stop,
+        actors,
+        distribution,
+        progress,
+        grpc_timeout,
+        request_timeout,
+    })
+}
+
+/// The command line, or how to exit without running. A flag argh cannot
+/// parse exits 2 like the checks in [`spec`], so that 1 always means
+/// requests failed.
+fn args() -> Result<Args, ExitCode> {
+    let argv: Vec<String> =
+        std::env::args_os().skip(1).map(|arg| arg.to_string_lossy().into_owned()).collect();
+    let argv: Vec<&str> = argv.iter().map(String::as_str).collect();
+    Args::from_args(&["parkload"], &argv).map_err(|exit| match exit.status {
+        Ok(()) => {
+            println!("{}", exit.output);
+            ExitCode::SUCCESS
+        }
+        Err(()) => {
+            eprintln!("parkload: {}\nRun parkload --help for more information.", exit.output.trim());
+            ExitCode::from(2)
+        }
+    })
 }
 
 fn main() -> ExitCode {
-    let args: Args = argh::from_env();
+    let args = match args() {
+        Ok(args) => args,
+        Err(exit) => return exit,
+    };
     let spec = match spec(&args) {
         Ok(spec) => spec,
         Err(e) => {
@@ -113,11 +169,20 @@ fn main() -> ExitCode {
     }
     let report = load::run(&spec);
     if args.json {
-        println!("{}", report.json());
+        println!("{}", report.json(&spec));
     } else {
-        print!("{}", report.summary());
+        print!("{}", report.summary(&spec));
+    }
+    let errors = report.errors();
+    if errors > args.max_errors {
+        eprintln!(
+            "parkload: {errors} requests failed (gRPC errors or timeouts), more than --max-errors {}",
+            args.max_errors
+        );
+        return ExitCode::FAILURE;
     }
     if report.completed == 0 {
+        eprintln!("parkload: no request completed");
         return ExitCode::FAILURE;
     }
     ExitCode::SUCCESS
