@@ -34,7 +34,7 @@ ENVOY_FLAGS ?= --ateapi-insecure --ateapi-address $(SIM_LISTEN) --port-extproc $
 BUILD_PACKAGES := cmake g++ pkg-config libssl-dev
 TEST_PACKAGES := chromium python3-venv openssl shellcheck
 
-.PHONY: help toolchain deps deps-test venv build run load test test-rust test-compat bench soak lint fmt \
+.PHONY: help toolchain deps deps-test venv build run load test test-rust test-compat bench bench-compare soak lint fmt \
 	install envoy-config k8s-envoy-config compose-envoy-config docker e2e package clean
 
 help: ## List the targets.
@@ -111,8 +111,19 @@ test-rust: deps-test
 test-compat: build venv
 	ATENET_BIN_DIR=$(BIN) $(VENV)/bin/python -m pytest -q tests/compat
 
-bench: deps ## Benchmarks: router vs a baseline, five scenarios (about 4 minutes); see BENCHMARKS.md.
+bench: deps ## Benchmarks: router vs a baseline, eight scenarios (about 20 minutes); writes bench-results.json; see BENCHMARKS.md.
 	cargo bench --profile release --features testkit --bench parking $(if $(ONLY),-- --only $(ONLY))
+
+# `make bench-compare A B`: the two result files are goals of their own,
+# which this turns into no-ops.
+ifeq (bench-compare,$(firstword $(MAKECMDGOALS)))
+  COMPARE := $(wordlist 2,$(words $(MAKECMDGOALS)),$(MAKECMDGOALS))
+  $(eval .PHONY: $(COMPARE))
+  $(eval $(sort $(COMPARE)):;@:)
+endif
+
+bench-compare: ## Compare two bench results: make bench-compare A.json B.json
+	python3 benches/compare.py $(COMPARE)
 
 SOAK_SECONDS ?= 600
 

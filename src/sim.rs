@@ -180,7 +180,7 @@ struct State {
     calls: Mutex<HashMap<String, u64>>,
     calls_changed: Condvar,
     /// Answers sent, by actor and code.
-    answered: Mutex<HashMap<(String, Code), u64>>,
+    answered: Mutex<HashMap<(String, Code), Answered>>,
     gates: Mutex<HashMap<String, Vec<oneshot::Sender<()>>>>,
     /// While set, every call is accepted and held, unanswered, until
     /// [`Sim::set_unresponsive`] clears it: a control plane that hangs.
@@ -189,6 +189,13 @@ struct State {
     faults: Mutex<Faults>,
     /// The `authorization` header of the latest call.
     last_authorization: Mutex<Option<String>>,
+}
+
+/// Answers sent to one actor with one code.
+struct Answered {
+    count: u64,
+    /// When the first was sent.
+    first: Instant,
 }
 
 /// Why the simulator could not start.
@@ -301,7 +308,13 @@ impl Sim {
                         if let Some(after) = after {
                             after(&state);
                         }
-                        *state.answered.lock().entry((id, answer.code)).or_default() += 1;
+                        let now = Instant::now();
+                        state
+                            .answered
+                            .lock()
+                            .entry((id, answer.code))
+                            .or_insert(Answered { count: 0, first: now })
+                            .count += 1;
                         let _ = respond(sink, &request, &answer).await;
                     });
                 },
@@ -394,13 +407,18 @@ impl Sim {
             .lock()
             .iter()
             .filter(|((actor, c), _)| *c == code && which(actor))
-            .map(|(_, n)| n)
+            .map(|(_, a)| a.count)
             .sum()
+    }
+
+    /// When `actor` was first answered with `code`, if it was.
+    pub fn first_answered(&self, actor: &str, code: Code) -> Option<Instant> {
+        self.state.answered.lock().get(&(actor.to_string(), code)).map(|a| a.first)
     }
 
     /// Calls received but not answered yet.
     pub fn unanswered(&self) -> u64 {
-        let answered: u64 = self.state.answered.lock().values().sum();
+        let answered: u64 = self.state.answered.lock().values().map(|a| a.count).sum();
         self.total_calls() - answered
     }
 

@@ -1,0 +1,287 @@
+//! The bench's processes and helpers: the router and the baseline as
+//! processes of their own (so their CPU, memory and threads can be read from
+//! /proc), the simulated control plane in this process, load specs.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use atenet_router::extproc::response_for;
+use atenet_router::load::{Distribution, LoadReport, LoadSpec, Stop};
+use atenet_router::proto::ateapi::{ObjectRef, ResumeActorRequest};
+use atenet_router::proto::external_processor::{processing_request, ProcessingRequest, ProcessingResponse};
+use atenet_router::proto::{ATEAPI_RESUME_ACTOR, EXT_PROC_PROCESS};
+use atenet_router::sim::{Sim, SimConfig};
+use atenet_router::target::ActorId;
+use atenet_router::verdict::Verdict;
+use futures::{SinkExt, StreamExt};
+use grpcio::{
+    CallOption, ChannelBuilder, Client, DuplexSink, EnvBuilder, RequestStream, RpcContext, ServerBuilder,
+    ServerCredentials, ServiceBuilder, WriteFlags,
+};
+
+const ROUTER: &str = env!("CARGO_BIN_EXE_atenet-router");
+
+pub fn cpu_model() -> String {
+    std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|t| {
+            t.lines()
+                .find(|l| l.starts_with("model name"))
+                .map(|l| l.split(':').nth(1).unwrap_or("").trim().to_string())
+        })
+        .unwrap_or_else(|| "unknown CPU".into())
+}
+
+/// A server process (router or baseline) and its ext_proc address.
+pub struct Proc {
+    pub child: Child,
+    pub extproc: SocketAddr,
+    pub metrics: Option<SocketAddr>,
+}
+
+impl Proc {
+    pub fn router(sim: SocketAddr, flags: &[&str]) -> Proc {
+        let sim = sim.to_string();
+        let mut args = vec![
+            "serve",
+            "--ateapi-insecure",
+            "--ateapi-address",
+            &sim,
+            "--port-extproc",
+            "0",
+            "--metrics-listen-addr",
+            "127.0.0.1:0",
+            "--status-port",
+            "0",
+            "--drain-delay",
+            "0s",
+            "--envoy-admin-address",
+            "",
+            "--drain-complete-file",
+            "",
+            "--log-level",
+            "warn",
+        ];
+        args.extend_from_slice(flags);
+        // The startup line is at info; read it at info, then nothing else is logged at warn.
+        let mut child = Command::new(ROUTER)
+            .args(args.iter().filter(|a| **a != "--log-level" && **a != "warn"))
+            .stderr(Stdio::piped())
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("start router");
+        let line = first_line(&mut child, "serving");
+        let field =
+            |p: &str| line.split(p).nth(1).unwrap().split([' ', ',', '/']).next().unwrap().parse().unwrap();
+        Proc { extproc: field("ext_proc on "), metrics: Some(field("metrics on http://")), child }
+    }
+
+    pub fn baseline(sim: SocketAddr) -> Proc {
+        let mut child = Command::new(std::env::current_exe().unwrap())
+            .env("ATENET_BENCH_ROLE", "baseline")
+            .env("ATENET_BENCH_ATEAPI", sim.to_string())
+            .stderr(Stdio::piped())
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("start baseline");
+        let line = first_line(&mut child, "baseline listening on");
+        let addr = line.rsplit(' ').next().unwrap().parse().unwrap();
+        Proc { child, extproc: addr, metrics: None }
+    }
+
+    fn status_field(&self, name: &str) -> u64 {
+        let text = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).unwrap();
+        text.lines()
+            .find(|l| l.starts_with(name))
+            .and_then(|l| l.split_whitespace().nth(1))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0)
+    }
+
+    pub fn rss_kib(&self) -> u64 {
+        self.status_field("VmRSS:")
+    }
+
+    pub fn threads(&self) -> u64 {
+        self.status_field("Threads:")
+    }
+
+    /// User + system CPU seconds so far.
+    pub fn cpu_seconds(&self) -> f64 {
+        let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.child.id())).unwrap();
+        let after = &stat[stat.rfind(')').unwrap() + 2..];
+        let fields: Vec<&str> = after.split_whitespace().collect();
+        let ticks: f64 = fields[11].parse::<f64>().unwrap() + fields[12].parse::<f64>().unwrap();
+        ticks / clock_ticks()
+    }
+
+    pub fn metric(&self, name: &str, labels: &str) -> f64 {
+        let text = http_get(self.metrics.expect("router metrics"), "/metrics");
+        text.lines()
+            .filter(|l| !l.starts_with('#'))
+            .filter(|l| {
+                let series = l.rsplit_once(' ').map_or("", |(s, _)| s);
+                let metric = series.split('{').next().unwrap_or("");
+                metric == name && series.contains(labels)
+            })
+            .filter_map(|l| l.rsplit_once(' ').and_then(|(_, v)| v.parse::<f64>().ok()))
+            .sum()
+    }
+
+    pub fn wait_metric(&self, name: &str, labels: &str, want: f64, limit: Duration) -> bool {
+        let deadline = Instant::now() + limit;
+        while Instant::now() < deadline {
+            if self.metric(name, labels) >= want {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        false
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+pub fn first_line(child: &mut Child, marker: &str) -> String {
+    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+    let line = lines.by_ref().map_while(Result::ok).find(|l| l.contains(marker)).expect("process starts");
+    std::thread::spawn(move || lines.for_each(drop));
+    line
+}
+
+pub fn clock_ticks() -> f64 {
+    Command::new("getconf")
+        .arg("CLK_TCK")
+        .output()
+        .ok()
+        .and_then(|o| String::from_utf8(o.stdout).ok())
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(100.0)
+}
+
+pub fn http_get(addr: SocketAddr, path: &str) -> String {
+    let mut stream = TcpStream::connect(addr).unwrap();
+    write!(stream, "GET {path} HTTP/1.0\r\n\r\n").unwrap();
+    let mut text = String::new();
+    stream.read_to_string(&mut text).unwrap();
+    text.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default()
+}
+
+pub fn sim(config: SimConfig) -> Sim {
+    Sim::start(SimConfig { listen: "127.0.0.1:0".parse().unwrap(), ..config }).expect("sim starts")
+}
+
+// ----------------------------------------------------------------- baseline
+
+/// The irreducible job: one ResumeActor per request_headers, a fixed verdict,
+/// no flight table, lot or metrics.
+pub fn baseline_server(ateapi: &str) {
+    let env = Arc::new(
+        EnvBuilder::new().cq_count(std::thread::available_parallelism().map_or(2, |n| n.get())).build(),
+    );
+    let client = Arc::new(Client::new(ChannelBuilder::new(Arc::clone(&env)).connect(ateapi)));
+    // The same routing verdict the router sends (header mutation and
+    // original_dst metadata), built once: the baseline pays for encoding a
+    // verdict, not for deciding it.
+    let fixed = response_for(&Verdict::Route {
+        actor: ActorId::parse("demo/actor-0").unwrap(),
+        worker: "10.64.0.1:443".into(),
+        target_port: 80,
+    });
+    let service = ServiceBuilder::new()
+        .add_duplex_streaming_handler(
+            &EXT_PROC_PROCESS,
+            move |ctx: RpcContext<'_>,
+                  mut stream: RequestStream<ProcessingRequest>,
+                  mut sink: DuplexSink<ProcessingResponse>| {
+                let (client, fixed) = (Arc::clone(&client), fixed.clone());
+                ctx.spawn(async move {
+                    while let Some(Ok(request)) = stream.next().await {
+                        if let Some(processing_request::Request::RequestHeaders(h)) = &request.request {
+                            let actor = h
+                                .headers
+                                .headers
+                                .iter()
+                                .find(|v| v.key == "ate-target-actor")
+                                .map(|v| String::from_utf8_lossy(&v.raw_value).into_owned())
+                                .unwrap_or_default();
+                            let (atespace, name) = actor.split_once('/').unwrap_or(("", ""));
+                            let mut object = ObjectRef::new();
+                            object.atespace = atespace.into();
+                            object.name = name.into();
+                            let mut call = ResumeActorRequest::new();
+                            call.actor = Some(object).into();
+                            if let Ok(receiver) =
+                                client.unary_call_async(&ATEAPI_RESUME_ACTOR, &call, CallOption::default())
+                            {
+                                let _ = receiver.await;
+                            }
+                            if sink.send((fixed.clone(), WriteFlags::default())).await.is_err() {
+                                return;
+                            }
+                        }
+                    }
+                });
+            },
+        )
+        .build();
+    let mut server = ServerBuilder::new(env).register_service(service).build().unwrap();
+    let port = server.add_listening_port("127.0.0.1:0", ServerCredentials::insecure()).unwrap();
+    server.start();
+    eprintln!("baseline listening on 127.0.0.1:{port}");
+    loop {
+        std::thread::park();
+    }
+}
+
+// ---------------------------------------------------------------- scenarios
+
+pub fn spec(target: SocketAddr, concurrency: usize, stop: Stop, actors: Vec<String>) -> LoadSpec {
+    LoadSpec {
+        target,
+        concurrency,
+        rate: None,
+        stop,
+        actors,
+        distribution: Distribution::Uniform,
+        progress: None,
+        grpc_timeout: None,
+        request_timeout: Duration::from_secs(120),
+    }
+}
+
+pub fn actors(prefix: &str, n: usize) -> Vec<String> {
+    (0..n).map(|i| format!("{prefix}{i}")).collect()
+}
+
+pub fn ms(us: u32) -> f64 {
+    us as f64 / 1000.0
+}
+
+/// A pool where all 64 actors stay resident once resumed.
+pub fn running_pool() -> Sim {
+    sim(SimConfig {
+        workers: 64,
+        actors: 64,
+        restore_latency: Duration::from_millis(1),
+        idle_suspend: Duration::from_secs(3600),
+        ..SimConfig::default()
+    })
+}
+
+/// Pools several runs: throughput over the total time, latencies together.
+pub fn merged(runs: &[LoadReport]) -> LoadReport {
+    let mut all = LoadReport::default();
+    for run in runs {
+        all.merge(run);
+    }
+    all
+}

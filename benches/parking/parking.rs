@@ -1,0 +1,418 @@
+//! Parked requests: how many the router holds and at what cost, how many
+//! ResumeActor calls they make, how precisely retries and budgets fire, and
+//! how fast parked requests are routed once capacity returns.
+
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use atenet_router::load::{self, Distribution, Envoy, Stop};
+use atenet_router::resume::Code;
+use atenet_router::sim::{Answer, Sim, SimConfig};
+use futures::executor::block_on;
+use futures::future::join_all;
+
+use crate::harness::{actors, http_get, sim, spec, Proc};
+use crate::report::{median, Bound, Report};
+
+/// Runs of each parking scenario; targets use their median.
+const RUNS: usize = 3;
+
+fn exhausted() -> Answer {
+    Answer::error(Code::ResourceExhausted, "no free workers available")
+}
+
+/// One run of [`park_capacity`].
+struct Held {
+    all_parked: bool,
+    routed: u64,
+    rss0_kib: u64,
+    rss1_kib: u64,
+    threads0: u64,
+    threads1: u64,
+    cpu_percent: f64,
+    calls: u64,
+}
+
+const PARKED: usize = 100_000;
+
+fn hold_once() -> Held {
+    let sim = sim(SimConfig { workers: 0, actors: 0, ..SimConfig::default() });
+    let hot = actors("demo/park-", 10);
+    for actor in &hot {
+        sim.script(actor, vec![exhausted()]);
+    }
+    let router = Proc::router(
+        sim.addr(),
+        &["--parked-request-max", "100000", "--parked-request-budget", "300s", "--drain-timeout", "340s"],
+    );
+    let envoy = Envoy::connect(router.extproc);
+    // Warm the process up (allocator, connections) before the idle reading.
+    sim.script("demo/warm", vec![Answer::ok("10.0.0.1", false)]);
+    load::run_with(&envoy, &spec(router.extproc, 16, Stop::Count(2000), vec!["demo/warm".into()]));
+    let (rss0_kib, threads0) = (router.rss_kib(), router.threads());
+    let held = {
+        let (envoy, target, hot) = (envoy.clone(), router.extproc, hot.clone());
+        std::thread::spawn(move || {
+            load::run_with(&envoy, &spec(target, PARKED, Stop::Count(PARKED as u64), hot))
+        })
+    };
+    let all_parked =
+        router.wait_metric("atenet_router_parking_active", "", PARKED as f64, Duration::from_secs(240));
+    let (rss1_kib, threads1) = (router.rss_kib(), router.threads());
+    let cpu0 = router.cpu_seconds();
+    let t0 = Instant::now();
+    std::thread::sleep(Duration::from_secs(10));
+    let cpu_percent = (router.cpu_seconds() - cpu0) / t0.elapsed().as_secs_f64() * 100.0;
+    let calls = sim.total_calls();
+    for actor in &hot {
+        sim.script(actor, vec![Answer::ok("10.0.0.2", true)]);
+    }
+    let result = held.join().unwrap();
+    let routed = result.verdicts.get("200 routed").copied().unwrap_or(0);
+    Held { all_parked, routed, rss0_kib, rss1_kib, threads0, threads1, cpu_percent, calls }
+}
+
+pub fn park_capacity(report: &mut Report) {
+    report.line("\n## Park capacity: 100,000 parked requests held 10 s\n");
+    report.line("| run | all parked | routed | RSS idle → parked | KiB per parked request | threads idle / parked | CPU while holding | ResumeActor calls (10 flights) |");
+    report.line("|---|---|---|---|---|---|---|---|");
+    let runs: Vec<Held> = (0..RUNS).map(|_| hold_once()).collect();
+    for (i, h) in runs.iter().enumerate() {
+        report.line(&format!(
+            "| {} | {} | {} | {} → {} KiB | {:.2} | {} / {} | {:.2}% of a core | {} |",
+            i + 1,
+            if h.all_parked { "yes" } else { "NO" },
+            h.routed,
+            h.rss0_kib,
+            h.rss1_kib,
+            per_parked(h),
+            h.threads0,
+            h.threads1,
+            h.cpu_percent,
+            h.calls
+        ));
+    }
+    let pick = |f: &dyn Fn(&Held) -> f64| median(runs.iter().map(f).collect());
+    let figures = [
+        ("parked", pick(&|h| if h.all_parked { PARKED as f64 } else { 0.0 })),
+        ("routed", pick(&|h| h.routed as f64)),
+        ("kib_per_parked", pick(&per_parked)),
+        ("extra_threads", pick(&|h| h.threads1 as f64 - h.threads0 as f64)),
+        ("cpu_percent_holding", pick(&|h| h.cpu_percent)),
+    ];
+    for (name, value) in figures {
+        report.figure("park-capacity", name, value);
+    }
+    report.line("\n| target | median | status |\n|---|---|---|");
+    for ((_, value), (what, bound)) in figures.iter().zip([
+        ("100,000 requests parked at once", Bound::Equal(PARKED as f64)),
+        ("100,000 parked: every one routed", Bound::Equal(PARKED as f64)),
+        ("memory per parked request (KiB)", Bound::AtMost(12.0)),
+        ("threads at 100,000 parked minus idle", Bound::Equal(0.0)),
+        ("CPU while holding 100,000 parked (% of a core)", Bound::AtMost(5.0)),
+    ]) {
+        let status = report.target(what, *value, bound);
+        report.line(&format!("| {what} | {value:.2} | {status} |"));
+    }
+}
+
+fn per_parked(h: &Held) -> f64 {
+    (h.rss1_kib as f64 - h.rss0_kib as f64) / PARKED as f64
+}
+
+pub fn amplification(report: &mut Report) {
+    report.line("\n## Resume amplification\n");
+    report.line("| case | requests | actors | attempts per flight | ResumeActor calls (per run) | calls per attempt per actor (median) |");
+    report.line("|---|---|---|---|---|---|");
+    for (case, n_actors, key) in [
+        ("1,000 requests, one suspended actor", 1usize, "one_actor"),
+        ("1,000 requests, 1,000 actors", 1000, "thousand_actors"),
+    ] {
+        let runs: Vec<(u64, f64)> = (0..RUNS).map(|_| amplify_once(n_actors)).collect();
+        let per_attempt = median(runs.iter().map(|r| r.1).collect());
+        let calls: Vec<String> = runs.iter().map(|r| r.0.to_string()).collect();
+        report.line(&format!(
+            "| {case} | 1000 | {n_actors} | 2 | {} | **{per_attempt:.3}** |",
+            calls.join(", ")
+        ));
+        report.figure("amplification", &format!("{key}.calls_per_attempt_per_actor"), per_attempt);
+        let status = report.target(
+            &format!("ResumeActor calls per attempt per actor, {case}"),
+            per_attempt,
+            Bound::Equal(1.0),
+        );
+        report.line(&format!("\n{case}: {status}.\n"));
+    }
+}
+
+/// (ResumeActor calls, calls per attempt per actor).
+fn amplify_once(n_actors: usize) -> (u64, f64) {
+    let sim = sim(SimConfig { workers: 0, actors: 0, ..SimConfig::default() });
+    let names = actors("demo/amp-", n_actors);
+    for actor in &names {
+        // Attempt 1 is held until every request has arrived, fails, then
+        // attempt 2 succeeds: two attempts per flight.
+        sim.script(actor, vec![exhausted().held(), Answer::ok("10.0.0.3", true)]);
+    }
+    let router = Proc::router(sim.addr(), &["--parked-request-retry-interval", "20ms"]);
+    let envoy = Envoy::connect(router.extproc);
+    let requests: Vec<String> = (0..1000).map(|i| names[i % n_actors].clone()).collect();
+    let runner = {
+        let (envoy, target) = (envoy.clone(), router.extproc);
+        std::thread::spawn(move || {
+            let mut s = spec(target, 1000, Stop::Count(1000), requests);
+            // Every actor gets exactly its share.
+            s.distribution = Distribution::RoundRobin;
+            load::run_with(&envoy, &s)
+        })
+    };
+    router.wait_metric("atenet_router_extproc_streams_active", "", 1000.0, Duration::from_secs(60));
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut released = 0;
+    while released < n_actors && Instant::now() < deadline {
+        released += names.iter().map(|a| sim.release(a)).sum::<usize>();
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let result = runner.join().unwrap();
+    assert_eq!(result.verdicts.get("200 routed").copied(), Some(1000), "every request routed");
+    let calls = sim.total_calls();
+    let touched = names.iter().filter(|a| sim.calls(a) > 0).count().max(1);
+    (calls, calls as f64 / (touched as f64 * 2.0))
+}
+
+/// One run of [`timer_precision`].
+struct Timed {
+    requests: u64,
+    exhausted: u64,
+    fired: f64,
+    /// The smallest lateness bucket bound holding 99% of the timer's tasks.
+    lateness_p99_ms: f64,
+    over_p50_ms: f64,
+    over_p99_ms: f64,
+    calls: u64,
+}
+
+/// `flights` distinct actors arrive at `rate`/s and retry every `interval`
+/// until `budget`; every flight ends budget-exhausted.
+fn time_once(flights: usize, rate: f64, budget: Duration, interval: Duration) -> Timed {
+    let sim = sim(SimConfig { workers: 0, actors: flights, atespace: "demo".into(), ..SimConfig::default() });
+    let (budget_flag, interval_flag) =
+        (format!("{}ms", budget.as_millis()), format!("{}ms", interval.as_millis()));
+    let lot = (2 * flights).to_string();
+    let router = Proc::router(
+        sim.addr(),
+        &[
+            "--parked-request-max",
+            &lot,
+            "--parked-request-budget",
+            &budget_flag,
+            "--parked-request-retry-interval",
+            &interval_flag,
+            "--parked-request-retry-factor",
+            "1.0",
+            "--drain-timeout",
+            "200s",
+        ],
+    );
+    let envoy = Envoy::connect(router.extproc);
+    // Open loop over distinct actors, so every flight's budget starts when
+    // its request arrives and all of them overlap at the end.
+    let mut s =
+        spec(router.extproc, 2 * flights, Stop::Count(flights as u64), actors("demo/actor-", flights));
+    s.rate = Some(rate);
+    s.distribution = Distribution::RoundRobin;
+    let result = load::run_with(&envoy, &s);
+    let (fired, lateness_p99_ms) = lateness_p99(&router);
+    let budget_us = budget.as_micros() as f64;
+    let over = |q: f64| (result.quantile_us(q) as f64 - budget_us) / 1000.0;
+    Timed {
+        requests: result.completed,
+        exhausted: result.verdicts.get("503 atenet_budget_exhausted").copied().unwrap_or(0),
+        fired,
+        lateness_p99_ms,
+        over_p50_ms: over(0.5),
+        over_p99_ms: over(0.99),
+        calls: sim.total_calls(),
+    }
+}
+
+pub fn timer_precision(report: &mut Report) {
+    report.line("\n## Timer precision: flights retrying until their budget\n");
+    report.line("| flights | arrivals | budget, retry every | run | budget exhausted | timer tasks | retry lateness p99 | verdict past budget p50 / p99 (client) | ResumeActor calls |");
+    report.line("|---|---|---|---|---|---|---|---|---|");
+    let cases = [
+        (10_000usize, 2000.0, Duration::from_secs(8), Duration::from_secs(1)),
+        (100_000, 5000.0, Duration::from_secs(30), Duration::from_secs(20)),
+    ];
+    let mut judged = Vec::new();
+    for (flights, rate, budget, interval) in cases {
+        let runs: Vec<Timed> = (0..RUNS).map(|_| time_once(flights, rate, budget, interval)).collect();
+        for (i, t) in runs.iter().enumerate() {
+            report.line(&format!(
+                "| {flights} | {rate:.0}/s | {budget:?}, {interval:?} | {} | {} of {} | {:.0} | <= {} ms | {:.3} / {:.3} ms | {} |",
+                i + 1,
+                t.exhausted,
+                t.requests,
+                t.fired,
+                t.lateness_p99_ms,
+                t.over_p50_ms,
+                t.over_p99_ms,
+                t.calls
+            ));
+        }
+        let lateness = median(runs.iter().map(|t| t.lateness_p99_ms).collect());
+        let over = median(runs.iter().map(|t| t.over_p99_ms).collect());
+        let all = median(runs.iter().map(|t| t.exhausted as f64).collect());
+        report.figure("timer", &format!("flights_{flights}.retry_lateness_p99_ms"), lateness);
+        report.figure("timer", &format!("flights_{flights}.verdict_past_budget_p99_ms"), over);
+        report.figure("timer", &format!("flights_{flights}.budget_exhausted"), all);
+        judged.push((flights, lateness, over, all));
+    }
+    report.line("\n| target | median | status |\n|---|---|---|");
+    for (flights, lateness, over, all) in judged {
+        for (what, value, bound) in [
+            (format!("{flights} flights: every one budget-exhausted"), all, Bound::Equal(flights as f64)),
+            (format!("{flights} flights: retry lateness p99 (ms)"), lateness, Bound::AtMost(2.0)),
+            (
+                format!("{flights} flights: budget-exhaustion verdict past the budget, p99 (ms)"),
+                over,
+                Bound::AtMost(10.0),
+            ),
+        ] {
+            let status = report.target(&what, value, bound);
+            report.line(&format!("| {what} | {value:.3} | {status} |"));
+        }
+    }
+    report.line(
+        "\nRetry lateness is the timer thread's own histogram (the bound of the smallest bucket holding 99% of\nits tasks). The verdict's lateness is the client's: from each request's scheduled send time to its\nverdict, minus the budget.",
+    );
+}
+
+/// (tasks fired, the smallest bucket bound in ms holding >= 99% of them).
+fn lateness_p99(router: &Proc) -> (f64, f64) {
+    let text = http_get(router.metrics.unwrap(), "/metrics");
+    let mut buckets: Vec<(f64, f64)> = text
+        .lines()
+        .filter(|l| l.starts_with("atenet_router_timer_lateness_seconds_bucket"))
+        .filter_map(|l| {
+            let le = l.split("le=\"").nth(1)?.split('"').next()?;
+            let le = if le == "+Inf" { f64::INFINITY } else { le.parse().ok()? };
+            Some((le, l.rsplit(' ').next()?.parse().ok()?))
+        })
+        .collect();
+    buckets.sort_by(|a, b| a.0.total_cmp(&b.0));
+    let total = buckets.last().map_or(0.0, |b| b.1);
+    let bound =
+        buckets.iter().find(|(_, count)| *count >= 0.99 * total).map_or(f64::NAN, |(le, _)| le * 1000.0);
+    (total, bound)
+}
+
+/// One run of [`recovery`].
+struct Recovered {
+    routed: usize,
+    /// Verdict time minus the first successful resume, per request, in ms.
+    after_success_ms: Vec<f64>,
+    /// From capacity returning to the next attempt, in ms.
+    backoff_wait_ms: f64,
+    /// The longest that wait can be by the retry schedule, in ms.
+    backoff_bound_ms: f64,
+}
+
+const RETRY_INTERVAL: f64 = 0.1;
+const RETRY_FACTOR: f64 = 1.1;
+const RETRY_JITTER: f64 = 0.1;
+
+/// `n` requests for `actor`, each yielding its verdict and when it came.
+fn parked_requests(envoy: &Envoy, actor: &str, n: usize) -> JoinHandle<Vec<(String, Instant)>> {
+    let (envoy, actor) = (envoy.clone(), actor.to_string());
+    std::thread::spawn(move || {
+        block_on(join_all((0..n).map(|_| async {
+            let verdict = envoy.request(&actor, None, Duration::from_secs(120)).await;
+            (verdict, Instant::now())
+        })))
+    })
+}
+
+fn recover_once(n: usize) -> Recovered {
+    let sim: Sim = sim(SimConfig { workers: 0, actors: 0, ..SimConfig::default() });
+    let actor = "demo/recovering";
+    sim.script(actor, vec![exhausted()]);
+    let router = Proc::router(
+        sim.addr(),
+        &["--parked-request-max", "20000", "--parked-request-budget", "120s", "--drain-timeout", "160s"],
+    );
+    let envoy = Envoy::connect(router.extproc);
+    let requests = parked_requests(&envoy, actor, n);
+    router.wait_metric("atenet_router_parking_active", "", n as f64, Duration::from_secs(120));
+    // Let the backoff grow past its first steps, as in a real saturation.
+    std::thread::sleep(Duration::from_secs(2));
+    let failed = sim.calls(actor);
+    let back = Instant::now();
+    sim.script(actor, vec![Answer::ok("10.0.0.5", true)]);
+    let verdicts = requests.join().unwrap();
+    let first = sim.first_answered(actor, Code::Ok).expect("a successful resume");
+    let bound = RETRY_INTERVAL * RETRY_FACTOR.powi(failed as i32 - 1) * (1.0 + RETRY_JITTER);
+    Recovered {
+        routed: verdicts.iter().filter(|(v, _)| v == "200 routed").count(),
+        after_success_ms: verdicts
+            .iter()
+            .map(|(_, at)| at.saturating_duration_since(first).as_secs_f64() * 1e3)
+            .collect(),
+        backoff_wait_ms: first.saturating_duration_since(back).as_secs_f64() * 1e3,
+        backoff_bound_ms: bound * 1e3,
+    }
+}
+
+fn quantile(mut values: Vec<f64>, q: f64) -> f64 {
+    values.sort_by(f64::total_cmp);
+    let rank = ((values.len() as f64 * q).ceil() as usize).clamp(1, values.len());
+    values[rank - 1]
+}
+
+pub fn recovery(report: &mut Report) {
+    report.line("\n## Recovery: parked requests routed once a worker frees\n");
+    report.line("| parked on one actor | run | routed | verdict after the first successful resume p50 / p99 / max | capacity back → next attempt | bound by the retry schedule |");
+    report.line("|---|---|---|---|---|---|");
+    let mut judged = Vec::new();
+    for n in [1usize, 100, 10_000] {
+        let runs: Vec<Recovered> = (0..RUNS).map(|_| recover_once(n)).collect();
+        for (i, r) in runs.iter().enumerate() {
+            report.line(&format!(
+                "| {n} | {} | {} | {:.3} / {:.3} / {:.3} ms | {:.1} ms | {:.1} ms |",
+                i + 1,
+                r.routed,
+                quantile(r.after_success_ms.clone(), 0.5),
+                quantile(r.after_success_ms.clone(), 0.99),
+                quantile(r.after_success_ms.clone(), 1.0),
+                r.backoff_wait_ms,
+                r.backoff_bound_ms
+            ));
+        }
+        let p50 = median(runs.iter().map(|r| quantile(r.after_success_ms.clone(), 0.5)).collect());
+        let p99 = median(runs.iter().map(|r| quantile(r.after_success_ms.clone(), 0.99)).collect());
+        let past_bound = median(runs.iter().map(|r| r.backoff_wait_ms - r.backoff_bound_ms).collect());
+        let routed = median(runs.iter().map(|r| r.routed as f64).collect());
+        report.figure("recovery", &format!("n_{n}.after_success_p50_ms"), p50);
+        report.figure("recovery", &format!("n_{n}.after_success_p99_ms"), p99);
+        report.figure("recovery", &format!("n_{n}.backoff_wait_past_bound_ms"), past_bound);
+        judged.push((n, routed, past_bound));
+    }
+    report.line("\n| target | median | status |\n|---|---|---|");
+    for (n, routed, past_bound) in judged {
+        for (what, value, bound) in [
+            (format!("recovery, {n} parked: every one routed"), routed, Bound::Equal(n as f64)),
+            (
+                format!("recovery, {n} parked: next attempt past the retry schedule's bound (ms; 2 ms of timer lateness allowed)"),
+                past_bound,
+                Bound::AtMost(2.0),
+            ),
+        ] {
+            let status = report.target(&what, value, bound);
+            report.line(&format!("| {what} | {value:.3} | {status} |"));
+        }
+    }
+    report.line(&format!(
+        "\nRetry schedule: {}ms x {RETRY_FACTOR} per retry, jitter {RETRY_JITTER} (the defaults). Capacity returns 2 s after every request\nhas parked; the bound is the delay the schedule allows after the attempts made so far.",
+        RETRY_INTERVAL * 1000.0
+    ));
+}
