@@ -129,7 +129,11 @@ impl RecentRequests {
 /// (invalid UTF-8 shown as U+FFFD), keeping its allocation.
 fn refill(into: &mut String, bytes: &[u8], chars: usize) {
     into.clear();
-    into.extend(String::from_utf8_lossy(bytes).chars().take(chars));
+    match std::str::from_utf8(bytes) {
+        // The usual case, copied whole: no more bytes than allowed characters.
+        Ok(text) if text.len() <= chars => into.push_str(text),
+        _ => into.extend(String::from_utf8_lossy(bytes).chars().take(chars)),
+    }
 }
 
 /// Everything the page reads.
@@ -533,6 +537,19 @@ mod tests {
         }
         let paths: Vec<String> = few.snapshot().into_iter().map(|r| r.path).collect();
         assert_eq!(paths, ["/b", "/a"]);
+    }
+
+    #[test]
+    fn refill_bounds_characters_and_shows_bad_bytes() {
+        let mut s = String::from("old text");
+        refill(&mut s, b"/short", 16);
+        assert_eq!(s, "/short");
+        refill(&mut s, "é".repeat(20).as_bytes(), 16);
+        assert_eq!(s, "é".repeat(16), "characters, not bytes");
+        refill(&mut s, b"abcdefghij", 4);
+        assert_eq!(s, "abcd");
+        refill(&mut s, b"a\xffb", 16);
+        assert_eq!(s, "a\u{fffd}b");
     }
 
     #[test]
