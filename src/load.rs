@@ -226,6 +226,10 @@ pub struct LoadReport {
     pub per_second: Vec<u64>,
     /// Every latency, in microseconds.
     latency: Histogram<u64>,
+    /// Every service time (from the actual send to the end), in
+    /// microseconds: equal to `latency` in a closed loop; in an open loop
+    /// what the server took, without the client's own lateness.
+    service: Histogram<u64>,
     /// The same, one histogram for each key in `verdicts`.
     latency_by_verdict: BTreeMap<String, Histogram<u64>>,
 }
@@ -243,6 +247,7 @@ impl Default for LoadReport {
             overdue_seconds: 0.0,
             per_second: Vec::new(),
             latency: histogram(),
+            service: histogram(),
             latency_by_verdict: BTreeMap::new(),
         }
     }
@@ -258,6 +263,8 @@ struct Outcome<'a> {
     /// From its scheduled time (open loop) or its send (closed loop) to its
     /// end.
     latency: Duration,
+    /// From its send to its end.
+    service: Duration,
     /// How long after the caller's deadline its verdict came, if it did.
     overdue: Option<Duration>,
 }
@@ -276,6 +283,12 @@ impl LoadReport {
     /// The longest latency, in microseconds (0 with none).
     pub fn max_us(&self) -> u32 {
         max_us(&self.latency)
+    }
+
+    /// The `q` quantile of service time (from each request's actual send),
+    /// in microseconds: what the server took, without the client's lateness.
+    pub fn service_quantile_us(&self, q: f64) -> u32 {
+        quantile_us(&self.service, q)
     }
 
     /// Requests that failed at the gRPC level or timed out: what a run
@@ -300,6 +313,7 @@ impl LoadReport {
         self.overdue_seconds += other.overdue_seconds;
         self.per_second.extend_from_slice(&other.per_second);
         add_histogram(&mut self.latency, &other.latency);
+        add_histogram(&mut self.service, &other.service);
         for (verdict, latency) in &other.latency_by_verdict {
             add_histogram(self.latency_by_verdict.entry(verdict.clone()).or_insert_with(histogram), latency);
         }
@@ -308,6 +322,7 @@ impl LoadReport {
     fn record(&mut self, outcome: Outcome<'_>) {
         let us = u64::try_from(outcome.latency.as_micros()).unwrap_or(u64::MAX);
         self.latency.saturating_record(us);
+        self.service.saturating_record(u64::try_from(outcome.service.as_micros()).unwrap_or(u64::MAX));
         match self.latency_by_verdict.get_mut(&outcome.key) {
             Some(latency) => latency.saturating_record(us),
             None => {
@@ -365,6 +380,13 @@ impl LoadReport {
                 LATE.as_millis()
             );
             let _ = writeln!(out, "unsent: {} scheduled but not sent when the time was up", self.unsent);
+            let _ = writeln!(
+                out,
+                "service ms (from each actual send): p50 {:.3}  p99 {:.3}  max {:.3}",
+                ms(self.service_quantile_us(0.5)),
+                ms(self.service_quantile_us(0.99)),
+                ms(max_us(&self.service))
+            );
         }
         let _ = writeln!(out, "errors: {} (gRPC errors and client timeouts)", self.errors());
         let _ = writeln!(
@@ -423,7 +445,7 @@ impl LoadReport {
             .collect();
         let per_second: Vec<String> = self.per_second.iter().map(u64::to_string).collect();
         format!(
-            "{{\"requests\":{},\"elapsed_seconds\":{:.6},\"throughput\":{:.3},\"late\":{},\"unsent\":{},\"errors\":{},\"latency_ms\":{{{}}},\"latency_ms_by_verdict\":{{{}}},\"verdicts\":{{{}}},\"by_atespace\":{{{}}},\"overdue\":{},\"overdue_seconds\":{:.6},\"per_second\":[{}],\"params\":{}}}",
+            "{{\"requests\":{},\"elapsed_seconds\":{:.6},\"throughput\":{:.3},\"late\":{},\"unsent\":{},\"errors\":{},\"latency_ms\":{{{}}},\"service_ms\":{{{}}},\"latency_ms_by_verdict\":{{{}}},\"verdicts\":{{{}}},\"by_atespace\":{{{}}},\"overdue\":{},\"overdue_seconds\":{:.6},\"per_second\":[{}],\"params\":{}}}",
             self.completed,
             self.elapsed.as_secs_f64(),
             self.throughput(),
@@ -431,6 +453,7 @@ impl LoadReport {
             self.unsent,
             self.errors(),
             latency_ms_json(&self.latency, &[("p50", 0.5), ("p90", 0.9), ("p99", 0.99), ("p999", 0.999)]),
+            latency_ms_json(&self.service, &[("p50", 0.5), ("p90", 0.9), ("p99", 0.99), ("p999", 0.999)]),
             by_verdict.join(","),
             counts(&self.verdicts),
             by_atespace.join(","),
@@ -770,6 +793,7 @@ impl Run {
             key,
             at: done.saturating_duration_since(self.begin),
             latency: done.saturating_duration_since(due.unwrap_or(sent)),
+            service: done.saturating_duration_since(sent),
             overdue,
         });
         self.in_flight.fetch_sub(1, Ordering::AcqRel);
@@ -1042,6 +1066,7 @@ mod tests {
                 key: key.to_string(),
                 at: Duration::from_millis(at),
                 latency: Duration::from_millis(latency),
+                service: Duration::from_millis(latency),
                 overdue: None,
             });
         }
@@ -1071,11 +1096,14 @@ mod tests {
                 key: "200 routed".into(),
                 at: Duration::ZERO,
                 latency: Duration::from_micros(us),
+                // As if each was sent late by a tenth of its latency.
+                service: Duration::from_micros(us * 9 / 10),
                 overdue: None,
             });
         }
         report.finish(Duration::from_secs(2));
         assert_eq!(report.quantile_us(0.5), 50);
+        assert_eq!(report.service_quantile_us(0.5), 45);
         assert_eq!(report.quantile_us(0.99), 99);
         assert_eq!(report.quantile_us(1.0), 100);
         assert_eq!(report.max_us(), 100);

@@ -115,7 +115,8 @@ fn number(json: &str, after: &str, key: &str) -> f64 {
 /// have its own before `(i + 1)` x 200 ms. Timed from its schedule its
 /// latency is at least 200 + 150 `i` ms: p50 >= 1.55 s, max >= 3.05 s, and
 /// every request after the first is late. Timed from its send (coordinated
-/// omission) every latency would be about 200 ms.
+/// omission) every latency would be about 200 ms: what the service time
+/// reports, so that the server's own time stays visible.
 #[test]
 fn open_loop_latency_counts_from_the_schedule_not_the_send() {
     let stack = Stack::start("schedule", "demo/slow OK 200ms 10.0.0.1 false -\n");
@@ -147,6 +148,8 @@ fn open_loop_latency_counts_from_the_schedule_not_the_send() {
     assert!(number(&json, "\"latency_ms\":", "max") >= 3000.0, "{json}");
     assert!(number(&json, "\"latency_ms\":", "p50") >= 1000.0, "{json}");
     assert!(number(&json, "\"200 routed\":{", "p50") >= 1000.0, "{json}");
+    let service = number(&json, "\"service_ms\":", "p50");
+    assert!((150.0..1000.0).contains(&service), "service time from the send: {json}");
     assert!(json.contains("\"params\":{\"target\":"), "{json}");
     assert!(json.contains("\"rate\":20,\"duration_seconds\":null,\"count\":20,\"actors\":1,"), "{json}");
 }

@@ -189,6 +189,8 @@ struct Timed {
     lateness_p99_ms: f64,
     over_p50_ms: f64,
     over_p99_ms: f64,
+    /// Requests the client sent more than 10 ms after their scheduled time.
+    late: u64,
     calls: u64,
 }
 
@@ -224,7 +226,10 @@ fn time_once(flights: usize, rate: f64, budget: Duration, interval: Duration) ->
     let result = load::run_with(&envoy, &s);
     let (fired, lateness_p99_ms) = lateness_p99(&router);
     let budget_us = budget.as_micros() as f64;
-    let over = |q: f64| (result.quantile_us(q) as f64 - budget_us) / 1000.0;
+    // From each request's actual send: the budget starts when the router
+    // reads the request, so a client that fell behind its timetable does
+    // not count against the router.
+    let over = |q: f64| (result.service_quantile_us(q) as f64 - budget_us) / 1000.0;
     Timed {
         requests: result.completed,
         exhausted: result.verdicts.get("503 atenet_budget_exhausted").copied().unwrap_or(0),
@@ -232,14 +237,15 @@ fn time_once(flights: usize, rate: f64, budget: Duration, interval: Duration) ->
         lateness_p99_ms,
         over_p50_ms: over(0.5),
         over_p99_ms: over(0.99),
+        late: result.late,
         calls: sim.total_calls(),
     }
 }
 
 pub fn timer_precision(report: &mut Report) {
     report.line("\n## Timer precision: flights retrying until their budget\n");
-    report.line("| flights | arrivals | budget, retry every | run | budget exhausted | timer tasks | retry lateness p99 | verdict past budget p50 / p99 (client) | ResumeActor calls |");
-    report.line("|---|---|---|---|---|---|---|---|---|");
+    report.line("| flights | arrivals | budget, retry every | run | budget exhausted | timer tasks | retry lateness p99 | verdict past budget p50 / p99 (client) | late sends | ResumeActor calls |");
+    report.line("|---|---|---|---|---|---|---|---|---|---|");
     let cases = [
         (10_000usize, 2000.0, Duration::from_secs(8), Duration::from_secs(1)),
         (100_000, 5000.0, Duration::from_secs(30), Duration::from_secs(20)),
@@ -249,7 +255,7 @@ pub fn timer_precision(report: &mut Report) {
         let runs: Vec<Timed> = (0..RUNS).map(|_| time_once(flights, rate, budget, interval)).collect();
         for (i, t) in runs.iter().enumerate() {
             report.line(&format!(
-                "| {flights} | {rate:.0}/s | {budget:?}, {interval:?} | {} | {} of {} | {:.0} | <= {} ms | {:.3} / {:.3} ms | {} |",
+                "| {flights} | {rate:.0}/s | {budget:?}, {interval:?} | {} | {} of {} | {:.0} | <= {} ms | {:.3} / {:.3} ms | {} | {} |",
                 i + 1,
                 t.exhausted,
                 t.requests,
@@ -257,6 +263,7 @@ pub fn timer_precision(report: &mut Report) {
                 t.lateness_p99_ms,
                 t.over_p50_ms,
                 t.over_p99_ms,
+                t.late,
                 t.calls
             ));
         }
@@ -284,7 +291,7 @@ pub fn timer_precision(report: &mut Report) {
         }
     }
     report.line(
-        "\nRetry lateness is the timer thread's own histogram (the bound of the smallest bucket holding 99% of\nits tasks). The verdict's lateness is the client's: from each request's scheduled send time to its\nverdict, minus the budget.",
+        "\nRetry lateness is the timer thread's own histogram (the bound of the smallest bucket holding 99% of\nits tasks). The verdict's lateness is the client's: from each request's actual send to its verdict, minus\nthe budget (late sends: requests the client sent more than 10 ms after their scheduled time).",
     );
 }
 
