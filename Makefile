@@ -34,7 +34,7 @@ ENVOY_FLAGS ?= --ateapi-insecure --ateapi-address $(SIM_LISTEN) --port-extproc $
 BUILD_PACKAGES := cmake g++ pkg-config libssl-dev
 TEST_PACKAGES := chromium python3-venv openssl shellcheck
 
-.PHONY: help toolchain deps deps-test venv build run load test test-rust test-compat bench bench-compare soak lint fmt \
+.PHONY: help toolchain deps deps-test venv build run load test test-rust test-compat bench bench-memory bench-compare soak lint fmt \
 	install envoy-config k8s-envoy-config compose-envoy-config docker e2e package clean
 
 help: ## List the targets.
@@ -113,6 +113,9 @@ test-compat: build venv
 
 bench: deps ## Benchmarks: router vs a baseline, eight scenarios (about 20 minutes); writes bench-results.json; see BENCHMARKS.md.
 	cargo bench --profile release --features testkit --bench parking $(if $(ONLY),-- --only $(ONLY))
+
+bench-memory: deps ## Memory per parked request under gRPC's memory options (about 10 minutes).
+	cargo bench --profile release --features testkit,memory-probe --bench parking -- --only park-memory
 
 # `make bench-compare A B`: the two result files are goals of their own,
 # which this turns into no-ops.

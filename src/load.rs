@@ -679,11 +679,25 @@ pub struct Envoy {
 
 impl Envoy {
     pub fn connect(target: SocketAddr) -> Envoy {
+        Envoy::connect_with(target, false)
+    }
+
+    /// Like [`Envoy::connect`], on a TCP connection of its own: gRPC
+    /// otherwise shares one connection among the channels of a process that
+    /// have the same target and arguments.
+    pub fn connect_own(target: SocketAddr) -> Envoy {
+        Envoy::connect_with(target, true)
+    }
+
+    fn connect_with(target: SocketAddr, own: bool) -> Envoy {
         let env = Arc::new(EnvBuilder::new().cq_count(1).name_prefix("parkload").build());
-        let channel = ChannelBuilder::new(env)
+        let mut builder = ChannelBuilder::new(env)
             .max_concurrent_stream(i32::MAX)
-            .initial_reconnect_backoff(Duration::from_millis(50))
-            .connect(&target.to_string());
+            .initial_reconnect_backoff(Duration::from_millis(50));
+        if own {
+            builder = builder.raw_cfg_int(c"grpc.use_local_subchannel_pool".into(), 1);
+        }
+        let channel = builder.connect(&target.to_string());
         Envoy { client: Arc::new(Client::new(channel)), timer: TimerThread::start_observed(None) }
     }
 

@@ -78,6 +78,33 @@ pub fn max_streams_per_connection(config: &Config) -> i32 {
     i32::try_from(config.extproc_max_requests.saturating_mul(2)).unwrap_or(i32::MAX)
 }
 
+/// Extra gRPC core arguments for the ext_proc server, so that the
+/// `park-memory` benchmark can compare gRPC's memory options on the real
+/// binary: `ATENET_TEST_GRPC_ARGS="name=value,..."`, an integer value set
+/// with `raw_cfg_int`, anything else as a string; later names override the
+/// router's own. Only with the `memory-probe` feature, which no shipped build
+/// enables; a malformed entry is logged and skipped.
+#[cfg(feature = "memory-probe")]
+fn probe_channel_args(mut builder: ChannelBuilder) -> ChannelBuilder {
+    use std::ffi::CString;
+    let Ok(spec) = std::env::var("ATENET_TEST_GRPC_ARGS") else { return builder };
+    for pair in spec.split(',').filter(|p| !p.is_empty()) {
+        let parsed = pair
+            .split_once('=')
+            .and_then(|(name, value)| Some((CString::new(name).ok()?, value, CString::new(value).ok()?)));
+        let Some((name, value, text)) = parsed else {
+            log::error!("memory-probe: ignored ATENET_TEST_GRPC_ARGS entry {pair:?} (expected name=value)");
+            continue;
+        };
+        log::warn!("memory-probe: gRPC argument {pair} on the ext_proc server");
+        builder = match value.parse::<i32>() {
+            Ok(n) => builder.raw_cfg_int(name, n),
+            Err(_) => builder.raw_cfg_string(name, text),
+        };
+    }
+    builder
+}
+
 /// A running router.
 pub struct Router {
     grpc: Server,
@@ -185,8 +212,10 @@ impl Router {
             .reuse_port(false)
             .max_concurrent_stream(max_streams_per_connection(config))
             .max_receive_message_len(MAX_MESSAGE_BYTES)
-            .max_send_message_len(MAX_MESSAGE_BYTES)
-            .build_args();
+            .max_send_message_len(MAX_MESSAGE_BYTES);
+        #[cfg(feature = "memory-probe")]
+        let args = probe_channel_args(args);
+        let args = args.build_args();
         let mut grpc = ServerBuilder::new(Arc::clone(&env))
             .channel_args(args)
             .register_service(extproc.service())

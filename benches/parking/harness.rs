@@ -44,6 +44,11 @@ pub struct Proc {
 
 impl Proc {
     pub fn router(sim: SocketAddr, flags: &[&str]) -> Proc {
+        Proc::router_env(sim, flags, &[])
+    }
+
+    /// The router with extra environment variables (`park-memory`).
+    pub fn router_env(sim: SocketAddr, flags: &[&str], env: &[(String, String)]) -> Proc {
         let sim = sim.to_string();
         let mut args = vec![
             "serve",
@@ -69,6 +74,7 @@ impl Proc {
         // The startup line is at info; read it at info, then nothing else is logged at warn.
         let mut child = Command::new(ROUTER)
             .args(args.iter().filter(|a| **a != "--log-level" && **a != "warn"))
+            .envs(env.iter().map(|(k, v)| (k, v)))
             .stderr(Stdio::piped())
             .stdout(Stdio::null())
             .spawn()

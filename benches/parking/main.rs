@@ -10,13 +10,15 @@
 //!
 //! `cargo bench --profile release --features testkit --bench parking [-- --only NAME]`;
 //! scenarios: fast-path, park-capacity, amplification, timer, recovery,
-//! cost-growth, deadlines, fair-shares. The table goes to
+//! cost-growth, deadlines, fair-shares; and park-memory only when named,
+//! with the `memory-probe` feature (`make bench-memory`). The table goes to
 //! `$CARGO_TARGET_DIR/tmp/bench-results.md`, the targets and raw figures to
 //! `bench-results.json` beside it (and a copy named by the run's time), which
 //! `make bench-compare A B` compares.
 
 mod fast_path;
 mod harness;
+mod memory;
 mod parking;
 mod policy;
 mod report;
@@ -38,6 +40,9 @@ const SCENARIOS: [Scenario; 8] = [
     ("fair-shares", policy::fair_shares),
 ];
 
+/// Scenarios a full run leaves out, run only when named with `--only`.
+const ON_REQUEST: [Scenario; 1] = [("park-memory", memory::park_memory)];
+
 fn main() {
     if std::env::var("ATENET_BENCH_ROLE").as_deref() == Ok("baseline") {
         return harness::baseline_server(&std::env::var("ATENET_BENCH_ATEAPI").expect("ateapi address"));
@@ -45,8 +50,8 @@ fn main() {
     let args: Vec<String> = std::env::args().collect();
     let only = args.iter().position(|a| a == "--only").and_then(|i| args.get(i + 1)).cloned();
     if let Some(name) = &only {
-        if !SCENARIOS.iter().any(|(n, _)| n == name) {
-            let names: Vec<&str> = SCENARIOS.iter().map(|(n, _)| *n).collect();
+        if !SCENARIOS.iter().chain(&ON_REQUEST).any(|(n, _)| n == name) {
+            let names: Vec<&str> = SCENARIOS.iter().chain(&ON_REQUEST).map(|(n, _)| *n).collect();
             eprintln!("bench: no scenario {name:?}; scenarios: {}", names.join(", "));
             std::process::exit(2);
         }
@@ -62,6 +67,11 @@ fn main() {
     report.line(&format!("machine: {machine}; {date}"));
     for (name, scenario) in SCENARIOS {
         if only.as_deref().is_none_or(|o| o == name) {
+            scenario(&mut report);
+        }
+    }
+    for (name, scenario) in ON_REQUEST {
+        if only.as_deref() == Some(name) {
             scenario(&mut report);
         }
     }
