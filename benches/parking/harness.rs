@@ -111,6 +111,17 @@ impl Proc {
         self.status_field("VmRSS:")
     }
 
+    /// Each thread's name (`/proc/PID/task/*/comm`), with how many have it.
+    pub fn thread_names(&self) -> std::collections::BTreeMap<String, u32> {
+        let mut names = std::collections::BTreeMap::new();
+        let tasks = std::fs::read_dir(format!("/proc/{}/task", self.child.id())).into_iter().flatten();
+        for task in tasks.flatten() {
+            let name = std::fs::read_to_string(task.path().join("comm")).unwrap_or_default();
+            *names.entry(name.trim().to_string()).or_insert(0) += 1;
+        }
+        names
+    }
+
     pub fn threads(&self) -> u64 {
         self.status_field("Threads:")
     }

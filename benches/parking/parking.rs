@@ -29,6 +29,8 @@ struct Held {
     rss1_kib: u64,
     threads0: u64,
     threads1: u64,
+    /// Names of the threads there were more of when parked, if any.
+    extra_threads: Vec<String>,
     cpu_percent: f64,
     calls: u64,
 }
@@ -46,10 +48,15 @@ fn hold_once() -> Held {
         &["--parked-request-max", "100000", "--parked-request-budget", "300s", "--drain-timeout", "340s"],
     );
     let envoy = Envoy::connect(router.extproc);
-    // Warm the process up (allocator, connections) before the idle reading.
+    // Warm the process up (allocator, connections) before the idle reading,
+    // then let it settle: gRPC core starts its second timer thread the
+    // first time one of its timers fires (about 5 s after the first calls),
+    // once in the life of the process, parked requests or not.
     sim.script("demo/warm", vec![Answer::ok("10.0.0.1", false)]);
     load::run_with(&envoy, &spec(router.extproc, 16, Stop::Count(2000), vec!["demo/warm".into()]));
+    std::thread::sleep(Duration::from_secs(10));
     let (rss0_kib, threads0) = (router.rss_kib(), router.threads());
+    let names0 = router.thread_names();
     let held = {
         let (envoy, target, hot) = (envoy.clone(), router.extproc, hot.clone());
         std::thread::spawn(move || {
@@ -59,6 +66,12 @@ fn hold_once() -> Held {
     let all_parked =
         router.wait_metric("atenet_router_parking_active", "", PARKED as f64, Duration::from_secs(240));
     let (rss1_kib, threads1) = (router.rss_kib(), router.threads());
+    let names1 = router.thread_names();
+    let extra_threads = names1
+        .iter()
+        .filter(|(name, n)| names0.get(*name).is_none_or(|was| *n > was))
+        .map(|(name, n)| format!("{name} x{n}"))
+        .collect();
     let cpu0 = router.cpu_seconds();
     let t0 = Instant::now();
     std::thread::sleep(Duration::from_secs(10));
@@ -69,7 +82,7 @@ fn hold_once() -> Held {
     }
     let result = held.join().unwrap();
     let routed = result.verdicts.get("200 routed").copied().unwrap_or(0);
-    Held { all_parked, routed, rss0_kib, rss1_kib, threads0, threads1, cpu_percent, calls }
+    Held { all_parked, routed, rss0_kib, rss1_kib, threads0, threads1, extra_threads, cpu_percent, calls }
 }
 
 pub fn park_capacity(report: &mut Report) {
@@ -79,7 +92,7 @@ pub fn park_capacity(report: &mut Report) {
     let runs: Vec<Held> = (0..RUNS).map(|_| hold_once()).collect();
     for (i, h) in runs.iter().enumerate() {
         report.line(&format!(
-            "| {} | {} | {} | {} → {} KiB | {:.2} | {} / {} | {:.2}% of a core | {} |",
+            "| {} | {} | {} | {} → {} KiB | {:.2} | {} / {}{} | {:.2}% of a core | {} |",
             i + 1,
             if h.all_parked { "yes" } else { "NO" },
             h.routed,
@@ -88,6 +101,11 @@ pub fn park_capacity(report: &mut Report) {
             per_parked(h),
             h.threads0,
             h.threads1,
+            if h.extra_threads.is_empty() {
+                String::new()
+            } else {
+                format!(" (more: {})", h.extra_threads.join(", "))
+            },
             h.cpu_percent,
             h.calls
         ));
