@@ -68,7 +68,7 @@ pub struct ServeArgs {
     /// PEM file of CAs that verify ateapi's server certificate (default: none; required without --ateapi-insecure)
     #[argh(option, default = "String::new()")]
     pub ateapi_ca_file: String,
-    /// PEM bundle (certificate chain + PKCS#8 key) for mTLS to ateapi (default: none)
+    /// PEM bundle (certificate chain + unencrypted PKCS#8, PKCS#1 or SEC1 key) for mTLS to ateapi (default: none)
     #[argh(option, default = "String::new()")]
     pub ateapi_client_cert: String,
     /// TLS server name to expect from ateapi (default: the address's host)

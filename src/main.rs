@@ -70,7 +70,11 @@ fn serve(config: &Config) -> ExitCode {
         Ok(router) => router,
         Err(e) => {
             error!("atenet-router: {e}");
-            return ExitCode::FAILURE;
+            return if e.is_configuration() {
+                ExitCode::from(INVALID_CONFIGURATION)
+            } else {
+                ExitCode::FAILURE
+            };
         }
     };
     let status = router.status_addr().map_or("disabled".to_string(), |a| format!("http://{a}/statusz"));

@@ -52,6 +52,16 @@ impl std::fmt::Display for StartError {
     }
 }
 
+impl StartError {
+    /// Whether the error is in what the operator gave (a credential file),
+    /// so that a restart cannot fix it: the process then exits as for a
+    /// refused flag (B70). A port taken by another process may free up, and
+    /// is not.
+    pub fn is_configuration(&self) -> bool {
+        matches!(self, StartError::Ateapi(_))
+    }
+}
+
 impl std::error::Error for StartError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
@@ -118,12 +128,24 @@ impl CredentialWatcher {
     }
 }
 
+/// How long stopping waits for the watcher to finish a check in progress.
+/// A read stuck in the kernel (a hung network file system) must not hold
+/// the drain: past this the thread is left behind, and ends with the process.
+const CREDENTIALS_STOP_WAIT: Duration = Duration::from_secs(2);
+
 impl Drop for CredentialWatcher {
     fn drop(&mut self) {
         drop(self.stop.take());
-        if let Some(thread) = self.thread.take() {
-            let _ = thread.join();
+        let Some(thread) = self.thread.take() else { return };
+        let deadline = std::time::Instant::now() + CREDENTIALS_STOP_WAIT;
+        while !thread.is_finished() {
+            if std::time::Instant::now() >= deadline {
+                log::warn!("the credentials watcher is still reading a file: not waiting for it");
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(10));
         }
+        let _ = thread.join();
     }
 }
 

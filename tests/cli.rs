@@ -279,3 +279,53 @@ fn b65_metrics_name_the_build_and_watch_the_process() {
     metrics.value("process_cpu_seconds_total", &[]);
     assert_eq!(terminate(&mut router.process.child), 0);
 }
+
+/// Runs `args` and returns (exit code, stderr), killing the process if it
+/// has not ended within `limit` (then the code is -1).
+fn run_within(args: &[String], limit: std::time::Duration) -> (i32, String) {
+    let mut child = Command::new(ROUTER)
+        .args(args)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + limit;
+    while child.try_wait().unwrap().is_none() {
+        if std::time::Instant::now() >= deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            return (-1, "still running".into());
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let out = child.wait_with_output().unwrap();
+    (out.status.code().unwrap_or(-1), String::from_utf8_lossy(&out.stderr).into_owned())
+}
+
+/// B70, B71: a credential file the router cannot use ends startup at once
+/// with status 2 (a configuration error: systemd does not restart on it),
+/// naming the flag, the path and the reason; a FIFO is never opened for a
+/// blocking read.
+#[test]
+fn b70_b71_a_bad_credential_file_exits_2_at_once() {
+    let dir = std::env::temp_dir().join(format!("atenet-cli-credentials-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let fifo = dir.join("ca.fifo");
+    assert!(Command::new("mkfifo").arg(&fifo).status().unwrap().success());
+    let missing = dir.join("missing.pem");
+    for (path, why) in [
+        (&fifo, "a FIFO, not a regular file"),
+        (&dir, "a directory, not a regular file"),
+        (&missing, "No such file"),
+    ] {
+        let mut args = router_args("127.0.0.1:1", &[]);
+        args.retain(|a| a != "--ateapi-insecure");
+        args.extend(["--ateapi-ca-file".to_string(), path.display().to_string()]);
+        let (code, err) = run_within(&args, std::time::Duration::from_secs(10));
+        assert_eq!(code, 2, "{why}: {err}");
+        assert!(err.contains("--ateapi-ca-file") && err.contains(&path.display().to_string()), "{err}");
+        assert!(err.contains(why), "{why}: {err}");
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
