@@ -117,6 +117,34 @@ fn b37_bad_flags_exit_nonzero_naming_the_flag() {
             "--parked-request-max-per-atespace",
         ),
         (&["serve", "--ateapi-insecure", "--caller-deadlines", "maybe"], "--caller-deadlines"),
+        // B70: what the bootstrap renders must fit Envoy's types.
+        (&["serve", "--ateapi-insecure", "--extproc-max-requests", "4294967296"], "--extproc-max-requests"),
+        (
+            &["envoy-config", "--ateapi-insecure", "--extproc-max-requests", "4294967296"],
+            "--extproc-max-requests",
+        ),
+        (
+            &["envoy-config", "--ateapi-insecure", "--parked-request-max", "2147483648"],
+            "--parked-request-max",
+        ),
+        (&["envoy-config", "--ateapi-insecure", "--route-timeout", "1ns"], "--route-timeout"),
+        (&["envoy-config", "--ateapi-insecure", "--route-timeout", "999us"], "--route-timeout"),
+        (
+            &["envoy-config", "--ateapi-insecure", "--envoy-admin-address", "localhost"],
+            "--envoy-admin-address",
+        ),
+        (
+            &["serve", "--ateapi-insecure", "--envoy-admin-address", "localhost:99999"],
+            "--envoy-admin-address",
+        ),
+        (&["serve", "--ateapi-insecure", "--envoy-admin-address", "localhost:0"], "--envoy-admin-address"),
+        (&["serve", "--ateapi-insecure", "--envoy-admin-address", ":9901"], "--envoy-admin-address"),
+        (&["serve", "--ateapi-insecure", "--envoy-admin-address", "::1:9901"], "--envoy-admin-address"),
+        (&["serve", "--ateapi-insecure", "--envoy-admin-address", "[::x]:9901"], "--envoy-admin-address"),
+        // B70: two of the router's own listeners on one port.
+        (&["serve", "--ateapi-insecure", "--metrics-listen-addr", "127.0.0.1:4040"], "--status-address"),
+        (&["serve", "--ateapi-insecure", "--metrics-listen-addr", ":50051"], "--metrics-listen-addr"),
+        (&["serve", "--ateapi-insecure", "--status-port", "9090"], "--status-address"),
         (&["serve"], "--ateapi-ca-file"),
         (&["serve", "--bogus"], "--bogus"),
     ];
@@ -127,6 +155,44 @@ fn b37_bad_flags_exit_nonzero_naming_the_flag() {
         assert!(err.contains(flag), "{args:?} should name {flag}: {err}");
         assert!(!err.contains("panicked"), "{err}");
     }
+}
+
+/// B70: the largest values accepted still fit the bootstrap's 32-bit
+/// fields, an explicit `--route-timeout 0` disables the route timeout, and
+/// bracketed IPv6 admin addresses are accepted; B69's message with parking
+/// off says why, not an empty range.
+#[test]
+fn b70_envoy_config_at_the_bounds() {
+    let (code, out, err) = run(&["envoy-config", "--ateapi-insecure", "--parked-request-max", "2147483647"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("max_requests: 4294967294\n"), "2 x the largest lot fits a UInt32: {out}");
+    let (code, out, err) = run(&[
+        "envoy-config",
+        "--ateapi-insecure",
+        "--extproc-max-requests",
+        "4294967295",
+        "--route-timeout",
+        "0",
+        "--envoy-admin-address",
+        "[::1]:9901",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("max_requests: 4294967295\n"), "{out}");
+    assert!(out.contains("timeout: 0s\n"), "0 disables the route timeout: {out}");
+    assert!(out.contains("address: \"::1\", port_value: 9901"), "{out}");
+    let (code, out, err) = run(&["envoy-config", "--ateapi-insecure", "--route-timeout", "1ms"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("timeout: 0.001s\n"), "{out}");
+    let (code, _, err) = run(&[
+        "serve",
+        "--ateapi-insecure",
+        "--parked-request-max",
+        "0",
+        "--parked-request-max-per-atespace",
+        "2",
+    ]);
+    assert_eq!(code, 2);
+    assert!(err.contains("while parking is off") && !err.contains("1..=0"), "{err}");
 }
 
 #[test]
