@@ -124,8 +124,10 @@ fn serve(config: &Config) -> ExitCode {
         report.envoy,
         if report.streams_finished {
             "finished".to_string()
+        } else if report.interrupted {
+            format!("cut short by a second signal ({} streams cut)", report.cancelled)
         } else {
-            format!("cut {} streams at the timeout", report.cancelled)
+            format!("cut {} streams at the drain timeout", report.cancelled)
         },
         if report.marker_written { "written" } else { "not written" }
     );
