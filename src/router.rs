@@ -1,10 +1,12 @@
 //! Assembly: builds every component from a [`Config`] and owns their
 //! threads. Nothing here decides anything; it wires.
 //!
-//! Threads, whatever the load: grpcio's completion-queue threads (one per
-//! core, shared by the ext_proc server and the ateapi channel), one timer
-//! thread, two HTTP threads per listener, a credential-file watcher when
-//! ateapi uses TLS or a token, and the caller's own.
+//! Threads: grpcio's completion-queue threads (one per core, shared by the
+//! ext_proc server and the ateapi channel), one timer thread, one thread
+//! per HTTP listener (its `poll(2)` loop), a credential-file watcher when
+//! ateapi uses TLS or a token, and the caller's own; gRPC core adds its
+//! own executor threads as its work needs them, up to a bound of its own
+//! (README, "Threads"). Parked requests and HTTP connections add none.
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
