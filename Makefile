@@ -141,17 +141,20 @@ lint: deps ## rustfmt and clippy, warnings as errors.
 fmt: ## Format the code.
 	cargo fmt
 
-install: build ## Install the binary, the systemd unit and its env file (PREFIX, DESTDIR).
+install: build ## Install the binary, its docs, the systemd unit and its env file (PREFIX, DESTDIR).
 	install -D -m 0755 $(BIN)/atenet-router $(DESTDIR)$(PREFIX)/bin/atenet-router
+	$(STRIP) $(DESTDIR)$(PREFIX)/bin/atenet-router
+	install -D -m 0644 -t $(DESTDIR)$(PREFIX)/share/doc/atenet-router README.md BENCHMARKS.md LICENSE
+	install -D -m 0644 -t $(DESTDIR)$(PREFIX)/share/doc/atenet-router/docs docs/*.md
 	install -D -m 0644 packaging/systemd/atenet-router.service $(DESTDIR)/etc/systemd/system/atenet-router.service
-	sed -i 's|/usr/local/bin/atenet-router|$(PREFIX)/bin/atenet-router|' $(DESTDIR)/etc/systemd/system/atenet-router.service
+	sed -i 's|/usr/local/|$(PREFIX)/|' $(DESTDIR)/etc/systemd/system/atenet-router.service
 	@if [ -e $(DESTDIR)/etc/atenet-router/atenet-router.env ]; then \
 		echo "keeping existing /etc/atenet-router/atenet-router.env"; \
 	else \
 		install -D -m 0644 packaging/systemd/atenet-router.env $(DESTDIR)/etc/atenet-router/atenet-router.env; \
 	fi
-	@echo "installed. Put ateapi's CA and client bundle in /etc/atenet-router/ateapi-ca.pem and"
-	@echo "/etc/atenet-router/ateapi-client.pem (root-only is fine), then:"
+	@echo "installed. Put ateapi's CA in /etc/atenet-router/ateapi-ca.pem (root-only is fine); for a"
+	@echo "client certificate or a token, see /etc/atenet-router/atenet-router.env. Then:"
 	@echo "  systemctl daemon-reload && systemctl enable --now atenet-router"
 
 envoy-config: build ## Print the Envoy bootstrap for ENVOY_FLAGS (default: the make run router).
@@ -175,13 +178,21 @@ e2e: ## Client -> Envoy -> worker through the compose stack (needs a Docker engi
 	@docker info >/dev/null 2>&1 || { echo "make e2e: needs a Docker engine with Compose v2 (docker info failed)"; exit 1; }
 	packaging/compose/e2e.sh
 
-package: build ## Tarball of the router, the tools and the packaging files in dist/.
-	rm -rf dist/atenet-router-$(VERSION) && mkdir -p dist/atenet-router-$(VERSION)/bin dist/atenet-router-$(VERSION)/tools
-	cp $(BIN)/atenet-router dist/atenet-router-$(VERSION)/bin/
-	cp $(BIN)/ateapi-sim $(BIN)/parkload dist/atenet-router-$(VERSION)/tools/
-	cp -r packaging README.md LICENSE dist/atenet-router-$(VERSION)/
-	tar -C dist -czf dist/atenet-router-$(VERSION)-linux-$$(uname -m).tar.gz atenet-router-$(VERSION)
-	@echo dist/atenet-router-$(VERSION)-linux-$$(uname -m).tar.gz
+# The release profile keeps debug info (for profiling); what ships drops it
+# but keeps the symbol table, so a panic's backtrace still names functions.
+# strip comes with binutils (a dependency of g++).
+STRIP ?= strip --strip-debug
+PKG := dist/atenet-router-$(VERSION)
+
+package: build ## Tarball of the stripped router and tools, the docs and the packaging files in dist/.
+	@command -v $(firstword $(STRIP)) >/dev/null || { $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq binutils; }
+	rm -rf $(PKG) && mkdir -p $(PKG)/bin $(PKG)/tools
+	$(STRIP) -o $(PKG)/bin/atenet-router $(BIN)/atenet-router
+	$(STRIP) -o $(PKG)/tools/ateapi-sim $(BIN)/ateapi-sim
+	$(STRIP) -o $(PKG)/tools/parkload $(BIN)/parkload
+	cp -r packaging docs README.md BENCHMARKS.md LICENSE $(PKG)/
+	tar -C dist -czf $(PKG)-linux-$$(uname -m).tar.gz atenet-router-$(VERSION)
+	@echo $(PKG)-linux-$$(uname -m).tar.gz
 
 clean: ## Remove build outputs.
 	cargo clean

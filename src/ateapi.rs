@@ -16,6 +16,7 @@
 
 use std::fs;
 use std::io::Read;
+use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -40,6 +41,9 @@ use crate::target::ActorId;
 pub enum CredentialsError {
     /// The file could not be read.
     Unreadable { flag: &'static str, path: PathBuf, source: std::io::Error },
+    /// The path names a FIFO, a device, a directory or a socket: reading
+    /// one could block for ever or never end.
+    NotRegular { flag: &'static str, path: PathBuf, kind: &'static str },
     /// The file is far larger than any credential file.
     TooLarge { flag: &'static str, path: PathBuf },
     /// A CA file or client bundle that is not usable PEM.
@@ -53,6 +57,9 @@ impl std::fmt::Display for CredentialsError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             CredentialsError::Unreadable { flag, path, source } => write!(f, "{flag} {}: {source}", path.display()),
+            CredentialsError::NotRegular { flag, path, kind } => {
+                write!(f, "{flag} {}: a {kind}, not a regular file", path.display())
+            }
             CredentialsError::TooLarge { flag, path } => write!(
                 f,
                 "{flag} {}: larger than {} KiB: not a credential file",
@@ -70,7 +77,9 @@ impl std::error::Error for CredentialsError {
         match self {
             CredentialsError::Unreadable { source, .. } => Some(source),
             CredentialsError::Pem { source, .. } => Some(source),
-            CredentialsError::TooLarge { .. } | CredentialsError::Token { .. } => None,
+            CredentialsError::TooLarge { .. }
+            | CredentialsError::NotRegular { .. }
+            | CredentialsError::Token { .. } => None,
         }
     }
 }
@@ -177,7 +186,30 @@ const MAX_CREDENTIAL_FILE: u64 = 1024 * 1024;
 
 fn read(flag: &'static str, path: &Path) -> Result<Vec<u8>, CredentialsError> {
     let unreadable = |source| CredentialsError::Unreadable { flag, path: path.to_path_buf(), source };
-    let file = fs::File::open(path).map_err(unreadable)?;
+    // O_NONBLOCK: opening a FIFO for reading otherwise waits for a writer,
+    // for ever, at startup (deaf to SIGTERM) or on the watcher thread. The
+    // type is then checked on the open file, so a path swapped in between
+    // cannot slip past.
+    let file = fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(path)
+        .map_err(unreadable)?;
+    let file_type = file.metadata().map_err(unreadable)?.file_type();
+    if !file_type.is_file() {
+        let kind = if file_type.is_fifo() {
+            "FIFO"
+        } else if file_type.is_dir() {
+            "directory"
+        } else if file_type.is_char_device() || file_type.is_block_device() {
+            "device"
+        } else if file_type.is_socket() {
+            "socket"
+        } else {
+            "special file"
+        };
+        return Err(CredentialsError::NotRegular { flag, path: path.to_path_buf(), kind });
+    }
     let mut bytes = Vec::new();
     file.take(MAX_CREDENTIAL_FILE + 1).read_to_end(&mut bytes).map_err(unreadable)?;
     if bytes.len() as u64 > MAX_CREDENTIAL_FILE {
@@ -248,6 +280,12 @@ fn build(
     Ok(Live { client: Arc::new(Client::new(channel)), authorization, files })
 }
 
+/// The longest token accepted (B60). gRPC refuses to send request metadata
+/// beyond its limit (16 KiB by default, counting every header) and fails
+/// the call locally with ResourceExhausted, which would read as a pool at
+/// capacity; 8 KiB leaves room for the other headers.
+pub const MAX_TOKEN: usize = 8 * 1024;
+
 /// The token of a token file: one line of RFC 6750's `b64token` characters
 /// (letters, digits, `-._~+/`, then any `=` padding), surrounding
 /// whitespace ignored. Anything else could not be sent as an HTTP/2 header
@@ -257,6 +295,13 @@ pub fn bearer_token(bytes: &[u8]) -> Result<&str, String> {
     let token = std::str::from_utf8(bytes).map_err(|_| "the token is not UTF-8 text".to_string())?.trim();
     if token.is_empty() {
         return Err("the file is empty".into());
+    }
+    if token.len() > MAX_TOKEN {
+        return Err(format!(
+            "the token is {} bytes, over the {MAX_TOKEN} a request's metadata can carry \
+             (gRPC would fail every ResumeActor call locally)",
+            token.len()
+        ));
     }
     let body = token.trim_end_matches('=');
     if body.is_empty() {
@@ -388,6 +433,10 @@ mod tests {
             assert!(e.contains(why), "{bad:?}: {e}");
         }
         assert!(!bearer_token(b"s3cr3t value").unwrap_err().contains("s3cr3t"), "never quotes the token");
+        let longest = "a".repeat(MAX_TOKEN);
+        assert_eq!(bearer_token(format!("{longest}\n").as_bytes()), Ok(longest.as_str()));
+        let e = bearer_token(format!("{longest}b").as_bytes()).unwrap_err();
+        assert!(e.contains("8193 bytes, over the 8192"), "{e}");
     }
 
     #[test]

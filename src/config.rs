@@ -105,6 +105,10 @@ pub struct Config {
     pub port_stats: u16,
 }
 
+/// The largest lot: the derived circuit breaker, twice the lot (B39), must
+/// fit Envoy's `max_requests`, a UInt32 (B70).
+pub const MAX_LOT: i64 = (u32::MAX / 2) as i64;
+
 /// The derived flight cap is never below this, so that a small lot (or none)
 /// still leaves room for many actors resuming at once (B58).
 pub const MIN_FLIGHT_MAX: usize = 4096;
@@ -134,7 +138,7 @@ impl Config {
     pub fn from_args(args: &ServeArgs) -> Result<Config, ConfigError> {
         let parking = parking(args)?;
         let (extproc_max_requests, flight_max) = capacities(args, &parking)?;
-        let route_timeout = non_negative("--route-timeout", &args.route_timeout)?;
+        let route_timeout = route_timeout(args)?;
         let late_serve_limit = late_serve_limit(args, parking.budget)?;
         let (drain_delay, drain_timeout) = drain(args, &parking, late_serve_limit)?;
         let envoy = envoy_ports(args)?;
@@ -146,6 +150,11 @@ impl Config {
             p if p <= 0 => None,
             p => Some(socket_addr("--status-address", &args.status_address, port("--status-port", p)?)?),
         };
+        distinct_listeners(&[
+            ("--extproc-address/--port-extproc", Some(extproc_addr)),
+            ("--metrics-listen-addr", Some(metrics_addr)),
+            ("--status-address/--status-port", status_addr),
+        ])?;
         let log_level = crate::logging::parse_level(&args.log_level).ok_or_else(|| {
             invalid(format!(
                 "--log-level must be error, warn, info, debug or trace, got {:?}",
@@ -199,12 +208,34 @@ impl Config {
     }
 }
 
+/// Envoy's route timeout: 0 disables it; anything else must survive the
+/// bootstrap's millisecond rendering, or `1ns` would become `0.000s`, which
+/// Envoy reads as no timeout at all (B70).
+fn route_timeout(args: &ServeArgs) -> Result<Duration, ConfigError> {
+    let timeout = non_negative("--route-timeout", &args.route_timeout)?;
+    if !timeout.is_zero() && timeout < Duration::from_millis(1) {
+        return Err(invalid(format!(
+            "--route-timeout ({}) is below Envoy's 1ms resolution and would mean no timeout; \
+             use 0 to disable the timeout, or at least 1ms",
+            args.route_timeout.trim()
+        )));
+    }
+    Ok(timeout)
+}
+
 /// How long the drain waits for Envoy's downstream connections to close
 /// (B43 step 3).
 pub const ENVOY_DRAIN_WINDOW: Duration = Duration::from_secs(15);
 
 /// The lot, the budget and the retry schedule (B17, B18, B22, B37, B38).
 fn parking(args: &ServeArgs) -> Result<Parking, ConfigError> {
+    if args.parked_request_max > MAX_LOT {
+        return Err(invalid(format!(
+            "--parked-request-max must be at most {MAX_LOT}, got {}: the derived ext_proc circuit breaker \
+             (2 x the lot) must fit Envoy's 32-bit max_requests",
+            args.parked_request_max
+        )));
+    }
     let max = usize::try_from(args.parked_request_max.max(0)).unwrap_or(usize::MAX);
     let enabled = max > 0;
     let configured_budget = duration("--parked-request-budget", &args.parked_request_budget)?
@@ -230,6 +261,12 @@ fn parking(args: &ServeArgs) -> Result<Parking, ConfigError> {
     let max_per_atespace = match args.parked_request_max_per_atespace {
         0 => 0,
         n if n > 0 && (n as u64) <= max as u64 => n as usize,
+        n if !enabled => {
+            return Err(invalid(format!(
+                "--parked-request-max-per-atespace must be 0 while parking is off \
+                 (--parked-request-max <= 0): a cap needs a lot, got {n}"
+            )))
+        }
         n => {
             return Err(invalid(format!(
                 "--parked-request-max-per-atespace must be 0 (no cap) or in 1..={max} (the lot size), got {n}"
@@ -252,6 +289,12 @@ fn capacities(args: &ServeArgs, parking: &Parking) -> Result<(u64, usize), Confi
     let breaker = u64::try_from(args.extproc_max_requests).map_err(|_| {
         invalid(format!("--extproc-max-requests must not be negative, got {}", args.extproc_max_requests))
     })?;
+    if breaker > u64::from(u32::MAX) {
+        return Err(invalid(format!(
+            "--extproc-max-requests must be at most {} (Envoy's max_requests is a 32-bit count), got {breaker}",
+            u32::MAX
+        )));
+    }
     if parking.enabled && breaker > 0 && breaker < lot as u64 {
         return Err(invalid(format!(
             "--extproc-max-requests ({breaker}) is below --parked-request-max ({lot}): \
@@ -332,11 +375,10 @@ fn envoy_ports(args: &ServeArgs) -> Result<EnvoyPorts, ConfigError> {
     let health = port("--port-health", args.port_health)?;
     let stats = port("--port-stats", args.port_stats)?;
     let admin_address = non_empty(&args.envoy_admin_address);
-    let admin = admin_address
-        .as_deref()
-        .and_then(|a| a.rsplit_once(':'))
-        .and_then(|(_, p)| p.parse::<u16>().ok())
-        .unwrap_or(DEFAULT_ENVOY_ADMIN_PORT);
+    let admin = match &admin_address {
+        Some(address) => admin_port(address)?,
+        None => DEFAULT_ENVOY_ADMIN_PORT,
+    };
     let ports = [
         ("--port-http", http),
         ("--port-health", health),
@@ -349,6 +391,53 @@ fn envoy_ports(args: &ServeArgs) -> Result<EnvoyPorts, ConfigError> {
         }
     }
     Ok(EnvoyPorts { http, health, stats, admin_address })
+}
+
+/// The port of `--envoy-admin-address`, which must be `host:port` (an
+/// IPv6 host in brackets): the drain connects to it and the bootstrap binds
+/// Envoy's admin there, so a value without a usable port is refused rather
+/// than drained to, or rendered as, something else (B70).
+fn admin_port(address: &str) -> Result<u16, ConfigError> {
+    let bad = |why: &str| {
+        invalid(format!("--envoy-admin-address must be host:port ([ipv6]:port), got {address:?}: {why}"))
+    };
+    let (host, port_text) = address.rsplit_once(':').ok_or_else(|| bad("no port"))?;
+    let port = port_text
+        .parse::<u16>()
+        .ok()
+        .filter(|&p| p != 0)
+        .ok_or_else(|| bad("the port is not in 1..=65535"))?;
+    let bracketed = host.strip_prefix('[').and_then(|h| h.strip_suffix(']'));
+    match bracketed {
+        Some(ip) if ip.parse::<std::net::Ipv6Addr>().is_err() => Err(bad("not an IPv6 address in brackets")),
+        Some(_) => Ok(port),
+        None if host.is_empty() => Err(bad("no host")),
+        None if host.contains([':', '[', ']', '/', ' ']) => Err(bad("not a host name or address")),
+        None => Ok(port),
+    }
+}
+
+/// The router's own listeners must not share a port: the second bind would
+/// fail after validation, as a runtime error (B70). Port 0 (any free port)
+/// never clashes.
+fn distinct_listeners(listeners: &[(&str, Option<SocketAddr>)]) -> Result<(), ConfigError> {
+    let overlap = |a: &SocketAddr, b: &SocketAddr| {
+        a.port() != 0
+            && a.port() == b.port()
+            && (a.ip() == b.ip() || a.ip().is_unspecified() || b.ip().is_unspecified())
+    };
+    for (i, (flag, addr)) in listeners.iter().enumerate() {
+        let Some(addr) = addr else { continue };
+        for (other, other_addr) in &listeners[i + 1..] {
+            if other_addr.as_ref().is_some_and(|b| overlap(addr, b)) {
+                return Err(invalid(format!(
+                    "{flag} ({addr}) and {other} ({}) would listen on the same port",
+                    other_addr.map_or(String::new(), |b| b.to_string())
+                )));
+            }
+        }
+    }
+    Ok(())
 }
 
 /// How ateapi is reached and authenticated (B53).

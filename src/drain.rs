@@ -95,6 +95,9 @@ pub struct DrainReport {
     pub streams_finished: bool,
     /// Streams cut by the final cancel.
     pub cancelled: usize,
+    /// Whether a second signal, not the drain timeout, ended the wait for
+    /// streams.
+    pub interrupted: bool,
     pub marker_written: bool,
 }
 
@@ -136,7 +139,11 @@ pub fn drain_reporting(
     progress(plan.stop_bound());
     log::info!("drain: Envoy {envoy:?}; stopping ext_proc (up to {})", crate::godur::format(plan.timeout));
     let timeout = if skipping { Duration::ZERO } else { plan.timeout };
+    let started = std::time::Instant::now();
     let (streams_finished, cancelled) = router.stop(timeout, interrupt);
+    // A wait that ended before its timeout without every stream finished
+    // was ended by a signal.
+    let interrupted = !streams_finished && (skipping || started.elapsed() < timeout);
     let marker_written = match &plan.marker {
         Some(path) => match write_marker(path) {
             Ok(()) => true,
@@ -147,7 +154,7 @@ pub fn drain_reporting(
         },
         None => false,
     };
-    DrainReport { envoy, streams_finished, cancelled, marker_written }
+    DrainReport { envoy, streams_finished, cancelled, interrupted, marker_written }
 }
 
 fn drain_envoy(admin: &str, plan: &DrainPlan, interrupt: &Receiver<()>) -> EnvoyDrain {

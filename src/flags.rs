@@ -68,7 +68,7 @@ pub struct ServeArgs {
     /// PEM file of CAs that verify ateapi's server certificate (default: none; required without --ateapi-insecure)
     #[argh(option, default = "String::new()")]
     pub ateapi_ca_file: String,
-    /// PEM bundle (certificate chain + PKCS#8 key) for mTLS to ateapi (default: none)
+    /// PEM bundle (certificate chain + unencrypted PKCS#8, PKCS#1 or SEC1 key) for mTLS to ateapi (default: none)
     #[argh(option, default = "String::new()")]
     pub ateapi_client_cert: String,
     /// TLS server name to expect from ateapi (default: the address's host)
@@ -104,7 +104,7 @@ pub struct ServeArgs {
     /// lot slots one atespace may hold at once; 0: no cap, else 1..=lot size (default: 0)
     #[argh(option, default = "0")]
     pub parked_request_max_per_atespace: i64,
-    /// honour callers' grpc-timeout and x-envoy-expected-rq-timeout-ms while parked (default: true)
+    /// honour callers' grpc-timeout and x-envoy-expected-rq-timeout-ms while parked; takes true or false (default: true)
     #[argh(option, default = "true")]
     pub caller_deadlines: bool,
     /// delay before a parked flight's first retry (Go duration) (default: 100ms)
@@ -131,13 +131,13 @@ pub struct ServeArgs {
     /// drain: max wait for in-flight ext_proc streams (default: 0 = budget + max(15s, late-serve limit))
     #[argh(option, default = "String::from(\"0\")")]
     pub drain_timeout: String,
-    /// address of the Envoy admin API used during drain; empty: do not drain Envoy (default: localhost:9901)
+    /// address of the Envoy admin API used during drain, host:port; empty: do not drain Envoy (default: localhost:9901)
     #[argh(option, default = "String::from(\"localhost:9901\")")]
     pub envoy_admin_address: String,
     /// file written when the drain completes; empty: none (default: /var/run/atenet/drain-complete)
     #[argh(option, default = "String::from(\"/var/run/atenet/drain-complete\")")]
     pub drain_complete_file: String,
-    /// route timeout Envoy applies to proxied requests (Go duration) (default: 5m)
+    /// route timeout Envoy applies to proxied requests (Go duration; 0 disables it, else at least 1ms) (default: 5m)
     #[argh(option, default = "String::from(\"5m\")")]
     pub route_timeout: String,
     /// log level: error, warn, info, debug or trace (default: info)

@@ -70,7 +70,11 @@ fn serve(config: &Config) -> ExitCode {
         Ok(router) => router,
         Err(e) => {
             error!("atenet-router: {e}");
-            return ExitCode::FAILURE;
+            return if e.is_configuration() {
+                ExitCode::from(INVALID_CONFIGURATION)
+            } else {
+                ExitCode::FAILURE
+            };
         }
     };
     let status = router.status_addr().map_or("disabled".to_string(), |a| format!("http://{a}/statusz"));
@@ -120,8 +124,10 @@ fn serve(config: &Config) -> ExitCode {
         report.envoy,
         if report.streams_finished {
             "finished".to_string()
+        } else if report.interrupted {
+            format!("cut short by a second signal ({} streams cut)", report.cancelled)
         } else {
-            format!("cut {} streams at the timeout", report.cancelled)
+            format!("cut {} streams at the drain timeout", report.cancelled)
         },
         if report.marker_written { "written" } else { "not written" }
     );

@@ -6,7 +6,10 @@
 //! So each file is parsed here first: every block must be complete, its
 //! base64 must decode, and its content must be a DER structure; a CA file
 //! must hold at least one certificate, a client bundle a certificate chain
-//! and exactly one private key.
+//! and exactly one private key of a kind gRPC loads; each certificate and
+//! key must have the shape its label promises. Whether the key matches the
+//! certificate is not checked (that needs the key's algorithm): a mismatch
+//! fails every handshake (README, "The control plane").
 
 use std::fmt;
 
@@ -16,6 +19,8 @@ pub struct Block<'a> {
     pub label: &'a str,
     /// The block as it appeared, markers included.
     pub text: &'a str,
+    /// The base64 between the markers.
+    body: &'a str,
 }
 
 /// Why a file is not usable PEM.
@@ -31,6 +36,13 @@ pub enum PemError {
     Missing(&'static str),
     /// More than one private key in a bundle.
     SeveralKeys,
+    /// A CERTIFICATE block whose DER is not an X.509 certificate.
+    NotCertificate,
+    /// A key block whose DER is not the key its label names.
+    NotKey(String),
+    /// A private key gRPC cannot load: encrypted, or of a kind it does not
+    /// read.
+    UnsupportedKey(String),
 }
 
 impl fmt::Display for PemError {
@@ -43,6 +55,18 @@ impl fmt::Display for PemError {
             PemError::BadBody(label) => write!(f, "the {label} block's content is not valid base64 DER"),
             PemError::Missing(what) => write!(f, "no {what} in the file"),
             PemError::SeveralKeys => f.write_str("more than one private key"),
+            PemError::NotCertificate => {
+                f.write_str("a CERTIFICATE block does not hold an X.509 certificate")
+            }
+            PemError::NotKey(label) => write!(f, "the {label} block does not hold such a key"),
+            PemError::UnsupportedKey(label) if label == "ENCRYPTED PRIVATE KEY" => f.write_str(
+                "the private key is encrypted and gRPC has no passphrase \
+                 (decrypt it: openssl pkey -in key.pem -out plain.pem)",
+            ),
+            PemError::UnsupportedKey(label) => write!(
+                f,
+                "a {label} is not a key gRPC loads (PRIVATE KEY, RSA PRIVATE KEY or EC PRIVATE KEY)"
+            ),
         }
     }
 }
@@ -74,7 +98,7 @@ pub fn blocks(bytes: &[u8]) -> Result<Vec<Block<'_>>, PemError> {
             return Err(PemError::BadBody(label.to_string()));
         }
         let end = body_start + body_len + end_marker.len();
-        found.push(Block { label, text: &block[..end] });
+        found.push(Block { label, text: &block[..end], body });
         rest = &block[end..];
     }
     Ok(found)
@@ -84,6 +108,7 @@ pub fn blocks(bytes: &[u8]) -> Result<Vec<Block<'_>>, PemError> {
 pub fn certificates(bytes: &[u8]) -> Result<Vec<u8>, PemError> {
     let mut pem = String::new();
     for block in blocks(bytes)?.iter().filter(|b| b.label == "CERTIFICATE") {
+        check_certificate(block)?;
         pem.push_str(block.text);
         pem.push('\n');
     }
@@ -99,10 +124,14 @@ pub fn split_bundle(bundle: &[u8]) -> Result<(Vec<u8>, Vec<u8>), PemError> {
     let (mut chain, mut key) = (String::new(), None);
     for block in blocks(bundle)? {
         if block.label == "CERTIFICATE" {
+            check_certificate(&block)?;
             chain.push_str(block.text);
             chain.push('\n');
-        } else if block.label.ends_with("PRIVATE KEY") && key.replace(format!("{}\n", block.text)).is_some() {
-            return Err(PemError::SeveralKeys);
+        } else if block.label.ends_with("PRIVATE KEY") {
+            check_key(&block)?;
+            if key.replace(format!("{}\n", block.text)).is_some() {
+                return Err(PemError::SeveralKeys);
+            }
         }
     }
     if chain.is_empty() {
@@ -115,20 +144,84 @@ pub fn split_bundle(bundle: &[u8]) -> Result<(Vec<u8>, Vec<u8>), PemError> {
 /// Whether `der` is one whole DER element (tag, length, contents): what
 /// every certificate, key and parameter block is.
 fn is_der(der: &[u8]) -> bool {
-    let (Some(&tag), Some(&first)) = (der.first(), der.get(1)) else { return false };
+    matches!(element(der), Some((_, _, rest)) if rest.is_empty())
+}
+
+/// The first DER element of `der`: its tag, its contents and what follows
+/// it; `None` when it is cut short or uses a form no credential file does.
+fn element(der: &[u8]) -> Option<(u8, &[u8], &[u8])> {
+    let (&tag, &first) = (der.first()?, der.get(1)?);
     if tag & 0x1f == 0x1f {
-        return false; // multi-byte tags appear in no credential file
+        return None; // multi-byte tags appear in no credential file
     }
     let (header, length) = if first < 0x80 {
         (2, usize::from(first))
     } else {
         let count = usize::from(first & 0x7f);
         if count == 0 || count > 4 || der.len() < 2 + count {
-            return false;
+            return None;
         }
         (2 + count, der[2..2 + count].iter().fold(0usize, |n, b| (n << 8) | usize::from(*b)))
     };
-    der.len() == header + length
+    let end = header.checked_add(length).filter(|&end| end <= der.len())?;
+    Some((tag, &der[header..end], &der[end..]))
+}
+
+/// The tags of the first elements inside a SEQUENCE, at most `n` of them;
+/// `None` when `der` is not a SEQUENCE of whole elements.
+fn sequence_tags(der: &[u8], n: usize) -> Option<Vec<u8>> {
+    let (tag, mut contents, _) = element(der)?;
+    if tag != SEQUENCE {
+        return None;
+    }
+    let mut tags = Vec::new();
+    while !contents.is_empty() && tags.len() < n {
+        let (tag, _, rest) = element(contents)?;
+        tags.push(tag);
+        contents = rest;
+    }
+    Some(tags)
+}
+
+const SEQUENCE: u8 = 0x30;
+const INTEGER: u8 = 0x02;
+const BIT_STRING: u8 = 0x03;
+const OCTET_STRING: u8 = 0x04;
+
+/// The DER of a block that [`blocks`] accepted.
+fn der(block: &Block<'_>) -> Vec<u8> {
+    base64(block.body).unwrap_or_default()
+}
+
+/// An X.509 certificate is a SEQUENCE of exactly the to-be-signed
+/// SEQUENCE, the signature algorithm SEQUENCE and the signature BIT
+/// STRING: enough to tell a certificate from a key or a stray structure
+/// pasted under the wrong label, which gRPC would take and then fail every
+/// handshake with.
+fn check_certificate(block: &Block<'_>) -> Result<(), PemError> {
+    match sequence_tags(&der(block), 4) {
+        Some(tags) if tags == [SEQUENCE, SEQUENCE, BIT_STRING] => Ok(()),
+        _ => Err(PemError::NotCertificate),
+    }
+}
+
+/// The private keys gRPC (BoringSSL) loads from PEM: PKCS#8, PKCS#1 (RSA)
+/// and SEC1 (EC), each checked for the shape its label promises; an
+/// encrypted key or any other kind is refused.
+fn check_key(block: &Block<'_>) -> Result<(), PemError> {
+    let expected: &[u8] = match block.label {
+        // PrivateKeyInfo: version, algorithm, key.
+        "PRIVATE KEY" => &[INTEGER, SEQUENCE, OCTET_STRING],
+        // RSAPrivateKey: version, modulus, public exponent.
+        "RSA PRIVATE KEY" => &[INTEGER, INTEGER, INTEGER],
+        // ECPrivateKey: version, key.
+        "EC PRIVATE KEY" => &[INTEGER, OCTET_STRING],
+        other => return Err(PemError::UnsupportedKey(other.to_string())),
+    };
+    match sequence_tags(&der(block), expected.len()) {
+        Some(tags) if tags == expected => Ok(()),
+        _ => Err(PemError::NotKey(block.label.to_string())),
+    }
 }
 
 /// Decodes standard base64, ignoring whitespace; `None` when malformed.
@@ -170,16 +263,34 @@ fn base64(text: &str) -> Option<Vec<u8>> {
 mod tests {
     use super::*;
 
-    /// A real (tiny) DER SEQUENCE: 30 03 02 01 05, an INTEGER 5 inside.
-    const BODY: &str = "MAMCAQU=";
+    /// The smallest DER of each shape: a certificate (three elements:
+    /// SEQUENCE, SEQUENCE, BIT STRING), PKCS#8, PKCS#1 and SEC1 keys, and a
+    /// structure that is none of them (a SEQUENCE holding an INTEGER 5).
+    const CERTIFICATE: &str = "MAcwADAAAwEA";
+    const PKCS8: &str = "MAcCAQAwAAQA";
+    const PKCS1: &str = "MAkCAQACAQUCAQM=";
+    const SEC1: &str = "MAUCAQEEAA==";
+    const OTHER: &str = "MAMCAQU=";
+
+    fn block_of(label: &str, body: &str) -> String {
+        format!("-----BEGIN {label}-----\n{body}\n-----END {label}-----\n")
+    }
 
     fn block(label: &str) -> String {
-        format!("-----BEGIN {label}-----\n{BODY}\n-----END {label}-----\n")
+        let body = match label {
+            "CERTIFICATE" => CERTIFICATE,
+            "PRIVATE KEY" => PKCS8,
+            "RSA PRIVATE KEY" => PKCS1,
+            "EC PRIVATE KEY" => SEC1,
+            _ => OTHER,
+        };
+        block_of(label, body)
     }
 
     #[test]
     fn decodes_base64() {
-        assert_eq!(base64(BODY).unwrap(), vec![0x30, 0x03, 0x02, 0x01, 0x05]);
+        assert_eq!(base64(OTHER).unwrap(), vec![0x30, 0x03, 0x02, 0x01, 0x05]);
+        assert_eq!(base64(CERTIFICATE).unwrap(), vec![0x30, 0x07, 0x30, 0x00, 0x30, 0x00, 0x03, 0x01, 0x00]);
         assert_eq!(base64("aGVsbG8=").unwrap(), b"hello");
         assert_eq!(base64("aGVs\nbG8h").unwrap(), b"hello!");
         for bad in ["aGVsbG8", "aGVs*G8=", "aG=V", "a===", "aGVsbG8=="] {
@@ -206,6 +317,10 @@ mod tests {
         assert_eq!(certificates(bad.as_bytes()), Err(PemError::BadBody("CERTIFICATE".into())));
         let not_der = "-----BEGIN CERTIFICATE-----\naGVsbG8=\n-----END CERTIFICATE-----\n";
         assert_eq!(certificates(not_der.as_bytes()), Err(PemError::BadBody("CERTIFICATE".into())));
+        for wrong in [OTHER, PKCS8, SEC1] {
+            let pem = block_of("CERTIFICATE", wrong);
+            assert_eq!(certificates(pem.as_bytes()), Err(PemError::NotCertificate), "{wrong}");
+        }
     }
 
     #[test]
@@ -226,5 +341,24 @@ mod tests {
         );
         let two_keys = format!("{}{}{}", block("CERTIFICATE"), block("PRIVATE KEY"), block("PRIVATE KEY"));
         assert_eq!(split_bundle(two_keys.as_bytes()), Err(PemError::SeveralKeys));
+    }
+
+    #[test]
+    fn keys_grpc_loads_and_keys_it_does_not() {
+        for label in ["PRIVATE KEY", "RSA PRIVATE KEY", "EC PRIVATE KEY"] {
+            let bundle = format!("{}{}", block("CERTIFICATE"), block(label));
+            assert!(split_bundle(bundle.as_bytes()).is_ok(), "{label}");
+        }
+        for (label, body) in [("PRIVATE KEY", SEC1), ("RSA PRIVATE KEY", PKCS8), ("EC PRIVATE KEY", OTHER)] {
+            let bundle = format!("{}{}", block("CERTIFICATE"), block_of(label, body));
+            assert_eq!(split_bundle(bundle.as_bytes()), Err(PemError::NotKey(label.into())), "{label}");
+        }
+        for label in ["ENCRYPTED PRIVATE KEY", "DSA PRIVATE KEY"] {
+            let bundle = format!("{}{}", block("CERTIFICATE"), block(label));
+            assert_eq!(split_bundle(bundle.as_bytes()), Err(PemError::UnsupportedKey(label.into())), "{label}");
+        }
+        assert!(PemError::UnsupportedKey("ENCRYPTED PRIVATE KEY".into()).to_string().contains("encrypted"));
+        let not_a_chain = format!("{}{}", block_of("CERTIFICATE", PKCS8), block("PRIVATE KEY"));
+        assert_eq!(split_bundle(not_a_chain.as_bytes()), Err(PemError::NotCertificate));
     }
 }

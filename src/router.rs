@@ -1,10 +1,12 @@
 //! Assembly: builds every component from a [`Config`] and owns their
 //! threads. Nothing here decides anything; it wires.
 //!
-//! Threads, whatever the load: grpcio's completion-queue threads (one per
-//! core, shared by the ext_proc server and the ateapi channel), one timer
-//! thread, two HTTP threads per listener, a credential-file watcher when
-//! ateapi uses TLS or a token, and the caller's own.
+//! Threads: grpcio's completion-queue threads (one per core, shared by the
+//! ext_proc server and the ateapi channel), one timer thread, one thread
+//! per HTTP listener (its `poll(2)` loop), a credential-file watcher when
+//! ateapi uses TLS or a token, and the caller's own; gRPC core adds its
+//! own executor threads as its work needs them, up to a bound of its own
+//! (README, "Threads"). Parked requests and HTTP connections add none.
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -49,6 +51,16 @@ impl std::fmt::Display for StartError {
             }
             StartError::Http { what, source } => write!(f, "{what}: {source}"),
         }
+    }
+}
+
+impl StartError {
+    /// Whether the error is in what the operator gave (a credential file),
+    /// so that a restart cannot fix it: the process then exits as for a
+    /// refused flag (B70). A port taken by another process may free up, and
+    /// is not.
+    pub fn is_configuration(&self) -> bool {
+        matches!(self, StartError::Ateapi(_))
     }
 }
 
@@ -145,12 +157,24 @@ impl CredentialWatcher {
     }
 }
 
+/// How long stopping waits for the watcher to finish a check in progress.
+/// A read stuck in the kernel (a hung network file system) must not hold
+/// the drain: past this the thread is left behind, and ends with the process.
+const CREDENTIALS_STOP_WAIT: Duration = Duration::from_secs(2);
+
 impl Drop for CredentialWatcher {
     fn drop(&mut self) {
         drop(self.stop.take());
-        if let Some(thread) = self.thread.take() {
-            let _ = thread.join();
+        let Some(thread) = self.thread.take() else { return };
+        let deadline = std::time::Instant::now() + CREDENTIALS_STOP_WAIT;
+        while !thread.is_finished() {
+            if std::time::Instant::now() >= deadline {
+                log::warn!("the credentials watcher is still reading a file: not waiting for it");
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(10));
         }
+        let _ = thread.join();
     }
 }
 

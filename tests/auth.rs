@@ -316,7 +316,7 @@ fn missing_token_file_is_a_startup_error() {
         ])
         .output()
         .unwrap();
-    assert_ne!(out.status.code(), Some(0));
+    assert_eq!(out.status.code(), Some(2), "a configuration error (B70)");
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("--ateapi-token-file") && err.contains("/nonexistent/token"), "{err}");
     let insecure = Command::new(env!("CARGO_BIN_EXE_atenet-router"))
@@ -351,6 +351,29 @@ fn b60_bad_credential_files_are_clear_startup_errors_never_panics() {
     std::fs::write(pki.path("cert-only.bundle"), pki.read("client1.pem")).unwrap();
     std::fs::write(pki.path("tab.token"), "abc\tdef\n").unwrap();
     std::fs::write(pki.path("accent.token"), "t\u{f6}ken-s3cr3t\n").unwrap();
+    // B60: a token gRPC could not send; B71: a FIFO is never read.
+    std::fs::write(pki.path("long.token"), format!("s3cr3t{}\n", "a".repeat(8187))).unwrap();
+    assert!(Command::new("mkfifo").arg(pki.path("bundle.fifo")).status().unwrap().success());
+    // B60: a key under a CERTIFICATE label, an encrypted key.
+    let key = String::from_utf8(pki.read("client1.key")).unwrap();
+    std::fs::write(pki.path("key-as-cert.pem"), key.replace("PRIVATE KEY", "CERTIFICATE")).unwrap();
+    pki.openssl(&[
+        "pkcs8",
+        "-topk8",
+        "-in",
+        "client1.key",
+        "-out",
+        "client1.enc.key",
+        "-passout",
+        "pass:s3cr3t",
+        "-v2",
+        "aes-256-cbc",
+    ]);
+    std::fs::write(
+        pki.path("encrypted.bundle"),
+        [pki.read("client1.pem"), pki.read("client1.enc.key")].concat(),
+    )
+    .unwrap();
     let good_ca = pki.path("ca1.pem");
     let cases: Vec<(PathBuf, Vec<String>, &str, &str)> = vec![
         (pki.path("ca1.der"), vec![], "--ateapi-ca-file", "not a PEM file"),
@@ -369,16 +392,35 @@ fn b60_bad_credential_files_are_clear_startup_errors_never_panics() {
             "whitespace inside the token",
         ),
         (
-            good_ca,
+            good_ca.clone(),
             vec!["--ateapi-token-file".into(), pki.path("accent.token").display().to_string()],
             "--ateapi-token-file",
             "not allowed in a bearer token",
+        ),
+        (
+            good_ca.clone(),
+            vec!["--ateapi-token-file".into(), pki.path("long.token").display().to_string()],
+            "--ateapi-token-file",
+            "the token is 8193 bytes, over the 8192",
+        ),
+        (
+            good_ca.clone(),
+            vec!["--ateapi-client-cert".into(), pki.path("bundle.fifo").display().to_string()],
+            "--ateapi-client-cert",
+            "a FIFO, not a regular file",
+        ),
+        (pki.path("key-as-cert.pem"), vec![], "--ateapi-ca-file", "does not hold an X.509 certificate"),
+        (
+            good_ca,
+            vec!["--ateapi-client-cert".into(), pki.path("encrypted.bundle").display().to_string()],
+            "--ateapi-client-cert",
+            "the private key is encrypted",
         ),
     ];
     for (ca, extra, flag, why) in cases {
         let extra: Vec<&str> = extra.iter().map(String::as_str).collect();
         let (code, err) = refused_start(&pki, &ca, &extra);
-        assert_ne!(code, 0, "{flag} {why}: {err}");
+        assert_eq!(code, 2, "a configuration error (B70): {flag} {why}: {err}");
         assert!(err.contains(flag) && err.contains(why), "{flag} {why}: {err}");
         assert!(!err.contains("panicked") && !err.contains("s3cr3t"), "{err}");
     }
@@ -390,6 +432,7 @@ fn spawn_tls_router(args: &[String]) -> (std::process::Child, std::net::SocketAd
         .arg("serve")
         .args(args)
         .args(["--drain-delay", "0s", "--envoy-admin-address", "", "--drain-complete-file", ""])
+        .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
@@ -485,5 +528,105 @@ fn b54_the_token_never_appears_in_logs_metrics_or_the_status_page() {
     for (name, text) in [("log", &log), ("/metrics", &metrics), ("/statusz", &page), ("/statusz JSON", &json)]
     {
         assert!(!text.contains(TOKEN), "the token appears in {name}");
+    }
+}
+
+/// B60, B71: a rotated token too long for gRPC to send, then a FIFO in the
+/// token file's place, keep the last good token and are each logged; the
+/// watcher never blocks on the FIFO, so SIGTERM ends the router at once.
+#[test]
+fn b60_b71_an_oversized_token_or_a_fifo_at_rotation_keeps_the_last_good_token() {
+    let pki = Pki::new("fiforotation");
+    let sim = pki.sim();
+    sim.script("demo/a", vec![Answer::ok("10.0.0.1", true)]);
+    let token = pki.path("token");
+    std::fs::write(&token, "good-token\n").unwrap();
+    let args = tls_flags(
+        &sim,
+        &pki.path("ca1.pem"),
+        &pki.path("client1.bundle"),
+        true,
+        &["--ateapi-token-file", token.to_str().unwrap()],
+    );
+    let (child, extproc, log) = spawn_tls_router(&args);
+    // Killed if the test fails, so no router outlives it.
+    struct Guard(std::process::Child);
+    impl Drop for Guard {
+        fn drop(&mut self) {
+            if matches!(self.0.try_wait(), Ok(None)) {
+                let _ = self.0.kill();
+                let _ = self.0.wait();
+            }
+        }
+    }
+    let mut child = Guard(child);
+    let envoy = Envoy::connect(extproc);
+    assert_eq!(routed(&envoy.route_now("demo/a")).0, "demo/a");
+    let reported = |why: &str| {
+        let deadline = std::time::Instant::now() + PATIENCE;
+        while !log.lock().iter().any(|l| l.contains("not reloaded") && l.contains(why)) {
+            assert!(std::time::Instant::now() < deadline, "{why} is reported: {:#?}", log.lock());
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        assert_eq!(routed(&envoy.route_now("demo/a")).0, "demo/a");
+        assert_eq!(
+            sim.last_authorization().as_deref(),
+            Some("Bearer good-token"),
+            "the last good token stays"
+        );
+    };
+    std::fs::write(&token, "a".repeat(20_000)).unwrap();
+    reported("the token is 20000 bytes, over the 8192");
+    // Swapped in at once, as a rotation would.
+    let fifo = pki.path("token.fifo");
+    assert!(Command::new("mkfifo").arg(&fifo).status().unwrap().success());
+    std::fs::rename(&fifo, &token).unwrap();
+    reported("a FIFO, not a regular file");
+    assert!(Command::new("kill").args(["-TERM", &child.0.id().to_string()]).status().unwrap().success());
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while child.0.try_wait().unwrap().is_none() {
+        assert!(std::time::Instant::now() < deadline, "SIGTERM did not end the router: {:#?}", log.lock());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(child.0.wait().unwrap().code(), Some(0));
+}
+
+/// B60: the key formats gRPC loads besides PKCS#8 work end to end: SEC1
+/// (`EC PRIVATE KEY`) and PKCS#1 (`RSA PRIVATE KEY`).
+#[test]
+fn b60_sec1_and_pkcs1_client_keys_work() {
+    let pki = Pki::new("keyformats");
+    let sim = pki.sim();
+    sim.script("demo/a", vec![Answer::ok("10.0.0.1", true)]);
+    pki.openssl(&["ec", "-in", "client1.key", "-out", "client1.sec1.key"]);
+    pki.openssl(&["genrsa", "-traditional", "-out", "rsa.key", "2048"]);
+    pki.openssl(&["req", "-new", "-key", "rsa.key", "-out", "rsa.csr", "-subj", "/CN=rsa"]);
+    pki.openssl(&[
+        "x509",
+        "-req",
+        "-in",
+        "rsa.csr",
+        "-CA",
+        "ca1.pem",
+        "-CAkey",
+        "ca1.key",
+        "-CAcreateserial",
+        "-out",
+        "rsa.pem",
+        "-days",
+        "2",
+        "-extfile",
+        "client1.ext",
+    ]);
+    for (cert, key, label) in
+        [("client1.pem", "client1.sec1.key", "EC PRIVATE KEY"), ("rsa.pem", "rsa.key", "RSA PRIVATE KEY")]
+    {
+        let key = pki.read(key);
+        assert!(String::from_utf8_lossy(&key).starts_with(&format!("-----BEGIN {label}-----")));
+        let bundle = pki.path(&format!("{label}.bundle"));
+        std::fs::write(&bundle, [pki.read(cert), key].concat()).unwrap();
+        let (router, envoy) = router(&sim, &pki.path("ca1.pem"), &bundle, &[]);
+        assert_eq!(routed(&envoy.route_now("demo/a")).0, "demo/a", "{label}");
+        stop(router);
     }
 }

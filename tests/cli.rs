@@ -117,6 +117,34 @@ fn b37_bad_flags_exit_nonzero_naming_the_flag() {
             "--parked-request-max-per-atespace",
         ),
         (&["serve", "--ateapi-insecure", "--caller-deadlines", "maybe"], "--caller-deadlines"),
+        // B70: what the bootstrap renders must fit Envoy's types.
+        (&["serve", "--ateapi-insecure", "--extproc-max-requests", "4294967296"], "--extproc-max-requests"),
+        (
+            &["envoy-config", "--ateapi-insecure", "--extproc-max-requests", "4294967296"],
+            "--extproc-max-requests",
+        ),
+        (
+            &["envoy-config", "--ateapi-insecure", "--parked-request-max", "2147483648"],
+            "--parked-request-max",
+        ),
+        (&["envoy-config", "--ateapi-insecure", "--route-timeout", "1ns"], "--route-timeout"),
+        (&["envoy-config", "--ateapi-insecure", "--route-timeout", "999us"], "--route-timeout"),
+        (
+            &["envoy-config", "--ateapi-insecure", "--envoy-admin-address", "localhost"],
+            "--envoy-admin-address",
+        ),
+        (
+            &["serve", "--ateapi-insecure", "--envoy-admin-address", "localhost:99999"],
+            "--envoy-admin-address",
+        ),
+        (&["serve", "--ateapi-insecure", "--envoy-admin-address", "localhost:0"], "--envoy-admin-address"),
+        (&["serve", "--ateapi-insecure", "--envoy-admin-address", ":9901"], "--envoy-admin-address"),
+        (&["serve", "--ateapi-insecure", "--envoy-admin-address", "::1:9901"], "--envoy-admin-address"),
+        (&["serve", "--ateapi-insecure", "--envoy-admin-address", "[::x]:9901"], "--envoy-admin-address"),
+        // B70: two of the router's own listeners on one port.
+        (&["serve", "--ateapi-insecure", "--metrics-listen-addr", "127.0.0.1:4040"], "--status-address"),
+        (&["serve", "--ateapi-insecure", "--metrics-listen-addr", ":50051"], "--metrics-listen-addr"),
+        (&["serve", "--ateapi-insecure", "--status-port", "9090"], "--status-address"),
         (&["serve"], "--ateapi-ca-file"),
         (&["serve", "--bogus"], "--bogus"),
     ];
@@ -127,6 +155,44 @@ fn b37_bad_flags_exit_nonzero_naming_the_flag() {
         assert!(err.contains(flag), "{args:?} should name {flag}: {err}");
         assert!(!err.contains("panicked"), "{err}");
     }
+}
+
+/// B70: the largest values accepted still fit the bootstrap's 32-bit
+/// fields, an explicit `--route-timeout 0` disables the route timeout, and
+/// bracketed IPv6 admin addresses are accepted; B69's message with parking
+/// off says why, not an empty range.
+#[test]
+fn b70_envoy_config_at_the_bounds() {
+    let (code, out, err) = run(&["envoy-config", "--ateapi-insecure", "--parked-request-max", "2147483647"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("max_requests: 4294967294\n"), "2 x the largest lot fits a UInt32: {out}");
+    let (code, out, err) = run(&[
+        "envoy-config",
+        "--ateapi-insecure",
+        "--extproc-max-requests",
+        "4294967295",
+        "--route-timeout",
+        "0",
+        "--envoy-admin-address",
+        "[::1]:9901",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("max_requests: 4294967295\n"), "{out}");
+    assert!(out.contains("timeout: 0s\n"), "0 disables the route timeout: {out}");
+    assert!(out.contains("address: \"::1\", port_value: 9901"), "{out}");
+    let (code, out, err) = run(&["envoy-config", "--ateapi-insecure", "--route-timeout", "1ms"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("timeout: 0.001s\n"), "{out}");
+    let (code, _, err) = run(&[
+        "serve",
+        "--ateapi-insecure",
+        "--parked-request-max",
+        "0",
+        "--parked-request-max-per-atespace",
+        "2",
+    ]);
+    assert_eq!(code, 2);
+    assert!(err.contains("while parking is off") && !err.contains("1..=0"), "{err}");
 }
 
 #[test]
@@ -278,4 +344,54 @@ fn b65_metrics_name_the_build_and_watch_the_process() {
     // Whole seconds: present, maybe still 0 in a process this young.
     metrics.value("process_cpu_seconds_total", &[]);
     assert_eq!(terminate(&mut router.process.child), 0);
+}
+
+/// Runs `args` and returns (exit code, stderr), killing the process if it
+/// has not ended within `limit` (then the code is -1).
+fn run_within(args: &[String], limit: std::time::Duration) -> (i32, String) {
+    let mut child = Command::new(ROUTER)
+        .args(args)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + limit;
+    while child.try_wait().unwrap().is_none() {
+        if std::time::Instant::now() >= deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            return (-1, "still running".into());
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let out = child.wait_with_output().unwrap();
+    (out.status.code().unwrap_or(-1), String::from_utf8_lossy(&out.stderr).into_owned())
+}
+
+/// B70, B71: a credential file the router cannot use ends startup at once
+/// with status 2 (a configuration error: systemd does not restart on it),
+/// naming the flag, the path and the reason; a FIFO is never opened for a
+/// blocking read.
+#[test]
+fn b70_b71_a_bad_credential_file_exits_2_at_once() {
+    let dir = std::env::temp_dir().join(format!("atenet-cli-credentials-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let fifo = dir.join("ca.fifo");
+    assert!(Command::new("mkfifo").arg(&fifo).status().unwrap().success());
+    let missing = dir.join("missing.pem");
+    for (path, why) in [
+        (&fifo, "a FIFO, not a regular file"),
+        (&dir, "a directory, not a regular file"),
+        (&missing, "No such file"),
+    ] {
+        let mut args = router_args("127.0.0.1:1", &[]);
+        args.retain(|a| a != "--ateapi-insecure");
+        args.extend(["--ateapi-ca-file".to_string(), path.display().to_string()]);
+        let (code, err) = run_within(&args, std::time::Duration::from_secs(10));
+        assert_eq!(code, 2, "{why}: {err}");
+        assert!(err.contains("--ateapi-ca-file") && err.contains(&path.display().to_string()), "{err}");
+        assert!(err.contains(why), "{why}: {err}");
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -203,6 +203,7 @@ fn b43_drain_timeout_cuts_streams_still_open() {
     let metrics = router.metrics().clone();
     let report = drain(router, &plan(None, Duration::from_millis(300), None), &crossbeam_channel::never());
     assert!(!report.streams_finished);
+    assert!(!report.interrupted, "the timeout, not a signal, ended the wait");
     assert_eq!(report.cancelled, 1);
     assert_eq!(metrics.drain_cancelled(), 1);
     assert_ne!(client.join().unwrap(), Some(true), "the cut stream got no verdict");
@@ -300,4 +301,11 @@ fn b43_second_signal_skips_the_waits() {
     eventually_within(PATIENCE, "not ready", || http_get(router.metrics, "/readyz").0 == 503);
     signal(&router.process.child, "INT");
     assert_eq!(wait_exit(&mut router.process.child, PATIENCE), 0);
+    // The log says what ended the wait: the signal, not a timeout.
+    eventually_within(PATIENCE, "the last line", || {
+        router.process.log.lock().iter().any(|l| l.contains("drain complete"))
+    });
+    let log = router.process.log.lock().join("\n");
+    assert!(log.contains("ext_proc cut short by a second signal"), "{log}");
+    assert!(!log.contains("at the drain timeout"), "{log}");
 }
