@@ -174,6 +174,15 @@ pub fn first_line(child: &mut Child, marker: &str) -> String {
     line
 }
 
+/// User + system CPU seconds of this process (the load generator and the
+/// simulator) so far.
+pub fn own_cpu_seconds() -> f64 {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    let after = stat.rfind(')').map_or("", |at| &stat[at + 2..]);
+    let fields: Vec<f64> = after.split_whitespace().map(|f| f.parse().unwrap_or(0.0)).collect();
+    (fields.get(11).copied().unwrap_or(0.0) + fields.get(12).copied().unwrap_or(0.0)) / clock_ticks()
+}
+
 pub fn clock_ticks() -> f64 {
     Command::new("getconf")
         .arg("CLK_TCK")
