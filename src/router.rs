@@ -357,7 +357,9 @@ impl Router {
         if !finished {
             cancelled = self.metrics.streams_active().max(0) as usize;
             self.metrics.count_drain_cancelled(cancelled as u64);
-            log::warn!("drain: cancelling {cancelled} ext_proc streams still open");
+            if cancelled > 0 {
+                log::warn!("drain: cancelling {cancelled} ext_proc streams still open");
+            }
             self.grpc.cancel_all_calls();
             let _ = done_rx.recv_timeout(Duration::from_secs(5));
         }
