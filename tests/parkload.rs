@@ -270,6 +270,8 @@ fn bad_flags_exit_2_naming_the_flag() {
         (&["--rate", "inf"], "--rate"),
         (&["--progress", "1e300"], "--progress"),
         (&["--max-errors", "-1"], "--max-errors"),
+        (&["--hold", "100000000000"], "--hold"),
+        (&["--concurrency", "1000000000"], "--concurrency"),
     ] {
         let ran = parkload(args, PATIENCE);
         assert_eq!(ran.code, 2, "{args:?}: {}", ran.stderr);

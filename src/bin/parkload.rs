@@ -9,6 +9,10 @@ use argh::FromArgs;
 use atenet_router::godur;
 use atenet_router::load::{self, CallerDeadline, Distribution, LoadSpec, Stop};
 
+/// Requests in flight at most (`--concurrency`, `--hold`): each costs this
+/// process about 10 KiB, so a million is already 10 GiB; more is a typo.
+const MAX_IN_FLIGHT: usize = 1_000_000;
+
 #[derive(FromArgs)]
 /// Load generator for atenet-router's ext_proc port: one stream per request,
 /// like Envoy. Prints progress to stderr and a summary (or --json) to stdout.
@@ -83,11 +87,20 @@ fn spec(args: &Args) -> Result<LoadSpec, String> {
     };
     let duration = godur::parse(&args.duration).map_err(|e| format!("--duration: {e}"))?;
     let (concurrency, stop, rate) = match args.hold {
+        Some(n) if n > MAX_IN_FLIGHT as u64 => {
+            return Err(format!("--hold must be at most {MAX_IN_FLIGHT} streams, got {n}"))
+        }
         Some(n) if n > 0 => (n as usize, Stop::Count(n), None),
         Some(_) => return Err("--hold must be positive".into()),
         None => {
             if args.concurrency == 0 {
                 return Err("--concurrency must be positive".into());
+            }
+            if args.concurrency > MAX_IN_FLIGHT {
+                return Err(format!(
+                    "--concurrency must be at most {MAX_IN_FLIGHT} requests in flight, got {}",
+                    args.concurrency
+                ));
             }
             let stop = match args.count {
                 Some(n) => Stop::Count(n),
