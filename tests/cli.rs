@@ -255,6 +255,15 @@ fn parkload_points_at_a_running_router_and_reports() {
         Command::new(env!("CARGO_BIN_EXE_parkload")).args(["--distribution", "bogus"]).output().unwrap();
     assert_eq!(bad.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&bad.stderr).contains("--distribution"));
+    // A pool too large to build is refused before it is allocated.
+    for flag in ["--workers", "--actors"] {
+        let bad = Command::new(env!("CARGO_BIN_EXE_ateapi-sim"))
+            .args(["--listen", "127.0.0.1:0", flag, "100000000000"])
+            .output()
+            .unwrap();
+        assert_eq!(bad.status.code(), Some(2), "{flag}: {}", String::from_utf8_lossy(&bad.stderr));
+        assert!(String::from_utf8_lossy(&bad.stderr).contains(flag));
+    }
     assert_eq!(terminate(&mut router.process.child), 0);
     assert_eq!(terminate(&mut sim.child), 0);
 }

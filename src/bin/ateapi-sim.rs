@@ -88,9 +88,18 @@ fn rate(flag: &str, value: f64) -> Result<f64, String> {
     }
 }
 
+/// Workers and actors at most: the pool is built at startup, about 100
+/// bytes each, so a larger count is a typo that would exhaust memory.
+const MAX_POOL: usize = 1_000_000;
+
 fn config(args: &Args) -> Result<SimConfig, String> {
     let listen: SocketAddr =
         args.listen.parse().map_err(|_| format!("--listen must be ip:port, got {:?}", args.listen))?;
+    for (flag, n) in [("--workers", args.workers), ("--actors", args.actors)] {
+        if n > MAX_POOL {
+            return Err(format!("{flag} must be at most {MAX_POOL}, got {n}"));
+        }
+    }
     if !(0.0..1.0).contains(&args.restore_jitter) {
         return Err(format!("--restore-jitter must be in [0, 1), got {}", args.restore_jitter));
     }
