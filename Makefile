@@ -114,7 +114,7 @@ test-compat: build venv
 bench: deps ## Benchmarks: router vs a baseline, eight scenarios (about 15 minutes); writes bench-results.json; see BENCHMARKS.md.
 	cargo bench --profile release --features testkit --bench parking $(if $(ONLY),-- --only $(ONLY))
 
-bench-memory: deps ## Memory per parked request under gRPC's memory options (about 10 minutes).
+bench-memory: deps ## Memory per parked request under gRPC's memory options (about 5 minutes).
 	cargo bench --profile release --features testkit,memory-probe --bench parking -- --only park-memory
 
 # `make bench-compare A B`: the two result files are goals of their own,
