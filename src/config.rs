@@ -429,10 +429,9 @@ fn distinct_listeners(listeners: &[(&str, Option<SocketAddr>)]) -> Result<(), Co
     for (i, (flag, addr)) in listeners.iter().enumerate() {
         let Some(addr) = addr else { continue };
         for (other, other_addr) in &listeners[i + 1..] {
-            if other_addr.as_ref().is_some_and(|b| overlap(addr, b)) {
+            if let Some(other_addr) = other_addr.filter(|b| overlap(addr, b)) {
                 return Err(invalid(format!(
-                    "{flag} ({addr}) and {other} ({}) would listen on the same port",
-                    other_addr.map_or(String::new(), |b| b.to_string())
+                    "{flag} ({addr}) and {other} ({other_addr}) would listen on the same port"
                 )));
             }
         }

@@ -19,8 +19,8 @@ pub struct Block<'a> {
     pub label: &'a str,
     /// The block as it appeared, markers included.
     pub text: &'a str,
-    /// The base64 between the markers.
-    body: &'a str,
+    /// The DER between the markers, decoded once here.
+    der: Vec<u8>,
 }
 
 /// Why a file is not usable PEM.
@@ -93,12 +93,11 @@ pub fn blocks(bytes: &[u8]) -> Result<Vec<Block<'_>>, PemError> {
         let body_start = "-----BEGIN ".len() + label_len + "-----".len();
         let body_len =
             block[body_start..].find(&end_marker).ok_or_else(|| PemError::Unterminated(label.to_string()))?;
-        let body = &block[body_start..body_start + body_len];
-        if !is_der(&base64(body).ok_or_else(|| PemError::BadBody(label.to_string()))?) {
-            return Err(PemError::BadBody(label.to_string()));
-        }
+        let der = base64(&block[body_start..body_start + body_len])
+            .filter(|der| is_der(der))
+            .ok_or_else(|| PemError::BadBody(label.to_string()))?;
         let end = body_start + body_len + end_marker.len();
-        found.push(Block { label, text: &block[..end], body });
+        found.push(Block { label, text: &block[..end], der });
         rest = &block[end..];
     }
     Ok(found)
@@ -188,18 +187,13 @@ const INTEGER: u8 = 0x02;
 const BIT_STRING: u8 = 0x03;
 const OCTET_STRING: u8 = 0x04;
 
-/// The DER of a block that [`blocks`] accepted.
-fn der(block: &Block<'_>) -> Vec<u8> {
-    base64(block.body).unwrap_or_default()
-}
-
 /// An X.509 certificate is a SEQUENCE of exactly the to-be-signed
 /// SEQUENCE, the signature algorithm SEQUENCE and the signature BIT
 /// STRING: enough to tell a certificate from a key or a stray structure
 /// pasted under the wrong label, which gRPC would take and then fail every
 /// handshake with.
 fn check_certificate(block: &Block<'_>) -> Result<(), PemError> {
-    match sequence_tags(&der(block), 4) {
+    match sequence_tags(&block.der, 4) {
         Some(tags) if tags == [SEQUENCE, SEQUENCE, BIT_STRING] => Ok(()),
         _ => Err(PemError::NotCertificate),
     }
@@ -218,7 +212,7 @@ fn check_key(block: &Block<'_>) -> Result<(), PemError> {
         "EC PRIVATE KEY" => &[INTEGER, OCTET_STRING],
         other => return Err(PemError::UnsupportedKey(other.to_string())),
     };
-    match sequence_tags(&der(block), expected.len()) {
+    match sequence_tags(&block.der, expected.len()) {
         Some(tags) if tags == expected => Ok(()),
         _ => Err(PemError::NotKey(block.label.to_string())),
     }

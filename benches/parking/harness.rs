@@ -128,11 +128,7 @@ impl Proc {
 
     /// User + system CPU seconds so far.
     pub fn cpu_seconds(&self) -> f64 {
-        let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.child.id())).unwrap();
-        let after = &stat[stat.rfind(')').unwrap() + 2..];
-        let fields: Vec<&str> = after.split_whitespace().collect();
-        let ticks: f64 = fields[11].parse::<f64>().unwrap() + fields[12].parse::<f64>().unwrap();
-        ticks / clock_ticks()
+        cpu_seconds_of(&format!("/proc/{}/stat", self.child.id()))
     }
 
     pub fn metric(&self, name: &str, labels: &str) -> f64 {
@@ -177,20 +173,31 @@ pub fn first_line(child: &mut Child, marker: &str) -> String {
 /// User + system CPU seconds of this process (the load generator and the
 /// simulator) so far.
 pub fn own_cpu_seconds() -> f64 {
-    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
-    let after = stat.rfind(')').map_or("", |at| &stat[at + 2..]);
-    let fields: Vec<f64> = after.split_whitespace().map(|f| f.parse().unwrap_or(0.0)).collect();
-    (fields.get(11).copied().unwrap_or(0.0) + fields.get(12).copied().unwrap_or(0.0)) / clock_ticks()
+    cpu_seconds_of("/proc/self/stat")
 }
 
-pub fn clock_ticks() -> f64 {
-    Command::new("getconf")
-        .arg("CLK_TCK")
-        .output()
-        .ok()
-        .and_then(|o| String::from_utf8(o.stdout).ok())
-        .and_then(|s| s.trim().parse().ok())
-        .unwrap_or(100.0)
+/// User + system CPU seconds from a `/proc/<pid>/stat` file.
+fn cpu_seconds_of(path: &str) -> f64 {
+    let stat = std::fs::read_to_string(path).unwrap();
+    let after = &stat[stat.rfind(')').unwrap() + 2..];
+    let fields: Vec<&str> = after.split_whitespace().collect();
+    let ticks: f64 = fields[11].parse::<f64>().unwrap() + fields[12].parse::<f64>().unwrap();
+    ticks / clock_ticks()
+}
+
+/// Clock ticks per second, asked of `getconf` once rather than at every
+/// CPU reading (a process spawn on the cores being measured).
+fn clock_ticks() -> f64 {
+    static TICKS: std::sync::OnceLock<f64> = std::sync::OnceLock::new();
+    *TICKS.get_or_init(|| {
+        Command::new("getconf")
+            .arg("CLK_TCK")
+            .output()
+            .ok()
+            .and_then(|o| String::from_utf8(o.stdout).ok())
+            .and_then(|s| s.trim().parse().ok())
+            .unwrap_or(100.0)
+    })
 }
 
 pub fn http_get(addr: SocketAddr, path: &str) -> String {
