@@ -100,7 +100,7 @@ run: build ## Run ateapi-sim and the router on loopback (Ctrl-C stops both).
 		--metrics-listen-addr $(METRICS_ADDR) --status-port $(STATUS_PORT) \
 		--drain-delay 0s --envoy-admin-address "" --drain-complete-file "" $(RUN_FLAGS)
 
-load: build ## Load a running router with parkload: make load ARGS="--rate 2000 --count 20000".
+load: build ## Load a running router with parkload: make load ARGS="--rate 2000 --count 20000 --concurrency 10000".
 	@$(BIN)/parkload $(ARGS)
 
 test: test-rust test-compat ## Run every test: unit, end-to-end, Envoy compatibility, packaging.
