@@ -189,3 +189,112 @@ pub fn cost_growth(report: &mut Report) {
         "\nTarget: the fast path's CPU per request grows by no more than 10% with 10,000 parked ({at_10k:.2}x: {status}).\nRatios are to the mean of the 0-parked runs before and after; four 2 s runs per row, pooled.",
     ));
 }
+
+/// The load generator as a process of its own.
+const PARKLOAD: &str = env!("CARGO_BIN_EXE_parkload");
+/// The simulated control plane as a process of its own.
+const SIMULATOR: &str = env!("CARGO_BIN_EXE_ateapi-sim");
+
+/// What one `parkload --json` run reported, and the server's CPU during it.
+struct External {
+    requests: f64,
+    throughput: f64,
+    p99_ms: f64,
+    cpu_seconds: f64,
+}
+
+impl External {
+    fn cpu_us(&self) -> f64 {
+        self.cpu_seconds * 1e6 / self.requests.max(1.0)
+    }
+}
+
+/// A number that follows `"key":` in `json`, looked for after `within`.
+fn json_number(json: &str, within: &str, key: &str) -> f64 {
+    let from = json.find(within).unwrap_or_else(|| panic!("{within} in parkload's JSON"));
+    let field = format!("\"{key}\":");
+    let at =
+        json[from..].find(&field).unwrap_or_else(|| panic!("{key} in parkload's JSON")) + from + field.len();
+    let end = json[at..].find([',', '}']).map_or(json.len(), |e| at + e);
+    json[at..end].parse().unwrap_or_else(|_| panic!("{key} in parkload's JSON is a number"))
+}
+
+/// One 2 s `parkload` run against `process`, from a process of its own.
+fn measured_external(process: &Proc, concurrency: usize) -> External {
+    let before = process.cpu_seconds();
+    let output = std::process::Command::new(PARKLOAD)
+        .args(["--target", &process.extproc.to_string(), "--concurrency", &concurrency.to_string()])
+        .args(["--duration", "2s", "--actors", "demo/actor-{0..63}", "--progress", "0", "--json"])
+        .output()
+        .expect("running parkload");
+    let cpu_seconds = process.cpu_seconds() - before;
+    assert!(output.status.success(), "parkload failed: {}", String::from_utf8_lossy(&output.stderr));
+    let json = String::from_utf8(output.stdout).expect("parkload's JSON is UTF-8");
+    External {
+        requests: json_number(&json, "{", "requests"),
+        throughput: json_number(&json, "{", "throughput"),
+        p99_ms: json_number(&json, "\"latency_ms\":", "p99"),
+        cpu_seconds,
+    }
+}
+
+/// The fast path again, with the load generator (`parkload`) and the
+/// simulator (`ateapi-sim`) each in a process of their own, as Envoy and the
+/// control plane are: a check on how much of the in-process figure comes
+/// from where the load runs. Reported, not judged.
+pub fn fast_path_external(report: &mut Report) {
+    report.line("\n## Fast path, load generator and simulator in processes of their own\n");
+    report.line("| concurrency | baseline req/s | router req/s | throughput ratio | p99 ratio | CPU µs/request baseline / router | CPU ratio |");
+    report.line("|---|---|---|---|---|---|---|");
+    let mut simulator = std::process::Command::new(SIMULATOR)
+        .args(["--listen", "127.0.0.1:0", "--workers", "64", "--actors", "64"])
+        .args(["--idle-suspend", "1h", "--restore-latency", "1ms"])
+        .stderr(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .expect("start ateapi-sim");
+    let line = crate::harness::first_line(&mut simulator, "listening on");
+    let sim: std::net::SocketAddr = line
+        .split("listening on ")
+        .nth(1)
+        .and_then(|s| s.split(' ').next())
+        .and_then(|s| s.parse().ok())
+        .unwrap();
+    let router = Proc::router(sim, &[]);
+    let baseline = Proc::baseline(sim);
+    // Warm up: resume every actor, start every thread.
+    for process in [&router, &baseline] {
+        measured_external(process, 16);
+    }
+    for concurrency in [1usize, 16, 64] {
+        let mut rounds: Vec<[External; 2]> = Vec::new();
+        for round in 0..ROUNDS {
+            rounds.push(if round % 2 == 0 {
+                let b = measured_external(&baseline, concurrency);
+                [b, measured_external(&router, concurrency)]
+            } else {
+                let r = measured_external(&router, concurrency);
+                [measured_external(&baseline, concurrency), r]
+            });
+        }
+        let ratio = |f: &dyn Fn(&External) -> f64| median(rounds.iter().map(|[b, r]| f(r) / f(b)).collect());
+        let side = |i: usize, f: &dyn Fn(&External) -> f64| median(rounds.iter().map(|r| f(&r[i])).collect());
+        let (throughput, p99, cpu) =
+            (ratio(&|e| e.throughput), ratio(&|e| e.p99_ms.max(0.001)), ratio(&External::cpu_us));
+        report.line(&format!(
+            "| {concurrency} | {:.0} | {:.0} | **{throughput:.3}x** | **{p99:.3}x** | {:.1} / {:.1} | **{cpu:.3}x** |",
+            side(0, &|e| e.throughput),
+            side(1, &|e| e.throughput),
+            side(0, &External::cpu_us),
+            side(1, &External::cpu_us),
+        ));
+        for (name, value) in [("throughput_ratio", throughput), ("p99_ratio", p99), ("cpu_ratio", cpu)] {
+            report.figure("fast-path-external", &format!("c{concurrency}.{name}"), value);
+        }
+    }
+    report.line(&format!(
+        "\n{ROUNDS} alternating 2 s `parkload` runs per concurrency; ratios are the median of the per-round ratios.\n"
+    ));
+    let _ = simulator.kill();
+    let _ = simulator.wait();
+}

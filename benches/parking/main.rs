@@ -10,8 +10,10 @@
 //!
 //! `cargo bench --profile release --features testkit --bench parking [-- --only NAME]`;
 //! scenarios: fast-path, park-capacity, amplification, timer, recovery,
-//! cost-growth, deadlines, fair-shares; and park-memory only when named,
-//! with the `memory-probe` feature (`make bench-memory`). The table goes to
+//! cost-growth, deadlines, fair-shares; and, only when named,
+//! fast-path-external (the fast path with the load generator and the
+//! simulator in processes of their own) and park-memory, with the
+//! `memory-probe` feature (`make bench-memory`). The table goes to
 //! `$CARGO_TARGET_DIR/tmp/bench-results.md`, the targets and raw figures to
 //! `bench-results.json` beside it (and a copy named by the run's time), which
 //! `make bench-compare A B` compares.
@@ -41,7 +43,8 @@ const SCENARIOS: [Scenario; 8] = [
 ];
 
 /// Scenarios a full run leaves out, run only when named with `--only`.
-const ON_REQUEST: [Scenario; 1] = [("park-memory", memory::park_memory)];
+const ON_REQUEST: [Scenario; 2] =
+    [("park-memory", memory::park_memory), ("fast-path-external", fast_path::fast_path_external)];
 
 fn main() {
     if std::env::var("ATENET_BENCH_ROLE").as_deref() == Ok("baseline") {
