@@ -7,11 +7,37 @@ use atenet_router::load::{self, Envoy, LoadReport, Stop};
 use atenet_router::resume::Code;
 use atenet_router::sim::Answer;
 
-use crate::harness::{actors, merged, ms, running_pool, spec, Proc};
+use crate::harness::{actors, first_line, merged, ms, running_pool, spec, Proc};
 use crate::report::{median, Bound, Report};
 
 /// Alternating rounds per fast-path concurrency; targets use their median.
 const ROUNDS: usize = 5;
+
+/// `ROUNDS` (baseline, router) pairs of runs; who goes first alternates, so
+/// drift over a round favours neither.
+fn alternating<T>(mut baseline: impl FnMut() -> T, mut router: impl FnMut() -> T) -> Vec<[T; 2]> {
+    (0..ROUNDS)
+        .map(|round| {
+            if round % 2 == 0 {
+                let b = baseline();
+                [b, router()]
+            } else {
+                let r = router();
+                [baseline(), r]
+            }
+        })
+        .collect()
+}
+
+/// The median over the rounds of router / baseline.
+fn router_ratio<T>(rounds: &[[T; 2]], f: &dyn Fn(&T) -> f64) -> f64 {
+    median(rounds.iter().map(|[b, r]| f(r) / f(b)).collect())
+}
+
+/// The median over the rounds of one side (0: baseline, 1: router).
+fn side_median<T>(rounds: &[[T; 2]], side: usize, f: &dyn Fn(&T) -> f64) -> f64 {
+    median(rounds.iter().map(|round| f(&round[side])).collect())
+}
 
 /// One 2 s run and the server's CPU seconds during it.
 fn measured(envoy: &Envoy, process: &Proc, concurrency: usize, actors: &[String]) -> (LoadReport, f64) {
@@ -37,28 +63,16 @@ pub fn fast_path(report: &mut Report) {
     load::run_with(&b_envoy, &spec(baseline.extproc, 16, Stop::Count(2000), all.clone()));
     let mut judged = Vec::new();
     for concurrency in [1usize, 16, 64] {
-        // (baseline, router) per round; who goes first alternates, so drift
-        // over a round favours neither.
-        let mut rounds: Vec<[(LoadReport, f64); 2]> = Vec::new();
-        for round in 0..ROUNDS {
-            let (b, r) = if round % 2 == 0 {
-                let b = measured(&b_envoy, &baseline, concurrency, &all);
-                (b, measured(&r_envoy, &router, concurrency, &all))
-            } else {
-                let r = measured(&r_envoy, &router, concurrency, &all);
-                (measured(&b_envoy, &baseline, concurrency, &all), r)
-            };
-            rounds.push([b, r]);
-        }
+        let rounds = alternating(
+            || measured(&b_envoy, &baseline, concurrency, &all),
+            || measured(&r_envoy, &router, concurrency, &all),
+        );
         let cpu_us = |(run, cpu): &(LoadReport, f64)| cpu * 1e6 / run.completed.max(1) as f64;
-        let ratio =
-            |f: &dyn Fn(&(LoadReport, f64)) -> f64| median(rounds.iter().map(|[b, r]| f(r) / f(b)).collect());
+        let ratio = |f: &dyn Fn(&(LoadReport, f64)) -> f64| router_ratio(&rounds, f);
         let throughput = ratio(&|(run, _)| run.throughput());
         let p99 = ratio(&|(run, _)| run.quantile_us(0.99).max(1) as f64);
         let cpu = ratio(&cpu_us);
-        let side = |i: usize, f: &dyn Fn(&(LoadReport, f64)) -> f64| {
-            median(rounds.iter().map(|r| f(&r[i])).collect())
-        };
+        let side = |i: usize, f: &dyn Fn(&(LoadReport, f64)) -> f64| side_median(&rounds, i, f);
         let (b, r) = (
             merged(&rounds.iter().map(|[b, _]| b.0.clone()).collect::<Vec<_>>()),
             merged(&rounds.iter().map(|[_, r]| r.0.clone()).collect::<Vec<_>>()),
@@ -246,39 +260,20 @@ pub fn fast_path_external(report: &mut Report) {
     report.line("\n## Fast path, load generator and simulator in processes of their own\n");
     report.line("| concurrency | baseline req/s | router req/s | throughput ratio | p99 ratio | CPU µs/request baseline / router | CPU ratio |");
     report.line("|---|---|---|---|---|---|---|");
-    let mut simulator = std::process::Command::new(SIMULATOR)
-        .args(["--listen", "127.0.0.1:0", "--workers", "64", "--actors", "64"])
-        .args(["--idle-suspend", "1h", "--restore-latency", "1ms"])
-        .stderr(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::null())
-        .spawn()
-        .expect("start ateapi-sim");
-    let line = crate::harness::first_line(&mut simulator, "listening on");
-    let sim: std::net::SocketAddr = line
-        .split("listening on ")
-        .nth(1)
-        .and_then(|s| s.split(' ').next())
-        .and_then(|s| s.parse().ok())
-        .unwrap();
-    let router = Proc::router(sim, &[]);
-    let baseline = Proc::baseline(sim);
+    let simulator = Simulator::start();
+    let router = Proc::router(simulator.addr, &[]);
+    let baseline = Proc::baseline(simulator.addr);
     // Warm up: resume every actor, start every thread.
     for process in [&router, &baseline] {
         measured_external(process, 16);
     }
     for concurrency in [1usize, 16, 64] {
-        let mut rounds: Vec<[External; 2]> = Vec::new();
-        for round in 0..ROUNDS {
-            rounds.push(if round % 2 == 0 {
-                let b = measured_external(&baseline, concurrency);
-                [b, measured_external(&router, concurrency)]
-            } else {
-                let r = measured_external(&router, concurrency);
-                [measured_external(&baseline, concurrency), r]
-            });
-        }
-        let ratio = |f: &dyn Fn(&External) -> f64| median(rounds.iter().map(|[b, r]| f(r) / f(b)).collect());
-        let side = |i: usize, f: &dyn Fn(&External) -> f64| median(rounds.iter().map(|r| f(&r[i])).collect());
+        let rounds = alternating(
+            || measured_external(&baseline, concurrency),
+            || measured_external(&router, concurrency),
+        );
+        let ratio = |f: &dyn Fn(&External) -> f64| router_ratio(&rounds, f);
+        let side = |i: usize, f: &dyn Fn(&External) -> f64| side_median(&rounds, i, f);
         let (throughput, p99, cpu) =
             (ratio(&|e| e.throughput), ratio(&|e| e.p99_ms.max(0.001)), ratio(&External::cpu_us));
         report.line(&format!(
@@ -295,6 +290,34 @@ pub fn fast_path_external(report: &mut Report) {
     report.line(&format!(
         "\n{ROUNDS} alternating 2 s `parkload` runs per concurrency; ratios are the median of the per-round ratios.\n"
     ));
-    let _ = simulator.kill();
-    let _ = simulator.wait();
+}
+
+/// `ateapi-sim` with the running pool's shape, stopped when dropped (a
+/// panicking scenario must not leave it behind).
+struct Simulator {
+    child: std::process::Child,
+    addr: std::net::SocketAddr,
+}
+
+impl Simulator {
+    fn start() -> Simulator {
+        let mut child = std::process::Command::new(SIMULATOR)
+            .args(["--listen", "127.0.0.1:0", "--workers", "64", "--actors", "64"])
+            .args(["--idle-suspend", "1h", "--restore-latency", "1ms"])
+            .stderr(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .expect("start ateapi-sim");
+        let line = first_line(&mut child, "listening on ");
+        let addr =
+            line.split("listening on ").nth(1).and_then(|s| s.split(' ').next()).and_then(|s| s.parse().ok());
+        Simulator { child, addr: addr.expect("ateapi-sim's address") }
+    }
+}
+
+impl Drop for Simulator {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
 }
