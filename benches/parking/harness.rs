@@ -176,6 +176,16 @@ pub fn own_cpu_seconds() -> f64 {
     cpu_seconds_of("/proc/self/stat")
 }
 
+/// Microseconds in which some runnable task waited for a CPU, since boot:
+/// the kernel's pressure stall information (`/proc/pressure/cpu`, "some
+/// total"). Its growth over a run, per second of the run, is the share of
+/// the run the machine was saturated; `None` where the kernel has no PSI.
+pub fn cpu_stall_micros() -> Option<f64> {
+    let text = std::fs::read_to_string("/proc/pressure/cpu").ok()?;
+    let some = text.lines().find(|l| l.starts_with("some "))?;
+    some.split_whitespace().find_map(|f| f.strip_prefix("total="))?.parse().ok()
+}
+
 /// User + system CPU seconds from a `/proc/<pid>/stat` file.
 fn cpu_seconds_of(path: &str) -> f64 {
     let stat = std::fs::read_to_string(path).unwrap();
