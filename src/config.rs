@@ -85,6 +85,8 @@ pub struct Config {
     pub extproc_max_requests: u64,
     /// Effective cap on flights in progress (B58).
     pub flight_max: usize,
+    /// Effective count of gRPC completion-queue threads (B72).
+    pub grpc_threads: usize,
     pub worker_port: u16,
     pub drain_delay: Duration,
     /// Effective ext_proc drain timeout (B40).
@@ -176,6 +178,7 @@ impl Config {
             caller_deadlines: args.caller_deadlines,
             extproc_max_requests,
             flight_max,
+            grpc_threads: grpc_threads(args.grpc_threads)?,
             worker_port: port("--worker-port", args.worker_port)?,
             drain_delay,
             drain_timeout,
@@ -308,6 +311,22 @@ fn capacities(args: &ServeArgs, parking: &Parking) -> Result<(u64, usize), Confi
         n => return Err(invalid(format!("--flight-max must not be negative, got {n}"))),
     };
     Ok((breaker, flight_max))
+}
+
+/// The most completion-queue threads `--grpc-threads` may ask for: far more
+/// than any core count this service sees, and few enough that a typo cannot
+/// start thousands of threads.
+pub const MAX_GRPC_THREADS: usize = 256;
+
+/// `--grpc-threads` (B72): 0 is one per core this process may run on.
+fn grpc_threads(flag: i64) -> Result<usize, ConfigError> {
+    match usize::try_from(flag) {
+        Ok(0) => Ok(std::thread::available_parallelism().map_or(2, |n| n.get()).min(MAX_GRPC_THREADS)),
+        Ok(n) if n <= MAX_GRPC_THREADS => Ok(n),
+        _ => Err(invalid(format!(
+            "--grpc-threads must be 0 (one per core) or 1..={MAX_GRPC_THREADS}, got {flag}"
+        ))),
+    }
 }
 
 /// The late-serve limit (B49), within what Envoy's message timeouts allow
@@ -594,6 +613,18 @@ mod tests {
         assert_eq!(c.envoy_admin_address.as_deref(), Some("localhost:9901"));
         assert_eq!(c.drain_complete_file, Some(PathBuf::from("/var/run/atenet/drain-complete")));
         assert_eq!(c.route_timeout, Duration::from_secs(300));
+    }
+
+    #[test]
+    fn b72_grpc_threads_default_to_the_cores_and_take_1_to_256() {
+        let cores = std::thread::available_parallelism().unwrap().get();
+        assert_eq!(parse(&[]).unwrap().grpc_threads, cores);
+        assert_eq!(parse(&["--grpc-threads", "1"]).unwrap().grpc_threads, 1);
+        assert_eq!(parse(&["--grpc-threads", "256"]).unwrap().grpc_threads, 256);
+        for bad in ["-1", "257", "9223372036854775807"] {
+            let e = parse(&["--grpc-threads", bad]).unwrap_err().to_string();
+            assert!(e.contains("--grpc-threads") && e.contains(bad), "{bad}: {e}");
+        }
     }
 
     #[test]

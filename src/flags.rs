@@ -122,6 +122,9 @@ pub struct ServeArgs {
     /// max actors resumed at once: flights and ResumeActor calls in progress (default: 0 = max(4 x lot, 4096))
     #[argh(option, default = "0")]
     pub flight_max: i64,
+    /// gRPC completion-queue threads, shared by ext_proc streams and ateapi calls, 1..=256 (default: 0 = one per core available)
+    #[argh(option, default = "0")]
+    pub grpc_threads: i64,
     /// port the workers serve on (default: 443)
     #[argh(option, default = "443")]
     pub worker_port: i64,

@@ -1,9 +1,9 @@
 //! Assembly: builds every component from a [`Config`] and owns their
 //! threads. Nothing here decides anything; it wires.
 //!
-//! Threads: grpcio's completion-queue threads (one per core, shared by the
-//! ext_proc server and the ateapi channel), one timer thread, one thread
-//! per HTTP listener (its `poll(2)` loop), a credential-file watcher when
+//! Threads: grpcio's completion-queue threads (`--grpc-threads`, one per
+//! core by default; shared by the ext_proc server and the ateapi channel),
+//! one timer thread, one thread per HTTP listener (its `poll(2)` loop), a credential-file watcher when
 //! ateapi uses TLS or a token, and the caller's own; gRPC core adds its
 //! own executor threads as its work needs them, up to a bound of its own
 //! (README, "Threads"). Parked requests and HTTP connections add none.
@@ -187,8 +187,8 @@ impl Router {
             .map(|(flag, value)| format!("{flag}={value}"))
             .collect();
         log::debug!("effective flags: {}", flags.join(" "));
-        let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
-        let env = Arc::new(EnvBuilder::new().cq_count(cores).name_prefix("atenet-grpc").build());
+        let env =
+            Arc::new(EnvBuilder::new().cq_count(config.grpc_threads).name_prefix("atenet-grpc").build());
         let metrics = Metrics::new();
         metrics.set_lot_max(config.parking.max);
         let timer = TimerThread::start_observed(Some(metrics.timer_lateness()));

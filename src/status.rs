@@ -452,6 +452,7 @@ pub fn effective_flags(config: &Config) -> Vec<(&'static str, String)> {
         ("--parked-request-retry-jitter", parking.backoff.jitter.to_string()),
         ("--extproc-max-requests", config.extproc_max_requests.to_string()),
         ("--flight-max", config.flight_max.to_string()),
+        ("--grpc-threads", config.grpc_threads.to_string()),
         ("--worker-port", config.worker_port.to_string()),
         ("--drain-delay", godur::format(config.drain_delay)),
         ("--drain-timeout", godur::format(config.drain_timeout)),

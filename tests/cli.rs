@@ -117,6 +117,8 @@ fn b37_bad_flags_exit_nonzero_naming_the_flag() {
             "--parked-request-max-per-atespace",
         ),
         (&["serve", "--ateapi-insecure", "--caller-deadlines", "maybe"], "--caller-deadlines"),
+        (&["serve", "--ateapi-insecure", "--grpc-threads", "257"], "--grpc-threads"),
+        (&["envoy-config", "--ateapi-insecure", "--grpc-threads", "-1"], "--grpc-threads"),
         // B70: what the bootstrap renders must fit Envoy's types.
         (&["serve", "--ateapi-insecure", "--extproc-max-requests", "4294967296"], "--extproc-max-requests"),
         (
@@ -265,6 +267,38 @@ fn parkload_points_at_a_running_router_and_reports() {
         assert!(String::from_utf8_lossy(&bad.stderr).contains(flag));
     }
     assert_eq!(terminate(&mut router.process.child), 0);
+    assert_eq!(terminate(&mut sim.child), 0);
+}
+
+/// The threads of a running process whose name starts with `prefix`.
+fn threads_named(pid: u32, prefix: &str) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/task"))
+        .unwrap()
+        .filter_map(|task| std::fs::read_to_string(task.ok()?.path().join("comm")).ok())
+        .filter(|name| name.starts_with(prefix))
+        .count()
+}
+
+/// B72: `--grpc-threads` is the number of completion-queue threads the
+/// process runs (counted in /proc, not asked of the router), and one thread
+/// serves both the ext_proc streams and the ateapi calls.
+#[test]
+fn b72_grpc_threads_sets_the_completion_queue_threads() {
+    let mut sim = spawn_until(SIM, &["--listen", "127.0.0.1:0", "--workers", "8"], "listening on");
+    for threads in [1usize, 3] {
+        let args =
+            router_args(word_after(&sim.line, "listening on "), &["--grpc-threads", &threads.to_string()]);
+        let mut router = spawn_router(&args);
+        assert_eq!(threads_named(router.process.child.id(), "atenet-grpc-"), threads);
+        let out = Command::new(env!("CARGO_BIN_EXE_parkload"))
+            .args(["--target", &router.extproc.to_string(), "--count", "100", "--concurrency", "8"])
+            .args(["--actors", "demo/actor-{0..3}", "--json", "--progress", "0"])
+            .output()
+            .unwrap();
+        let json = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success() && json.contains("\"200 routed\":100"), "{threads} threads: {json}");
+        assert_eq!(terminate(&mut router.process.child), 0);
+    }
     assert_eq!(terminate(&mut sim.child), 0);
 }
 

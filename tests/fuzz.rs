@@ -261,6 +261,7 @@ const FLAGS: &[&str] = &[
     "--parked-request-retry-jitter",
     "--extproc-max-requests",
     "--flight-max",
+    "--grpc-threads",
     "--worker-port",
     "--port-extproc",
     "--metrics-listen-addr",
