@@ -111,7 +111,7 @@ test-rust: deps-test
 test-compat: build venv
 	ATENET_BIN_DIR=$(BIN) $(VENV)/bin/python -m pytest -q tests/compat
 
-bench: deps ## Benchmarks: router vs a baseline, eight scenarios (about 11 minutes); writes bench-results.json; see BENCHMARKS.md.
+bench: deps ## Benchmarks: router vs a baseline, eight scenarios (about 12 minutes); writes bench-results.json; see BENCHMARKS.md.
 	cargo bench --profile release --features testkit --bench parking $(if $(ONLY),-- --only $(ONLY))
 
 bench-memory: deps ## Memory per parked request under gRPC's memory options (about 5 minutes).

@@ -617,8 +617,9 @@ mod tests {
 
     #[test]
     fn b72_grpc_threads_default_to_the_cores_and_take_1_to_256() {
-        let cores = std::thread::available_parallelism().unwrap().get();
+        let cores = std::thread::available_parallelism().unwrap().get().min(MAX_GRPC_THREADS);
         assert_eq!(parse(&[]).unwrap().grpc_threads, cores);
+        assert_eq!(parse(&["--grpc-threads", "0"]).unwrap().grpc_threads, cores);
         assert_eq!(parse(&["--grpc-threads", "1"]).unwrap().grpc_threads, 1);
         assert_eq!(parse(&["--grpc-threads", "256"]).unwrap().grpc_threads, 256);
         for bad in ["-1", "257", "9223372036854775807"] {

@@ -279,6 +279,18 @@ fn threads_named(pid: u32, prefix: &str) -> usize {
         .count()
 }
 
+/// B72: by default, one completion-queue thread per core the process may
+/// use: started on one core (`taskset`), the router runs one.
+#[test]
+fn b72_grpc_threads_default_to_the_cores_the_process_may_use() {
+    // taskset (util-linux) execs the router: the child is the router.
+    let mut args = vec!["--cpu-list".to_string(), "0".into(), ROUTER.into()];
+    args.extend(router_args("127.0.0.1:1", &[]));
+    let mut process = spawn_until("taskset", &args, "serving");
+    assert_eq!(threads_named(process.child.id(), "atenet-grpc-"), 1);
+    assert_eq!(terminate(&mut process.child), 0);
+}
+
 /// B72: `--grpc-threads` is the number of completion-queue threads the
 /// process runs (counted in /proc, not asked of the router), and one thread
 /// serves both the ext_proc streams and the ateapi calls.

@@ -225,11 +225,15 @@ pub fn sim(config: SimConfig) -> Sim {
 // ----------------------------------------------------------------- baseline
 
 /// The irreducible job: one ResumeActor per request_headers, a fixed verdict,
-/// no flight table, lot or metrics.
+/// no flight table, lot or metrics. One completion-queue thread per core,
+/// as the router's default, or `ATENET_BENCH_GRPC_THREADS` of them to set
+/// beside a router run with `--grpc-threads` (BENCHMARKS.md).
 pub fn baseline_server(ateapi: &str) {
-    let env = Arc::new(
-        EnvBuilder::new().cq_count(std::thread::available_parallelism().map_or(2, |n| n.get())).build(),
-    );
+    let threads = match std::env::var("ATENET_BENCH_GRPC_THREADS") {
+        Ok(n) => n.parse().expect("ATENET_BENCH_GRPC_THREADS: a thread count"),
+        Err(_) => std::thread::available_parallelism().map_or(2, |n| n.get()),
+    };
+    let env = Arc::new(EnvBuilder::new().cq_count(threads).build());
     let client = Arc::new(Client::new(ChannelBuilder::new(Arc::clone(&env)).connect(ateapi)));
     // The same routing verdict the router sends (header mutation and
     // original_dst metadata), built once: the baseline pays for encoding a
