@@ -283,7 +283,7 @@ fn time_once(flights: usize, rate: f64, budget: Duration, interval: Duration) ->
         *verdicts.entry(verdict.as_str()).or_insert(0u64) += 1;
     }
     if verdicts.len() > 1 {
-        eprintln!("timer, {flights} flights: verdicts {verdicts:?}");
+        eprintln!("timer, {flights} flights retrying every {interval:?}: verdicts {verdicts:?}");
     }
     let (fired, lateness_p99_ms) = lateness_p99(&router);
     let metrics = http_get(router.metrics.expect("the router's metrics"), "/metrics");
@@ -307,7 +307,7 @@ fn time_once(flights: usize, rate: f64, budget: Duration, interval: Duration) ->
         sent.iter().map(|(_, _, service)| (service.as_secs_f64() - budget.as_secs_f64()) * 1e3).collect();
     let client_mean_past_ms = over.iter().sum::<f64>() / over.len().max(1) as f64;
     eprintln!(
-        "timer, {flights} flights: verdict past the budget, mean: router {router_mean_past_ms:.1} ms, client {client_mean_past_ms:.1} ms"
+        "timer, {flights} flights retrying every {interval:?}: verdict past the budget, mean: router {router_mean_past_ms:.1} ms, client {client_mean_past_ms:.1} ms"
     );
     Timed {
         requests: sent.len() as u64,
