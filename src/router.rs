@@ -3,10 +3,11 @@
 //!
 //! Threads: grpcio's completion-queue threads (`--grpc-threads`, one per
 //! core by default; shared by the ext_proc server and the ateapi channel),
-//! one timer thread, one thread per HTTP listener (its `poll(2)` loop), a credential-file watcher when
-//! ateapi uses TLS or a token, and the caller's own; gRPC core adds its
-//! own executor threads as its work needs them, up to a bound of its own
-//! (README, "Threads"). Parked requests and HTTP connections add none.
+//! one timer thread, one thread per HTTP listener (its `poll(2)` loop), a
+//! credential-file watcher when ateapi uses TLS or a token, and the
+//! caller's own; gRPC core adds its own executor threads as its work needs
+//! them, up to a bound of its own (README, "Threads"). Parked requests and
+//! HTTP connections add none.
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
