@@ -209,6 +209,8 @@ class Stack:
       (the sim's --worker-network), where the echo worker listens.
     - `echo_hosts`: how many hosts of `network` the echo worker listens on
       (at least `workers`; more for scripted IPs further up).
+    - `edit_config`: a function of the bootstrap's text to the text Envoy
+      gets, to break or bend it (a test that must be seen to fail).
     - `router_drains_envoy`: give the router Envoy's admin address, as in
       production. Off by default: then stopping or restarting the router
       leaves Envoy serving (the drain would fail Envoy's health check and
@@ -216,7 +218,7 @@ class Stack:
     """
 
     def __init__(self, router_flags=(), sim_flags=(), script=None, workers=4, network="127.0.1.0/24",
-                 echo_hosts=None, router_drains_envoy=False, envoy_args=()):
+                 echo_hosts=None, edit_config=None, router_drains_envoy=False, envoy_args=()):
         net = ipaddress.ip_network(network)
         assert net.subnet_of(ipaddress.ip_network("127.0.0.0/8")), "workers on loopback only"
         for ip in script_ips(script or ""):
@@ -227,6 +229,7 @@ class Stack:
         self.workers = workers
         self.network = network
         self.worker_hosts = network_hosts(network, max(workers, echo_hosts or 0))
+        self.edit_config = edit_config
         self.router_drains_envoy = router_drains_envoy
         self.envoy_args = list(envoy_args)
         self.dir = Path(tempfile.mkdtemp(prefix="envoy-stack-"))
@@ -319,6 +322,8 @@ class Stack:
         text = render_config(self.serve_flags(f"{LOOPBACK}:{self.admin_port}"))
         if not _has_flag("atenet-router", "--envoy-listen-address"):  # until the router has the flag
             text = text.replace('address: "0.0.0.0"', f'address: "{LOOPBACK}"')
+        if self.edit_config:
+            text = self.edit_config(text)
         assert "0.0.0.0" not in text and "::" not in text.replace("::1", ""), "Envoy binds loopback only"
         return text
 
@@ -328,7 +333,7 @@ class Stack:
                               self.dir)
         line = self.router.wait_line(" serving: ")
         self.extproc_port = int(word_after(line, "ext_proc on ").rsplit(":", 1)[1])
-        self.router_metrics_url = f"http://{word_after(line, 'metrics on http://')}"
+        self.router_metrics_url = f"http://{word_after(line, 'metrics on http://').split('/')[0]}"
 
     def stop_router(self):
         """Stops the router (SIGTERM, its drain); returns its exit status."""
@@ -417,7 +422,7 @@ class Stack:
         with urllib.request.urlopen(f"{self.router_metrics_url}/metrics", timeout=5) as response:
             text = response.read().decode()
         return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-                   if line.startswith(name) and line[len(name)] in " {")
+                   if line.startswith(name + " ") or line.startswith(name + "{"))
 
     def wait_router_metric(self, name, value, timeout=30):
         deadline = time.monotonic() + timeout
