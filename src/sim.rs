@@ -18,7 +18,7 @@
 //! restore holds no thread.
 
 use std::collections::{HashMap, VecDeque};
-use std::net::SocketAddr;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -62,10 +62,66 @@ pub struct SimConfig {
     pub slow_restore: Duration,
     /// Serve TLS (and require client certificates when `client_ca` is set).
     pub tls: Option<SimTls>,
-    /// When set, every worker has this IP, so that routed requests reach a
-    /// real worker (one echo server stands in for the pool); otherwise each
-    /// worker has an address of its own in 10.64.0.0/16, reachable nowhere.
-    pub worker_ip: Option<std::net::IpAddr>,
+    /// The workers' addresses.
+    pub worker_ips: WorkerIps,
+}
+
+/// Where the simulated workers are, as the IPs ResumeActor hands out.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WorkerIps {
+    /// Every worker has this IP, so that routed requests reach a real
+    /// worker (one echo server stands in for the pool).
+    Shared(IpAddr),
+    /// Worker `i` has the `(i + 1)`-th host address of this IPv4 network,
+    /// so that a test can tell which worker a request reached (an echo
+    /// server bound to each address of a loopback network, say).
+    Network(Ipv4Net),
+}
+
+impl WorkerIps {
+    /// A distinct address per worker in 10.64.0.0/10, reachable nowhere:
+    /// room for [`Ipv4Net::hosts`] = 4,194,302 workers.
+    pub const UNREACHABLE: WorkerIps =
+        WorkerIps::Network(Ipv4Net { base: Ipv4Addr::new(10, 64, 0, 0), prefix: 10 });
+
+    /// Worker `worker`'s IP (`worker` below the pool size, which
+    /// [`Ipv4Net::hosts`] bounds).
+    pub fn of(self, worker: usize) -> IpAddr {
+        match self {
+            WorkerIps::Shared(ip) => ip,
+            WorkerIps::Network(net) => {
+                IpAddr::V4(Ipv4Addr::from(u32::from(net.base).wrapping_add(worker as u32 + 1)))
+            }
+        }
+    }
+}
+
+/// An IPv4 network, `a.b.c.d/prefix`, its base address normalised.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Ipv4Net {
+    base: Ipv4Addr,
+    prefix: u8,
+}
+
+impl Ipv4Net {
+    /// Parses `a.b.c.d/prefix` with a prefix of 8 to 30 (a smaller one is
+    /// not a network a test means; a larger one holds no two workers).
+    pub fn parse(text: &str) -> Result<Ipv4Net, String> {
+        let bad = || format!("expected an IPv4 network a.b.c.d/8..30, got {text:?}");
+        let (ip, prefix) = text.split_once('/').ok_or_else(bad)?;
+        let ip: Ipv4Addr = ip.parse().map_err(|_| bad())?;
+        let prefix: u8 = prefix.parse().map_err(|_| bad())?;
+        if !(8..=30).contains(&prefix) {
+            return Err(bad());
+        }
+        let mask = u32::MAX << (32 - prefix);
+        Ok(Ipv4Net { base: Ipv4Addr::from(u32::from(ip) & mask), prefix })
+    }
+
+    /// Host addresses: all but the network and broadcast addresses.
+    pub fn hosts(self) -> usize {
+        (1usize << (32 - self.prefix)) - 2
+    }
 }
 
 /// The sim's TLS identity, PEM-encoded.
@@ -105,7 +161,7 @@ impl Default for SimConfig {
             slow_restore_rate: 0.0,
             slow_restore: Duration::from_secs(10),
             tls: None,
-            worker_ip: None,
+            worker_ips: WorkerIps::UNREACHABLE,
         }
     }
 }
@@ -622,10 +678,7 @@ fn code_named(name: &str) -> Option<Code> {
 
 impl State {
     fn worker_ip(&self, worker: usize) -> String {
-        match self.config.worker_ip {
-            Some(ip) => ip.to_string(),
-            None => format!("10.64.{}.{}", worker / 250, worker % 250 + 1),
-        }
+        self.config.worker_ips.of(worker).to_string()
     }
 }
 
@@ -662,6 +715,19 @@ async fn respond(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn worker_ips_from_a_network() {
+        let net = Ipv4Net::parse("127.0.1.77/24").unwrap();
+        assert_eq!(net.hosts(), 254);
+        let ips = WorkerIps::Network(net);
+        assert_eq!(ips.of(0).to_string(), "127.0.1.1");
+        assert_eq!(ips.of(253).to_string(), "127.0.1.254");
+        assert_eq!(WorkerIps::UNREACHABLE.of(999_999).to_string(), "10.79.66.64");
+        for bad in ["127.0.1.0", "127.0.1.0/31", "127.0.1.0/7", "::1/24", "127.0.1/24", "127.0.1.0/x"] {
+            assert!(Ipv4Net::parse(bad).is_err(), "{bad}");
+        }
+    }
 
     #[test]
     fn an_idle_actor_frees_its_worker_and_a_busy_one_keeps_it() {

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use argh::FromArgs;
 use atenet_router::godur;
-use atenet_router::sim::{Sim, SimConfig, SimTls};
+use atenet_router::sim::{Ipv4Net, Sim, SimConfig, SimTls, WorkerIps};
 use signal_hook::consts::{SIGINT, SIGTERM};
 use signal_hook::iterator::Signals;
 
@@ -67,9 +67,13 @@ struct Args {
     #[argh(option)]
     tls_client_ca: Option<String>,
     /// IP address of every worker (a reachable echo worker, say); default: a
-    /// distinct unreachable 10.64.x.y address per worker
+    /// distinct unreachable address per worker in 10.64.0.0/10
     #[argh(option)]
     worker_ip: Option<String>,
+    /// IPv4 network of the workers (a.b.c.d/8..30): worker i gets its
+    /// (i+1)-th host address, 127.0.1.0/24 giving 127.0.1.1, 127.0.1.2, ...
+    #[argh(option)]
+    worker_network: Option<String>,
 }
 
 fn duration(flag: &str, text: &str) -> Result<Duration, String> {
@@ -118,12 +122,30 @@ fn config(args: &Args) -> Result<SimConfig, String> {
         slow_restore_rate: rate("--slow-restore-rate", args.slow_restore_rate)?,
         slow_restore: duration("--slow-restore-latency", &args.slow_restore_latency)?,
         tls: tls(args)?,
-        worker_ip: args
-            .worker_ip
-            .as_deref()
-            .map(|ip| ip.parse().map_err(|_| format!("--worker-ip must be an IP address, got {ip:?}")))
-            .transpose()?,
+        worker_ips: worker_ips(args)?,
     })
+}
+
+fn worker_ips(args: &Args) -> Result<WorkerIps, String> {
+    match (&args.worker_ip, &args.worker_network) {
+        (Some(_), Some(_)) => Err("--worker-ip and --worker-network exclude each other".into()),
+        (Some(ip), None) => ip
+            .parse()
+            .map(WorkerIps::Shared)
+            .map_err(|_| format!("--worker-ip must be an IP address, got {ip:?}")),
+        (None, Some(net)) => {
+            let net = Ipv4Net::parse(net).map_err(|e| format!("--worker-network: {e}"))?;
+            if args.workers > net.hosts() {
+                return Err(format!(
+                    "--worker-network holds {} workers, not --workers {}",
+                    net.hosts(),
+                    args.workers
+                ));
+            }
+            Ok(WorkerIps::Network(net))
+        }
+        (None, None) => Ok(WorkerIps::UNREACHABLE),
+    }
 }
 
 fn tls(args: &Args) -> Result<Option<SimTls>, String> {
