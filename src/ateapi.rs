@@ -14,6 +14,7 @@
 //! attempts; attempts already running finish on the old one. The token is
 //! sent as `authorization: Bearer ...` and is never logged or shown.
 
+use std::ffi::CString;
 use std::fs;
 use std::io::Read;
 use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
@@ -251,6 +252,12 @@ fn build(
     };
     let builder = ChannelBuilder::new(Arc::clone(env))
         .primary_user_agent(concat!("atenet-router/", env!("CARGO_PKG_VERSION")))
+        // Room for a long status message from ateapi: gRPC core's default
+        // (8 KiB soft, 16 KiB hard) refuses one locally and reports that as
+        // a ResourceExhausted of its own, which would be retried as if the
+        // pool were full. Soft = hard: no random refusals in between.
+        .raw_cfg_int(CString::new("grpc.max_metadata_size").expect("no NUL"), MAX_ANSWER_METADATA)
+        .raw_cfg_int(CString::new("grpc.absolute_max_metadata_size").expect("no NUL"), MAX_ANSWER_METADATA)
         .keepalive_time(std::time::Duration::from_secs(30))
         .keepalive_timeout(std::time::Duration::from_secs(10));
     let channel: Channel = match transport {
@@ -404,11 +411,42 @@ fn attempt_result(result: grpcio::Result<ResumeActorResponse>) -> AttemptResult 
                 .unwrap_or_default();
             Ok(Resumed::from_pod_ips(response.resumed, ips))
         }
+        // gRPC core's own refusal of an answer over the metadata limit is a
+        // failure of the router's client, not a control-plane verdict: it is
+        // not retried, and its library text never reaches a body (B13).
+        Err(grpcio::Error::RpcFailure(status)) if status.message().starts_with(LOCAL_METADATA_REFUSAL) => {
+            // The 500's body never shows the message; the log does (B62).
+            let why = format!("ateapi's answer exceeds the router's metadata limit: {}", status.message());
+            Err(ResumeError::new(Code::Internal, clean_message(&why)))
+        }
         Err(grpcio::Error::RpcFailure(status)) => {
-            Err(ResumeError::new(Code::from_i32(status.code().into()), status.message()))
+            Err(ResumeError::new(Code::from_i32(status.code().into()), clean_message(status.message())))
         }
         Err(other) => Err(ResumeError::new(Code::Unknown, other.to_string())),
     }
+}
+
+/// The metadata of one ateapi answer, status message included, at most.
+const MAX_ANSWER_METADATA: i32 = 64 * 1024;
+
+/// How gRPC core 1.56 begins the status it makes up when an answer's
+/// metadata is over the limit (`hpack_parse_result.cc`).
+const LOCAL_METADATA_REFUSAL: &str = "received metadata size exceeds";
+
+/// The most of a control-plane message a verdict's body carries (B13).
+const MAX_MESSAGE_CHARS: usize = 256;
+
+/// A control-plane message as a body may show it: at most
+/// [`MAX_MESSAGE_CHARS`] characters, control characters as spaces, and `…`
+/// where it was cut. A flight keeps its last error, so this also bounds
+/// what a long message costs while requests park.
+fn clean_message(message: &str) -> String {
+    let mut clean: String =
+        message.chars().take(MAX_MESSAGE_CHARS).map(|c| if c.is_control() { ' ' } else { c }).collect();
+    if message.chars().nth(MAX_MESSAGE_CHARS).is_some() {
+        clean.push('…');
+    }
+    clean
 }
 
 #[cfg(test)]
@@ -450,6 +488,25 @@ mod tests {
             Err(ResumeError::new(Code::ResourceExhausted, "no free workers available"))
         );
         assert_eq!(attempt_result(Err(grpcio::Error::RemoteStopped)).unwrap_err().code, Code::Unknown);
+    }
+
+    #[test]
+    fn long_or_odd_messages_are_bounded_and_local_refusals_are_the_routers_own() {
+        let failure = |code, message: &str| {
+            attempt_result(Err(grpcio::Error::RpcFailure(grpcio::RpcStatus::with_message(code, message.into()))))
+                .unwrap_err()
+        };
+        let long = failure(grpcio::RpcStatusCode::RESOURCE_EXHAUSTED, &"é".repeat(20_000));
+        assert_eq!(long.code, Code::ResourceExhausted);
+        assert_eq!(long.message, format!("{}…", "é".repeat(MAX_MESSAGE_CHARS)));
+        let odd = failure(grpcio::RpcStatusCode::ABORTED, "line one\r\nline\ttwo");
+        assert_eq!(odd.message, "line one  line two");
+        let local = failure(
+            grpcio::RpcStatusCode::RESOURCE_EXHAUSTED,
+            "received metadata size exceeds hard limit (value length 80000 vs. 65536)",
+        );
+        assert_eq!(local.code, Code::Internal, "not a full pool: not retried");
+        assert!(local.message.starts_with("ateapi's answer exceeds the router's metadata limit"));
     }
 
     #[test]

@@ -6,7 +6,7 @@
 //! `invalid router configuration: ...`, never a panic.
 
 use std::fmt;
-use std::net::{SocketAddr, ToSocketAddrs};
+use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -99,6 +99,9 @@ pub struct Config {
     /// How long past the budget a late verdict may still arrive; zero when
     /// late serve is disabled.
     pub late_serve_limit: Duration,
+    /// The address of Envoy's HTTP, health and metrics listeners, for
+    /// `envoy-config`.
+    pub envoy_listen_ip: IpAddr,
     /// Envoy's HTTP listener port, for `envoy-config`.
     pub port_http: u16,
     /// Envoy's health-check listener port, for `envoy-config`.
@@ -117,6 +120,10 @@ pub const MIN_FLIGHT_MAX: usize = 4096;
 
 /// Envoy's admin port when `--envoy-admin-address` names none.
 pub const DEFAULT_ENVOY_ADMIN_PORT: u16 = 9901;
+
+/// The shortest retry interval: at a factor of 1 and no jitter a flight
+/// then makes at most 1,000 ResumeActor calls a second (B37).
+pub const MIN_RETRY_INTERVAL: Duration = Duration::from_millis(1);
 
 /// The largest retry factor: beyond it the second retry already lands
 /// hours after the first, so a larger value can only be a typo.
@@ -188,6 +195,7 @@ impl Config {
             log_level,
             log_format,
             late_serve_limit,
+            envoy_listen_ip: envoy.listen_ip,
             port_http: envoy.http,
             port_health: envoy.health,
             port_stats: envoy.stats,
@@ -247,6 +255,14 @@ fn parking(args: &ServeArgs) -> Result<Parking, ConfigError> {
     let interval = duration("--parked-request-retry-interval", &args.parked_request_retry_interval)?
         .positive()
         .unwrap_or(Duration::from_millis(100));
+    if interval < MIN_RETRY_INTERVAL {
+        return Err(invalid(format!(
+            "--parked-request-retry-interval must be 0 (the default 100ms) or at least {}, got {}: \
+             a shorter one turns every parked flight into a busy loop of ResumeActor calls",
+            godur::format(MIN_RETRY_INTERVAL),
+            godur::format(interval)
+        )));
+    }
     let factor = match args.parked_request_retry_factor {
         0.0 => 1.1,
         f if (1.0..=MAX_RETRY_FACTOR).contains(&f) => f,
@@ -383,6 +399,7 @@ fn drain(
 
 /// Envoy's ports in the generated bootstrap (B67) and its admin address.
 struct EnvoyPorts {
+    listen_ip: IpAddr,
     http: u16,
     health: u16,
     stats: u16,
@@ -390,6 +407,9 @@ struct EnvoyPorts {
 }
 
 fn envoy_ports(args: &ServeArgs) -> Result<EnvoyPorts, ConfigError> {
+    let listen_ip = args.envoy_listen_address.trim().parse().map_err(|_| {
+        invalid(format!("--envoy-listen-address must be an IP address, got {:?}", args.envoy_listen_address))
+    })?;
     let http = port("--port-http", args.port_http)?;
     let health = port("--port-health", args.port_health)?;
     let stats = port("--port-stats", args.port_stats)?;
@@ -409,7 +429,7 @@ fn envoy_ports(args: &ServeArgs) -> Result<EnvoyPorts, ConfigError> {
             return Err(invalid(format!("{flag} and {other} give Envoy the same port {p}")));
         }
     }
-    Ok(EnvoyPorts { http, health, stats, admin_address })
+    Ok(EnvoyPorts { listen_ip, http, health, stats, admin_address })
 }
 
 /// The port of `--envoy-admin-address`, which must be `host:port` (an

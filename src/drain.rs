@@ -87,6 +87,18 @@ pub enum EnvoyDrain {
     Skipped,
 }
 
+impl std::fmt::Display for EnvoyDrain {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            EnvoyDrain::Disabled => "not drained (no --envoy-admin-address)",
+            EnvoyDrain::Drained => "drained",
+            EnvoyDrain::Unreachable => "unreachable (gone)",
+            EnvoyDrain::WindowElapsed => "still had connections when the window passed",
+            EnvoyDrain::Skipped => "not drained (a second signal skipped it)",
+        })
+    }
+}
+
 /// What happened, for the log and for tests.
 #[derive(Clone, Debug)]
 pub struct DrainReport {
@@ -137,7 +149,7 @@ pub fn drain_reporting(
     };
     skipping |= envoy == EnvoyDrain::Skipped;
     progress(plan.stop_bound());
-    log::info!("drain: Envoy {envoy:?}; stopping ext_proc (up to {})", crate::godur::format(plan.timeout));
+    log::info!("drain: Envoy {envoy}; stopping ext_proc (up to {})", crate::godur::format(plan.timeout));
     let timeout = if skipping { Duration::ZERO } else { plan.timeout };
     let started = std::time::Instant::now();
     let (streams_finished, cancelled) = router.stop(timeout, interrupt);

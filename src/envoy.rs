@@ -98,7 +98,7 @@ static_resources:
   listeners:
   - name: ingress
     address:
-      socket_address: {{ address: "0.0.0.0", port_value: {port_http} }}
+      socket_address: {{ address: "{listen_ip}", port_value: {port_http} }}
     filter_chains:
     - filters:
       - name: envoy.filters.network.http_connection_manager
@@ -173,7 +173,7 @@ static_resources:
   - name: health
     stat_prefix: {HEALTH_STAT_PREFIX}
     address:
-      socket_address: {{ address: "0.0.0.0", port_value: {port_health} }}
+      socket_address: {{ address: "{listen_ip}", port_value: {port_health} }}
     filter_chains:
     - filters:
       - name: envoy.filters.network.http_connection_manager
@@ -204,7 +204,7 @@ static_resources:
   - name: stats
     stat_prefix: {STATS_STAT_PREFIX}
     address:
-      socket_address: {{ address: "0.0.0.0", port_value: {port_stats} }}
+      socket_address: {{ address: "{listen_ip}", port_value: {port_stats} }}
     filter_chains:
     - filters:
       - name: envoy.filters.network.http_connection_manager
@@ -291,6 +291,7 @@ static_resources:
             address:
               socket_address: {{ address: "{admin_ip}", port_value: {admin_port} }}
 "#,
+        listen_ip = config.envoy_listen_ip,
         port_http = config.port_http,
         port_health = config.port_health,
         port_stats = config.port_stats,
@@ -333,6 +334,25 @@ mod tests {
         let no_late =
             bootstrap(&parse_serve_args(&["--ateapi-insecure", "--late-serve-limit", "0"]).unwrap());
         assert!(no_late.contains("max_message_timeout: 0s"));
+    }
+
+    #[test]
+    fn listeners_bind_the_listen_address() {
+        let default = bootstrap(&parse_serve_args(&["--ateapi-insecure"]).unwrap());
+        assert_eq!(default.matches(r#"address: "0.0.0.0""#).count(), 3, "{default}");
+        let local = bootstrap(
+            &parse_serve_args(&["--ateapi-insecure", "--envoy-listen-address", "127.0.0.1"]).unwrap(),
+        );
+        for port in [8080, 8081, 9902] {
+            assert!(local.contains(&format!(r#"address: "127.0.0.1", port_value: {port}"#)), "{local}");
+        }
+        assert!(!local.contains("0.0.0.0"));
+        let v6 =
+            bootstrap(&parse_serve_args(&["--ateapi-insecure", "--envoy-listen-address", "::"]).unwrap());
+        assert!(v6.contains(r#"address: "::", port_value: 8080"#));
+        let bad =
+            parse_serve_args(&["--ateapi-insecure", "--envoy-listen-address", "localhost"]).unwrap_err();
+        assert!(bad.to_string().contains("--envoy-listen-address"), "{bad}");
     }
 
     #[test]

@@ -31,8 +31,8 @@ use crate::proto::base::{
     header_value_option::HeaderAppendAction, HeaderMap, HeaderValue, HeaderValueOption,
 };
 use crate::proto::external_processor::{
-    processing_request, BodyResponse, CommonResponse, HeaderMutation, HeadersResponse, ImmediateResponse,
-    ProcessingRequest, ProcessingResponse, TrailersResponse,
+    processing_request, BodyResponse, CommonResponse, GrpcStatus, HeaderMutation, HeadersResponse,
+    ImmediateResponse, ProcessingRequest, ProcessingResponse, TrailersResponse,
 };
 use crate::proto::http_status::HttpStatus;
 use crate::proto::EXT_PROC_PROCESS;
@@ -168,7 +168,7 @@ impl ExtProc {
                 log::debug!("ext_proc message with no known request kind; ignored");
                 Prepared::Ignore
             }
-            Classified::Route(target, line, timeout) => {
+            Classified::Route(target, line, timeout, protocol) => {
                 #[cfg(feature = "fault-injection")]
                 if target.actor.as_str() == "fault-injection/panic" {
                     panic!("injected fault: a request for {}", target.actor);
@@ -178,13 +178,13 @@ impl ExtProc {
                 }
                 // Only parsed here: only a parked caller's wait looks at it.
                 let deadline = timeout.timeout.filter(|_| self.caller_deadlines).and_then(|t| received.checked_add(t));
-                Prepared::Route(Pending { target, line, received, deadline })
+                Prepared::Route(Pending { target, line, received, deadline, protocol })
             }
-            Classified::InvalidTarget(line) => {
+            Classified::InvalidTarget(line, protocol) => {
                 self.metrics.count_invalid_target();
                 let (verdict, label) = verdict::invalid_target();
                 self.finish(&line, "", &verdict, received, label, ResumeLabel::Unknown);
-                Prepared::Reply(response_for(&verdict))
+                Prepared::Reply(response_for(&verdict, protocol))
             }
         }
     }
@@ -252,7 +252,7 @@ impl ExtProc {
                 self.log_rejection(&target.actor, r, &outcome.result);
             }
             self.finish(&pending.line, target.actor.as_str(), &verdict, received, label, outcome.resume);
-            Some(response_for(&verdict))
+            Some(response_for(&verdict, pending.protocol))
         }
     }
 
@@ -341,11 +341,35 @@ pub enum Classified {
     Reply(ProcessingResponse),
     /// No known request kind: nothing to answer.
     Ignore,
-    /// request_headers for an actor, and what its headers say about its
-    /// caller's patience (B68).
-    Route(Target, RequestLine, CallerTimeout),
+    /// request_headers for an actor, what its headers say about its
+    /// caller's patience (B68), and the protocol its client reads (B73).
+    Route(Target, RequestLine, CallerTimeout, ClientProtocol),
     /// request_headers naming no valid actor: the 404 (B4).
-    InvalidTarget(RequestLine),
+    InvalidTarget(RequestLine, ClientProtocol),
+}
+
+/// How the client reads a rejection: an HTTP status, or a gRPC status
+/// (B73).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ClientProtocol {
+    Http,
+    Grpc,
+}
+
+impl ClientProtocol {
+    /// gRPC exactly when Envoy takes the request for one, so that the
+    /// status the router sets is the one Envoy sends: a `content-type` of
+    /// `application/grpc` or `application/grpc+<codec>` (what Envoy's
+    /// `Grpc::Common::isGrpcRequestHeaders` accepts). gRPC-Web is not gRPC
+    /// here, as it is not to Envoy's local replies.
+    fn of(headers: &HeaderMap) -> ClientProtocol {
+        let Some(value) = target::header(headers, "content-type") else { return ClientProtocol::Http };
+        match value.strip_prefix(b"application/grpc") {
+            Some(b"") => ClientProtocol::Grpc,
+            Some(codec) if codec.starts_with(b"+") => ClientProtocol::Grpc,
+            _ => ClientProtocol::Http,
+        }
+    }
 }
 
 /// Classifies one message from Envoy. Pure, so it can be fuzzed.
@@ -357,9 +381,10 @@ pub fn classify(request: ProcessingRequest) -> Classified {
     };
     let header_map = headers.headers.into_option().unwrap_or_default();
     let line = RequestLine::of(&header_map);
+    let protocol = ClientProtocol::of(&header_map);
     match target::resolve(&header_map, &request.attributes) {
-        Ok(target) => Classified::Route(target, line, deadline::caller_timeout(&header_map)),
-        Err(_) => Classified::InvalidTarget(line),
+        Ok(target) => Classified::Route(target, line, deadline::caller_timeout(&header_map), protocol),
+        Err(_) => Classified::InvalidTarget(line, protocol),
     }
 }
 
@@ -377,6 +402,7 @@ struct Pending {
     received: Instant,
     /// The caller's own deadline (B68).
     deadline: Option<Instant>,
+    protocol: ClientProtocol,
 }
 
 /// Why a waiting request woke before its outcome.
@@ -510,8 +536,8 @@ fn empty_reply(request: &processing_request::Request) -> ProcessingResponse {
     reply
 }
 
-/// The wire form of a verdict (B6, B7, B10).
-pub fn response_for(verdict: &Verdict) -> ProcessingResponse {
+/// The wire form of a verdict (B6, B7, B10, B73).
+pub fn response_for(verdict: &Verdict, protocol: ClientProtocol) -> ProcessingResponse {
     match verdict {
         Verdict::Route { actor, worker, target_port } => {
             let mut mutation = HeaderMutation::new();
@@ -534,20 +560,35 @@ pub fn response_for(verdict: &Verdict) -> ProcessingResponse {
             reply.dynamic_metadata = MessageField::some(metadata);
             reply
         }
-        Verdict::Reject(rejection) => immediate(rejection),
+        Verdict::Reject(rejection) => immediate(rejection, protocol),
     }
 }
 
-fn immediate(rejection: &Rejection) -> ProcessingResponse {
+/// An ImmediateResponse. For a gRPC client it also carries the gRPC status,
+/// which Envoy sends as `grpc-status` with the body as `grpc-message` in a
+/// trailers-only answer (HTTP 200, `content-type: application/grpc`, so no
+/// `text/plain` here), and the retry hint in gRFC A6's
+/// `grpc-retry-pushback-ms` beside `retry-after` (B73).
+fn immediate(rejection: &Rejection, protocol: ClientProtocol) -> ProcessingResponse {
     let mut headers = HeaderMutation::new();
-    headers.set_headers.push(overwrite("content-type", "text/plain"));
+    let mut response = ImmediateResponse::new();
+    match protocol {
+        ClientProtocol::Http => headers.set_headers.push(overwrite("content-type", "text/plain")),
+        ClientProtocol::Grpc => {
+            let mut grpc = GrpcStatus::new();
+            grpc.status = rejection.grpc_status() as u32;
+            response.grpc_status = MessageField::some(grpc);
+        }
+    }
     headers.set_headers.push(overwrite("x-atenet-reason", rejection.reason));
     if let Some(seconds) = rejection.retry_after {
         headers.set_headers.push(overwrite("retry-after", &seconds.to_string()));
+        if protocol == ClientProtocol::Grpc {
+            headers.set_headers.push(overwrite("grpc-retry-pushback-ms", &(seconds * 1000).to_string()));
+        }
     }
     let mut status = HttpStatus::new();
     status.code = protobuf::EnumOrUnknown::from_i32(i32::from(rejection.status));
-    let mut response = ImmediateResponse::new();
     response.status = MessageField::some(status);
     response.headers = MessageField::some(headers);
     response.body = rejection.body.clone().into_bytes();
@@ -581,6 +622,7 @@ fn string_value(s: &str) -> Value {
 mod tests {
     use super::*;
     use crate::proto::external_processor::HttpHeaders;
+    use crate::resume::Code;
     use protobuf::Message;
 
     fn hex(bytes: &[u8]) -> String {
@@ -625,6 +667,73 @@ mod tests {
         d.seconds = 2;
         r.override_message_timeout = MessageField::some(d);
         assert_eq!(hex(&r.write_to_bytes().unwrap()), "52020802");
+    }
+
+    fn headers(pairs: &[(&str, &str)]) -> HeaderMap {
+        let mut map = HeaderMap::new();
+        for (key, value) in pairs {
+            let mut header = HeaderValue::new();
+            header.key = key.to_string();
+            header.raw_value = value.as_bytes().to_vec();
+            map.headers.push(header);
+        }
+        map
+    }
+
+    #[test]
+    fn b73_grpc_is_what_envoy_takes_for_grpc() {
+        let of = |value: &str| ClientProtocol::of(&headers(&[("content-type", value)]));
+        assert_eq!(of("application/grpc"), ClientProtocol::Grpc);
+        assert_eq!(of("application/grpc+proto"), ClientProtocol::Grpc);
+        assert_eq!(ClientProtocol::of(&headers(&[("Content-Type", "application/grpc+json")])), ClientProtocol::Grpc);
+        for http in ["application/grpc-web", "application/grpcx", "text/plain", "application/json", ""] {
+            assert_eq!(of(http), ClientProtocol::Http, "{http:?}");
+        }
+        assert_eq!(ClientProtocol::of(&headers(&[])), ClientProtocol::Http);
+    }
+
+    #[test]
+    fn b73_a_grpc_rejection_carries_its_status_and_pushback() {
+        let rejection = Rejection {
+            status: 503,
+            body: "actor \"demo/a\" unavailable: router at capacity".into(),
+            reason: "atenet_lot_full",
+            retry_after: Some(3),
+        };
+        let header_list = |reply: &ProcessingResponse| -> Vec<(String, String)> {
+            let headers = reply.immediate_response().headers.clone().unwrap();
+            headers
+                .set_headers
+                .iter()
+                .map(|o| (o.header.key.clone(), String::from_utf8(o.header.raw_value.clone()).unwrap()))
+                .collect()
+        };
+        let grpc = immediate(&rejection, ClientProtocol::Grpc);
+        assert_eq!(grpc.immediate_response().grpc_status.status, Code::Unavailable as u32);
+        assert_eq!(grpc.immediate_response().status.code.value(), 503);
+        assert_eq!(grpc.immediate_response().body, rejection.body.as_bytes());
+        assert_eq!(
+            header_list(&grpc),
+            [
+                ("x-atenet-reason".to_string(), "atenet_lot_full".to_string()),
+                ("retry-after".into(), "3".into()),
+                ("grpc-retry-pushback-ms".into(), "3000".into())
+            ]
+        );
+        let http = immediate(&rejection, ClientProtocol::Http);
+        assert!(http.immediate_response().grpc_status.is_none(), "HTTP clients see no change");
+        assert_eq!(
+            header_list(&http),
+            [
+                ("content-type".to_string(), "text/plain".to_string()),
+                ("x-atenet-reason".into(), "atenet_lot_full".into()),
+                ("retry-after".into(), "3".into())
+            ]
+        );
+        let no_hint = Rejection { status: 404, reason: "atenet_not_found", retry_after: None, ..rejection };
+        let reply = immediate(&no_hint, ClientProtocol::Grpc);
+        assert_eq!(reply.immediate_response().grpc_status.status, Code::NotFound as u32);
+        assert_eq!(header_list(&reply), [("x-atenet-reason".to_string(), "atenet_not_found".to_string())]);
     }
 
     #[test]

@@ -46,7 +46,15 @@ pub fn parse_command(args: &[String]) -> Result<Command, ConfigError> {
     };
     match command {
         "serve" => Ok(config(command)?.map_or_else(Command::Help, Command::Serve)),
-        "envoy-config" => Ok(config(command)?.map_or_else(Command::Help, Command::EnvoyConfig)),
+        "envoy-config" => match config(command)? {
+            // `serve --port-extproc 0` takes any free port, which a
+            // bootstrap written beforehand cannot name (B70).
+            Ok(config) if config.extproc_addr.port() == 0 => Err(ConfigError::new(
+                "envoy-config needs the ext_proc port Envoy connects to: \
+                 --port-extproc 0 (any free port) cannot be written into a bootstrap",
+            )),
+            parsed => Ok(parsed.map_or_else(Command::Help, Command::EnvoyConfig)),
+        },
         "help" | "--help" | "-h" => Ok(Command::Help(HELP.to_string())),
         "version" | "--version" | "-V" => Ok(Command::Version),
         "" => Ok(Command::Usage),
@@ -152,6 +160,9 @@ pub struct ServeArgs {
     /// how long past the budget Envoy waits for a late verdict (0 disables) (default: 30s)
     #[argh(option, default = "String::from(\"30s\")")]
     pub late_serve_limit: String,
+    /// IP address the generated Envoy config's HTTP, health and metrics listeners bind (default: 0.0.0.0)
+    #[argh(option, default = "String::from(\"0.0.0.0\")")]
+    pub envoy_listen_address: String,
     /// port of the HTTP listener in the generated Envoy config (default: 8080)
     #[argh(option, default = "8080")]
     pub port_http: i64,

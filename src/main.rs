@@ -120,7 +120,7 @@ fn serve(config: &Config) -> ExitCode {
     });
     let report = drain::drain_reporting(router, &plan, &interrupt_rx, &|left| systemd.extend(left));
     info!(
-        "drain complete: Envoy {:?}, ext_proc {}, marker {}",
+        "drain complete: Envoy {}, ext_proc {}, marker {}",
         report.envoy,
         if report.streams_finished {
             "finished".to_string()

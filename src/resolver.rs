@@ -154,11 +154,15 @@ impl Resolver {
     /// has one, is `deadline` (B68). Dropping the returned future abandons
     /// the wait as [`Abandon::Canceled`].
     pub fn resolve(&self, actor: &ActorId, deadline: Option<Instant>) -> Resolve {
-        let account = Account { lot: self.lot.clone(), state: AccountState::Undecided, exit: Abandon::Canceled };
-        let (stage, flight, role) = match self.flights.join(actor) {
-            Ok((flight, role)) => (Stage::First { wait: flight.wait(Until::ParkedOrDone) }, Some(flight), role),
-            Err(FlightsFull) => (Stage::Refused, None, Role::Leader),
+        let (stage, flight, role, state) = match self.flights.join(actor) {
+            Ok((flight, role)) => {
+                (Stage::First { wait: flight.wait(Until::ParkedOrDone) }, Some(flight), role, AccountState::Undecided)
+            }
+            // Refused before any lot decision was due: counted as a flight
+            // rejected, never as a caller that left (B55).
+            Err(FlightsFull) => (Stage::Refused, None, Role::Leader, AccountState::Settled),
         };
+        let account = Account { lot: self.lot.clone(), state, exit: Abandon::Canceled };
         Resolve { stage, flight, role, account, deadline, resolver: self.clone() }
     }
 }
@@ -747,6 +751,11 @@ mod tests {
         assert!(ready(&mut joiner).result.is_ok());
         drop(callers);
         assert!(s.h.table.is_empty());
+        drop(refused);
+        // B55: a refused flight is no lot decision; the three first callers,
+        // dropped undecided, are the only ones that left.
+        assert_eq!(s.metrics.decisions(LotDecision::Left), 3);
+        assert_eq!(s.metrics.decisions(LotDecision::Fast), 1, "the joiner");
     }
 
     #[test]

@@ -142,7 +142,22 @@ pub struct BadWorkerIp(pub String);
 
 fn worker_ip(ips: &[String]) -> Result<IpAddr, BadWorkerIp> {
     let first = ips.first().map(String::as_str).unwrap_or_default();
-    first.trim().parse().map_err(|_| BadWorkerIp(first.chars().take(64).collect()))
+    first
+        .trim()
+        .parse()
+        .ok()
+        .filter(is_unicast)
+        .ok_or_else(|| BadWorkerIp(first.chars().take(64).collect()))
+}
+
+/// Whether `ip` can be one host's address. An unspecified address would
+/// send Envoy to its own host, and a broadcast or multicast one to no
+/// worker at all (B8); an IPv4-mapped IPv6 address is judged as IPv4.
+fn is_unicast(ip: &IpAddr) -> bool {
+    match ip.to_canonical() {
+        IpAddr::V4(v4) => !(v4.is_unspecified() || v4.is_broadcast() || v4.is_multicast()),
+        IpAddr::V6(v6) => !(v6.is_unspecified() || v6.is_multicast()),
+    }
 }
 
 /// The result of one attempt.

@@ -460,6 +460,7 @@ pub fn effective_flags(config: &Config) -> Vec<(&'static str, String)> {
         ("--drain-complete-file", path(&config.drain_complete_file)),
         ("--route-timeout", godur::format(config.route_timeout)),
         ("--late-serve-limit", godur::format(config.late_serve_limit)),
+        ("--envoy-listen-address", config.envoy_listen_ip.to_string()),
         ("--port-http", config.port_http.to_string()),
         ("--port-health", config.port_health.to_string()),
         ("--port-stats", config.port_stats.to_string()),

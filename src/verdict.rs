@@ -1,4 +1,5 @@
-//! Error mapping: what HTTP answer a resolution becomes (B6-B8, B10-B13).
+//! Error mapping: what HTTP answer a resolution becomes (B6-B8, B10-B13),
+//! and the gRPC status a gRPC client reads instead (B73).
 //!
 //! Bodies carry at most the gRPC status message (B13); the full error goes to
 //! the log. Each rejection also carries a short machine token, sent as
@@ -30,6 +31,30 @@ pub struct Rejection {
     pub reason: &'static str,
     /// Seconds for a `Retry-After` header: set on capacity 503s only.
     pub retry_after: Option<u64>,
+}
+
+impl Rejection {
+    /// The gRPC status a gRPC client gets for this rejection (B73). Without
+    /// it Envoy derives one from the HTTP status, and its table turns a 404
+    /// into UNIMPLEMENTED: a client would read "no such method" for "no such
+    /// actor".
+    ///
+    /// Every transient 503 is UNAVAILABLE, the code gRPC clients and retry
+    /// policies retry with backoff. Only an atespace over its fair share
+    /// (B69) is RESOURCE_EXHAUSTED: that is a per-tenant quota, which a
+    /// retry does not lift until the tenant's own parked requests drain.
+    pub fn grpc_status(&self) -> Code {
+        match (self.status, self.reason) {
+            (404, "atenet_invalid_target") => Code::InvalidArgument,
+            (404, _) => Code::NotFound,
+            (403, _) => Code::PermissionDenied,
+            (401, _) => Code::Unauthenticated,
+            (504, _) => Code::DeadlineExceeded,
+            (503, "atenet_atespace_full") => Code::ResourceExhausted,
+            (503, _) => Code::Unavailable,
+            _ => Code::Internal,
+        }
+    }
 }
 
 /// B35's `outcome` label: how a request_headers exchange ended.
@@ -250,7 +275,11 @@ mod tests {
 
     #[test]
     fn b8_missing_or_bad_worker_ip() {
-        for ips in [vec![], vec!["not-an-ip".to_string()], vec!["".to_string(), "10.0.0.1".to_string()]] {
+        let not_a_host = ["0.0.0.0", "::", "255.255.255.255", "224.0.0.1", "239.1.2.3", "ff02::1", "::ffff:0.0.0.0"];
+        let cases = [vec![], vec!["not-an-ip".to_string()], vec!["".to_string(), "10.0.0.1".to_string()]]
+            .into_iter()
+            .chain(not_a_host.iter().map(|ip| vec![ip.to_string(), "10.0.0.1".to_string()]));
+        for ips in cases {
             let got = rejection(Ok(Resumed::from_pod_ips(true, &ips)));
             assert_eq!(got, (500, "actor demo/a routing failed".into(), "atenet_routing_failed"));
         }
@@ -305,6 +334,40 @@ mod tests {
         assert_eq!(retry(Err(ResolveError::BudgetExhausted(wrapped.clone()))), Some(7));
         assert_eq!(retry(Err(ResolveError::Failed(wrapped))), None, "a fail-fast 503 is not capacity");
         assert_eq!(retry(failed(Code::NotFound, "x")), None);
+    }
+
+    #[test]
+    fn b73_grpc_status_for_every_rejection() {
+        let grpc = |result| match for_outcome(&target(), &outcome(result), 443, 7).0 {
+            Verdict::Reject(r) => r.grpc_status(),
+            other => panic!("expected a rejection, got {other:?}"),
+        };
+        let wrapped = || ResumeError::new(Code::ResourceExhausted, "full");
+        let rows: Vec<(Result<Resumed, ResolveError>, Code)> = vec![
+            (failed(Code::NotFound, "x"), Code::NotFound),
+            (failed(Code::PermissionDenied, "no"), Code::PermissionDenied),
+            (failed(Code::Unauthenticated, "who"), Code::Unauthenticated),
+            (failed(Code::DeadlineExceeded, "slow"), Code::DeadlineExceeded),
+            (Err(ResolveError::CallerDeadline), Code::DeadlineExceeded),
+            (failed(Code::ResourceExhausted, "full"), Code::Unavailable),
+            (failed(Code::FailedPrecondition, "suspending"), Code::Unavailable),
+            (failed(Code::Aborted, "conflict"), Code::Unavailable),
+            (failed(Code::Unavailable, "down"), Code::Unavailable),
+            (Err(ResolveError::LotFull), Code::Unavailable),
+            (Err(ResolveError::FlightsFull), Code::Unavailable),
+            (Err(ResolveError::BudgetExhausted(wrapped())), Code::Unavailable),
+            (Err(ResolveError::DeadlineTooShort(wrapped())), Code::Unavailable),
+            (Err(ResolveError::AtespaceFull), Code::ResourceExhausted),
+            (Ok(Resumed::from_pod_ips(true, &[])), Code::Internal),
+            (failed(Code::Internal, "boom"), Code::Internal),
+            (failed(Code::Unknown, "transport"), Code::Internal),
+        ];
+        for (result, code) in rows {
+            let label = format!("{result:?}");
+            assert_eq!(grpc(result), code, "{label}");
+        }
+        let (Verdict::Reject(invalid), _) = invalid_target() else { panic!("B4 is a rejection") };
+        assert_eq!(invalid.grpc_status(), Code::InvalidArgument);
     }
 
     #[test]

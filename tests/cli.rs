@@ -197,6 +197,28 @@ fn b70_envoy_config_at_the_bounds() {
     assert!(err.contains("while parking is off") && !err.contains("1..=0"), "{err}");
 }
 
+/// B70: `envoy-config` cannot write the free port `serve --port-extproc 0`
+/// would take; B37: a retry interval below 1 ms is a busy loop, refused.
+#[test]
+fn b70_b37_an_unknowable_extproc_port_and_a_busy_loop_interval_are_refused() {
+    let (code, out, err) = run(&["envoy-config", "--ateapi-insecure", "--port-extproc", "0"]);
+    assert_eq!((code, out.as_str()), (2, ""), "{err}");
+    assert!(err.starts_with("invalid router configuration: ") && err.contains("--port-extproc 0"), "{err}");
+    for interval in ["1ns", "999us", "0.5ms"] {
+        let (code, _, err) =
+            run(&["serve", "--ateapi-insecure", "--parked-request-retry-interval", interval]);
+        assert_eq!(code, 2, "{interval}: {err}");
+        assert!(
+            err.contains("--parked-request-retry-interval must be 0") && err.contains("at least 1ms"),
+            "{err}"
+        );
+    }
+    let (code, out, err) =
+        run(&["envoy-config", "--ateapi-insecure", "--parked-request-retry-interval", "1ms"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("message_timeout"));
+}
+
 #[test]
 fn b46_parking_off_with_small_breaker_and_short_drain_starts() {
     let args = router_args(

@@ -308,4 +308,7 @@ fn b43_second_signal_skips_the_waits() {
     let log = router.process.log.lock().join("\n");
     assert!(log.contains("ext_proc cut short by a second signal"), "{log}");
     assert!(!log.contains("at the drain timeout"), "{log}");
+    // No admin address: the log says Envoy was not drained, in words.
+    assert!(log.contains("drain: Envoy not drained (no --envoy-admin-address)"), "{log}");
+    assert!(!log.contains("Disabled"), "{log}");
 }

@@ -321,3 +321,30 @@ fn half_closed_stream_still_gets_its_verdict() {
     });
     stack.assert_quiescent();
 }
+
+/// B13: a long control-plane message reaches the body only as a bounded,
+/// clean part of itself; one too large for gRPC to receive is a failure of
+/// the router's own client, answered at once, never retried as a full pool,
+/// and no library text reaches the client.
+#[test]
+fn b13_long_control_plane_messages_are_bounded_and_unreceivable_ones_are_the_routers_own() {
+    let stack =
+        Stack::start(&["--parked-request-budget", "300ms", "--parked-request-retry-interval", "20ms"]);
+    let long = "no free workers ".repeat(1_250);
+    assert_eq!(long.len(), 20_000);
+    stack.sim.script("demo/long", vec![Answer::error(Code::ResourceExhausted, &long)]);
+    let reply = immediate(&stack.envoy.route_now("demo/long"));
+    assert_eq!((reply.status, reply.headers["x-atenet-reason"].as_str()), (503, "atenet_budget_exhausted"));
+    let shown = reply.body.strip_prefix("actor demo/long unavailable: ").expect("B11's body");
+    assert_eq!(shown, format!("{}…", &long[..256]), "at most 256 characters of the message");
+    assert!(!reply.body.contains("metadata"), "{}", reply.body);
+
+    stack.sim.script("demo/huge", vec![Answer::error(Code::ResourceExhausted, &"x".repeat(100_000))]);
+    let reply = immediate(&stack.envoy.route_now("demo/huge"));
+    assert_eq!(
+        (reply.status, reply.body.as_str(), reply.headers["x-atenet-reason"].as_str()),
+        (500, "error resuming actor demo/huge", "atenet_resume_error")
+    );
+    assert_eq!(stack.sim.calls("demo/huge"), 1, "an answer the router cannot read is not retried");
+    stack.assert_quiescent();
+}

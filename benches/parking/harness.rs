@@ -8,7 +8,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use atenet_router::extproc::response_for;
+use atenet_router::extproc::{response_for, ClientProtocol};
 use atenet_router::load::{Distribution, LoadReport, LoadSpec, Stop};
 use atenet_router::proto::ateapi::{ObjectRef, ResumeActorRequest};
 use atenet_router::proto::external_processor::{processing_request, ProcessingRequest, ProcessingResponse};
@@ -238,11 +238,14 @@ pub fn baseline_server(ateapi: &str) {
     // The same routing verdict the router sends (header mutation and
     // original_dst metadata), built once: the baseline pays for encoding a
     // verdict, not for deciding it.
-    let fixed = response_for(&Verdict::Route {
-        actor: ActorId::parse("demo/actor-0").unwrap(),
-        worker: "10.64.0.1:443".into(),
-        target_port: 80,
-    });
+    let fixed = response_for(
+        &Verdict::Route {
+            actor: ActorId::parse("demo/actor-0").unwrap(),
+            worker: "10.64.0.1:443".into(),
+            target_port: 80,
+        },
+        ClientProtocol::Http,
+    );
     let service = ServiceBuilder::new()
         .add_duplex_streaming_handler(
             &EXT_PROC_PROCESS,
