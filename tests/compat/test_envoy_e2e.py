@@ -267,6 +267,8 @@ def verdicts(stack):
         jobs[row.id, "h1"] = (h1, (stack, row.actor, f"/verdict/{row.id}"))
         jobs[row.id, "h2"] = (h2, (stack, row.actor, f"/verdict/{row.id}"))
         jobs[row.id, "grpc"] = (grpc_call, (stack, row.actor))
+    jobs["expected-rq-timeout"] = (h1, (stack, "demo/stuck", "/expected", "GET", None,
+                                        [("x-envoy-expected-rq-timeout-ms", "300")]))
     return fire(jobs)
 
 
@@ -279,6 +281,14 @@ def test_verdict_over_http(verdicts, row, client):
 @pytest.mark.parametrize("row", PARKING_ROWS, ids=[r.id for r in PARKING_ROWS])
 def test_verdict_over_grpc(verdicts, row):
     check_grpc(verdicts[row.id, "grpc"].result(), row)
+
+
+def test_a_clients_expected_rq_timeout_is_no_deadline_through_envoy(verdicts):
+    """Envoy drops a client's own x-envoy-* control headers, so the router
+    never sees this one: the request parks for the whole 2 s budget."""
+    reply = verdicts["expected-rq-timeout"].result()
+    assert (reply.status, reply.headers["x-atenet-reason"]) == (503, "atenet_budget_exhausted")
+    assert reply.elapsed >= 1.9
 
 
 def test_access_log_names_every_verdict(stack, verdicts):
@@ -324,6 +334,26 @@ def test_routes_to_scripted_ips_first_ip_counts(stack, client):
     assert (a.status, b.status) == (200, 200)
     assert a.json()["worker"] == f"127.0.1.7:{stack.worker_port}"
     assert b.json()["worker"] == f"127.0.1.8:{stack.worker_port}", "B8: the first IP of the assignment"
+
+
+def without_receiving_namespaces(config):
+    lines = config.split("\n")
+    i = lines.index("              metadata_options:")
+    assert lines[i + 2].strip().startswith("untyped: [envoy.filters.listener.original_dst]")
+    return "\n".join(lines[:i] + lines[i + 3:])
+
+
+def test_without_receiving_namespaces_envoy_drops_the_route():
+    """Why the bootstrap has metadata_options: without it Envoy 1.40 drops
+    the router's dynamic metadata and has no host to send to."""
+    script = "demo/fixed-a OK 0s 127.0.1.7 true -\n"
+    with Stack(script=script, sim_flags=["--actors", "0"], workers=1, echo_hosts=8,
+               edit_config=without_receiving_namespaces) as s:
+        reply = h1(s, "demo/fixed-a", "/unrouted")
+        assert (reply.status, reply.body) == (503, b"no healthy upstream")
+        entry = s.wait_access_log(lambda e: e["path"] == "/unrouted")
+        assert (entry["response_flags"], entry["response_code_details"]) == ("UH", "no_healthy_upstream")
+        assert s.records() == []
 
 
 def test_first_actor_header_counts_and_is_the_only_one_upstream(stack):
@@ -651,6 +681,22 @@ def test_envoy_counts_the_override_and_the_timeout(late):
     assert samples[f"envoy_http_ext_proc_override_message_timeout_received{label}"] == 2
     assert samples[f"envoy_http_ext_proc_override_message_timeout_ignored{label}"] == 0
     assert samples[f"envoy_http_ext_proc_message_timeouts{label}"] == 1
+
+
+def test_envoy_ignores_an_override_above_max_message_timeout():
+    """max_message_timeout is Envoy's ceiling: cut (by hand) below the
+    router's 10 s override, the override is ignored and counted so; the
+    restore still ends inside the message timeout and is routed."""
+    script = LATE_SCRIPT.replace("8500ms", "1500ms")
+    flags = ["--parked-request-budget", "1s", "--parked-request-retry-interval", "50ms", "--late-serve-limit", "10s"]
+    cut = lambda config: config.replace("max_message_timeout: 11s", "max_message_timeout: 3s")
+    with Stack(router_flags=flags, script=script, sim_flags=["--actors", "0"], workers=1, echo_hosts=8,
+               edit_config=cut) as s:
+        assert h1(s, "demo/late").status == 200
+        samples = stats(s)
+    label = '{envoy_http_conn_manager_prefix="ingress"}'
+    assert samples[f"envoy_http_ext_proc_override_message_timeout_ignored{label}"] == 1
+    assert samples[f"envoy_http_ext_proc_override_message_timeout_received{label}"] == 0
 
 
 # -- a deadline shorter than parks take ------------------------------------
