@@ -16,7 +16,6 @@ even when it is killed before its teardown (the signal follows the thread
 that started them: start and stop a stack from one thread).
 """
 
-import functools
 import importlib.util
 import ipaddress
 import json
@@ -104,14 +103,6 @@ def script_ips(script):
         if parts and not parts[0].startswith("#") and len(parts) >= 4 and parts[3] != "-":
             ips += parts[3].split(",")
     return ips
-
-
-@functools.cache
-def _has_flag(binary, flag):
-    """Whether a binary knows a flag (from its --help)."""
-    argv = [f"{BIN}/{binary}", *(["envoy-config"] if binary == "atenet-router" else []), "--help"]
-    out = subprocess.run(argv, capture_output=True, text=True)
-    return f"[{flag} " in out.stdout + out.stderr or f"[{flag}]" in out.stdout + out.stderr
 
 
 class PortTaken(Exception):
@@ -262,12 +253,8 @@ class Stack:
                 raise
 
     def _start_once(self):
-        sim_argv = [f"{BIN}/ateapi-sim", "--listen", f"{LOOPBACK}:0", "--workers", str(self.workers)]
-        if _has_flag("ateapi-sim", "--worker-network"):
-            sim_argv += ["--worker-network", self.network]
-        else:  # until the sim has --worker-network: every worker on the first host
-            sim_argv += ["--worker-ip", self.worker_hosts[0]]
-        sim_argv += self.sim_flags
+        sim_argv = [f"{BIN}/ateapi-sim", "--listen", f"{LOOPBACK}:0", "--workers", str(self.workers),
+                    "--worker-network", self.network, *self.sim_flags]
         if self.script is not None:
             script_path = self.dir / "sim.script"
             script_path.write_text(self.script)
@@ -310,9 +297,8 @@ class Stack:
             "--worker-port", str(self.worker_port),
             "--port-http", str(self.http_port), "--port-health", str(self.health_port),
             "--port-stats", str(self.stats_port), "--envoy-admin-address", admin_address,
+            "--envoy-listen-address", LOOPBACK,
         ]
-        if _has_flag("atenet-router", "--envoy-listen-address"):
-            flags += ["--envoy-listen-address", LOOPBACK]
         ours = {f for f in flags if f.startswith("--")}
         clash = ours & {f.split("=")[0] for f in self.router_flags if f.startswith("--")}
         assert not clash, f"the harness sets {sorted(clash)} itself"
@@ -320,8 +306,6 @@ class Stack:
 
     def envoy_config(self):
         text = render_config(self.serve_flags(f"{LOOPBACK}:{self.admin_port}"))
-        if not _has_flag("atenet-router", "--envoy-listen-address"):  # until the router has the flag
-            text = text.replace('address: "0.0.0.0"', f'address: "{LOOPBACK}"')
         if self.edit_config:
             text = self.edit_config(text)
         assert "0.0.0.0" not in text and "::" not in text.replace("::1", ""), "Envoy binds loopback only"

@@ -319,11 +319,12 @@ def test_routes_to_the_worker_ateapi_assigned(stack):
     """The pool hands a fresh pool's workers out lowest first (ateapi-sim
     keeps free workers on a stack), worker i on 127.0.1.(i + 1): each
     request reaches exactly that address, and a running actor keeps it."""
-    for i, actor in [(0, "demo/actor-0"), (1, "demo/actor-1"), (2, "demo/actor-2"), (0, "demo/actor-0")]:
-        reply = h1(stack, actor, f"/route/{i}", headers=[("x-client-request-id", f"route-{actor}-{i}")])
+    for n, (i, actor) in enumerate([(0, "demo/actor-0"), (1, "demo/actor-1"), (2, "demo/actor-2"),
+                                    (0, "demo/actor-0")]):
+        reply = h1(stack, actor, f"/route/{i}", headers=[("x-client-request-id", f"route-{n}")])
         assert reply.status == 200, reply
         assert reply.json()["worker"] == stack.worker(i)
-        [seen] = [r for r in stack.records() if r["request_id"] == f"route-{actor}-{i}"]
+        [seen] = [r for r in stack.records() if r["request_id"] == f"route-{n}"]
         assert (seen["worker"], seen["actor"], seen["target_port"]) == (stack.worker(i), actor, "80")
 
 
