@@ -18,9 +18,10 @@
 //! restore holds no thread.
 
 use std::collections::{HashMap, VecDeque};
+use std::io::Write;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use futures::channel::oneshot;
 use grpcio::{
@@ -30,6 +31,7 @@ use grpcio::{
 use parking_lot::{Condvar, Mutex};
 use protobuf::MessageField;
 
+use crate::logging::json_string;
 use crate::proto::ateapi::{
     Actor, ActorState, ActorStatus, ResourceMetadata, ResumeActorRequest, ResumeActorResponse,
     WorkerAssignment,
@@ -250,6 +252,8 @@ struct State {
     faults: Mutex<Faults>,
     /// The `authorization` header of the latest call.
     last_authorization: Mutex<Option<String>>,
+    /// Where every answer and suspension is written, when set.
+    answer_log: Mutex<Option<std::fs::File>>,
 }
 
 /// Answers sent to one actor with one code.
@@ -353,6 +357,7 @@ impl Sim {
                             after(&state);
                         }
                         let now = Instant::now();
+                        state.log_answer(&id, &answer);
                         state
                             .answered
                             .lock()
@@ -390,6 +395,16 @@ impl Sim {
         server.start();
         let addr = SocketAddr::new(state.config.listen.ip(), port);
         Ok(Sim { state, server, addr })
+    }
+
+    /// From now on, writes every answer sent and every idle actor
+    /// suspended to `file`, one JSON object per line, so that a test run in
+    /// another process can hold what clients saw against what the control
+    /// plane said: `{"time": <unix seconds>, "actor", "code"}` plus `"ip"`
+    /// and `"resumed"` for OK, and `{"time", "actor", "suspended": <ip>}`
+    /// when the pool takes an idle actor's worker back.
+    pub fn log_answers_to(&self, file: std::fs::File) {
+        *self.state.answer_log.lock() = Some(file);
     }
 
     /// The bound address.
@@ -520,6 +535,7 @@ impl State {
             unresponsive: Mutex::new(None),
             faults: Mutex::new(Faults::default()),
             last_authorization: Mutex::new(None),
+            answer_log: Mutex::new(None),
             timer: TimerThread::start(),
             config,
         }
@@ -629,8 +645,33 @@ impl State {
         }
         pool.next_sweep = next;
         for (id, worker) in expired {
+            self.log_line(&format!(",\"suspended\":\"{}\"", self.worker_ip(worker)), &id);
             pool.actors.insert(id, ActorSim::Suspended);
             pool.free.push(worker);
+        }
+    }
+
+    /// One line of the answer log for an answer sent to `id`.
+    fn log_answer(&self, id: &str, answer: &Answer) {
+        let fields = match (answer.code, answer.ips.first()) {
+            (Code::Ok, Some(ip)) => {
+                format!(",\"code\":\"OK\",\"ip\":{},\"resumed\":{}", json_string(ip), answer.resumed)
+            }
+            (code, _) => format!(",\"code\":\"{}\"", code.name()),
+        };
+        self.log_line(&fields, id);
+    }
+
+    /// Writes `{"time":…,"actor":…<fields>}` and a newline in one write, so
+    /// that a reader never sees half a line it could take for a whole one.
+    fn log_line(&self, fields: &str, id: &str) {
+        let mut log = self.answer_log.lock();
+        let Some(file) = log.as_mut() else { return };
+        let time = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default().as_secs_f64();
+        let line = format!("{{\"time\":{time:.6},\"actor\":{}{fields}}}\n", json_string(id));
+        if let Err(e) = file.write_all(line.as_bytes()) {
+            eprintln!("ateapi-sim: answer log: {e}; no longer logging");
+            *log = None;
         }
     }
 }
@@ -747,6 +788,46 @@ mod tests {
         assert_eq!(code("demo/actor-1"), Code::Ok, "actor-0 idled out and freed the worker");
         assert_eq!(code("demo/actor-1"), Code::Ok, "running: resumed again");
         assert_eq!(code("demo/actor-2"), Code::ResourceExhausted, "actor-1 is not idle");
+    }
+
+    #[test]
+    fn the_answer_log_has_one_whole_line_per_answer_and_per_suspension() {
+        let idle = Duration::from_millis(50);
+        let config = SimConfig { workers: 1, actors: 2, idle_suspend: idle, ..SimConfig::default() };
+        let state = State::new(config);
+        let path = std::env::temp_dir().join(format!("ateapi-sim-answers-{}.jsonl", std::process::id()));
+        *state.answer_log.lock() = Some(std::fs::File::create(&path).unwrap());
+        let answer = |actor: &str| {
+            let (answer, after) = state.pool_answer(actor);
+            if let Some(after) = after {
+                after(&state);
+            }
+            state.log_answer(actor, &answer);
+        };
+        answer("demo/actor-0");
+        answer("demo/actor-1");
+        std::thread::sleep(idle * 2);
+        answer("demo/\"odd\"");
+        answer("demo/actor-1");
+        let text = std::fs::read_to_string(&path).unwrap();
+        std::fs::remove_file(&path).unwrap();
+        let lines: Vec<&str> = text.lines().map(|l| l.split_once(",\"actor\"").unwrap().1).collect();
+        assert_eq!(
+            lines,
+            [
+                r#":"demo/actor-0","code":"OK","ip":"10.64.0.1","resumed":true}"#,
+                r#":"demo/actor-1","code":"ResourceExhausted"}"#,
+                r#":"demo/\"odd\"","code":"NotFound"}"#,
+                r#":"demo/actor-0","suspended":"10.64.0.1"}"#,
+                r#":"demo/actor-1","code":"OK","ip":"10.64.0.1","resumed":true}"#,
+            ]
+        );
+        let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_secs_f64();
+        for line in text.lines() {
+            let time: f64 =
+                line.strip_prefix("{\"time\":").unwrap().split(',').next().unwrap().parse().unwrap();
+            assert!(time <= now && time > now - 60.0, "unix seconds: {line}");
+        }
     }
 
     #[test]

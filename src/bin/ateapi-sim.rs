@@ -6,8 +6,8 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use argh::FromArgs;
-use atenet_router::godur;
 use atenet_router::sim::{Ipv4Net, Sim, SimConfig, SimTls, WorkerIps};
+use atenet_router::{godur, process};
 use signal_hook::consts::{SIGINT, SIGTERM};
 use signal_hook::iterator::Signals;
 
@@ -74,6 +74,10 @@ struct Args {
     /// (i+1)-th host address, 127.0.1.0/24 giving 127.0.1.1, 127.0.1.2, ...
     #[argh(option)]
     worker_network: Option<String>,
+    /// append every answer and every idle suspension to this file, one JSON
+    /// object per line (for tests that check clients against the sim)
+    #[argh(option)]
+    answer_log: Option<String>,
 }
 
 fn duration(flag: &str, text: &str) -> Result<Duration, String> {
@@ -161,13 +165,41 @@ fn tls(args: &Args) -> Result<Option<SimTls>, String> {
     }
 }
 
+/// Opened for appending: each line is one write, whole even if another
+/// writer shares the file.
+fn open_log(path: &str) -> Result<std::fs::File, String> {
+    std::fs::OpenOptions::new().create(true).append(true).open(path).map_err(|e| format!("{path}: {e}"))
+}
+
 fn read_script(path: &str) -> Result<Vec<(String, atenet_router::sim::Answer)>, String> {
     let text = std::fs::read_to_string(path).map_err(|e| format!("{path}: {e}"))?;
     atenet_router::sim::parse_script(&text).map_err(|e| e.to_string())
 }
 
+/// The flags, or how to exit: 0 after `--help`, 2 on a bad flag, like every
+/// other configuration error here (argh's `from_env` exits 1, and panics on
+/// `--help | head`).
+fn args() -> Result<Args, ExitCode> {
+    let argv: Vec<String> =
+        std::env::args_os().skip(1).map(|arg| arg.to_string_lossy().into_owned()).collect();
+    let argv: Vec<&str> = argv.iter().map(String::as_str).collect();
+    Args::from_args(&["ateapi-sim"], &argv).map_err(|exit| match exit.status {
+        Ok(()) => process::print(&format!("{}\n", exit.output)),
+        Err(()) => {
+            eprintln!(
+                "invalid sim configuration: {}\nRun ateapi-sim --help for more information.",
+                exit.output.trim()
+            );
+            ExitCode::from(2)
+        }
+    })
+}
+
 fn main() -> ExitCode {
-    let args: Args = argh::from_env();
+    let args = match args() {
+        Ok(args) => args,
+        Err(exit) => return exit,
+    };
     let config = match config(&args) {
         Ok(config) => config,
         Err(e) => {
@@ -182,6 +214,13 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    let answer_log = match args.answer_log.as_deref().map(open_log).transpose() {
+        Ok(log) => log,
+        Err(e) => {
+            eprintln!("invalid sim configuration: --answer-log: {e}");
+            return ExitCode::from(2);
+        }
+    };
     let mut signals = Signals::new([SIGTERM, SIGINT]).expect("installing signal handlers");
     let sim = match Sim::start(config.clone()) {
         Ok(sim) => sim,
@@ -191,6 +230,9 @@ fn main() -> ExitCode {
         }
     };
     sim.script_all(script);
+    if let Some(log) = answer_log {
+        sim.log_answers_to(log);
+    }
     eprintln!(
         "ateapi-sim listening on {} ({} workers, {} actors {}/actor-0..{}, restore {})",
         sim.addr(),
