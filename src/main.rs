@@ -20,18 +20,9 @@ fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     match parse_command(&args) {
         Ok(Command::Serve(config)) => serve(&config),
-        Ok(Command::EnvoyConfig(config)) => {
-            print!("{}", envoy::bootstrap(&config));
-            ExitCode::SUCCESS
-        }
-        Ok(Command::Help(text)) => {
-            print!("{text}");
-            ExitCode::SUCCESS
-        }
-        Ok(Command::Version) => {
-            println!("{}", version::describe("atenet-router"));
-            ExitCode::SUCCESS
-        }
+        Ok(Command::EnvoyConfig(config)) => process::print(&envoy::bootstrap(&config)),
+        Ok(Command::Help(text)) => process::print(&text),
+        Ok(Command::Version) => process::print(&format!("{}\n", version::describe("atenet-router"))),
         Ok(Command::Usage) => {
             eprint!("{HELP}");
             ExitCode::from(INVALID_CONFIGURATION)

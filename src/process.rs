@@ -1,7 +1,8 @@
-//! Process-wide policies of the `serve` command: what a panic does, and how
-//! many files the process may open.
+//! Process-wide policies: what a panic does and how many files the process
+//! may open (the `serve` command's), and how the commands write to stdout.
 
-use std::io;
+use std::io::{self, Write};
+use std::process::ExitCode;
 
 /// A panic anywhere ends the process at once (B59).
 ///
@@ -42,4 +43,21 @@ pub fn raise_fd_limit() -> io::Result<(u64, u64)> {
         }
     }
     Ok((old, limit.rlim_cur))
+}
+
+/// Writes `text` to stdout for a command that then exits with the status
+/// this returns. A reader that went away (`envoy-config | head`) ends the
+/// output quietly, with success, as ripgrep does: `print!` would panic.
+/// Any other failure (a full disk under `> file`) is reported and fails the
+/// command, so a truncated output never looks complete.
+pub fn print(text: &str) -> ExitCode {
+    let mut out = io::stdout().lock();
+    match out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) if e.kind() == io::ErrorKind::BrokenPipe => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("cannot write to stdout: {e}");
+            ExitCode::FAILURE
+        }
+    }
 }

@@ -20,6 +20,32 @@ fn run<S: AsRef<std::ffi::OsStr>>(args: &[S]) -> (i32, String, String) {
     )
 }
 
+/// A reader that went away (`envoy-config | head -1`) ends the output
+/// quietly with status 0, never a panic; a bad sim flag exits 2 as every
+/// other bad configuration does.
+#[test]
+fn a_closed_stdout_is_no_panic_and_a_bad_sim_flag_exits_2() {
+    let parkload = ROUTER.replace("atenet-router", "parkload");
+    let commands: [(&str, &[&str]); 5] = [
+        (ROUTER, &["envoy-config", "--ateapi-insecure"]),
+        (ROUTER, &["--help"]),
+        (ROUTER, &["version"]),
+        (SIM, &["--help"]),
+        (&parkload, &["--help"]),
+    ];
+    for (program, args) in commands {
+        let (reader, writer) = std::io::pipe().expect("a pipe");
+        drop(reader);
+        let out = Command::new(program).args(args).stdout(writer).output().expect("runs");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(0), "{program} {args:?}: {stderr}");
+        assert!(!stderr.contains("panicked"), "{program} {args:?}: {stderr}");
+    }
+    let out = Command::new(SIM).arg("--bogus").output().expect("runs");
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).starts_with("invalid sim configuration: "));
+}
+
 #[test]
 fn help_lists_the_serve_subcommand_and_its_flags() {
     let (code, out, _) = run(&["--help"]);

@@ -6,8 +6,8 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use argh::FromArgs;
-use atenet_router::godur;
 use atenet_router::load::{self, CallerDeadline, Distribution, LoadSpec, Stop};
+use atenet_router::{godur, process};
 
 /// Requests in flight at most (`--concurrency`, `--hold`): each costs this
 /// process about 10 KiB, so a million is already 10 GiB; more is a typo.
@@ -154,10 +154,7 @@ fn args() -> Result<Args, ExitCode> {
         std::env::args_os().skip(1).map(|arg| arg.to_string_lossy().into_owned()).collect();
     let argv: Vec<&str> = argv.iter().map(String::as_str).collect();
     Args::from_args(&["parkload"], &argv).map_err(|exit| match exit.status {
-        Ok(()) => {
-            println!("{}", exit.output);
-            ExitCode::SUCCESS
-        }
+        Ok(()) => process::print(&format!("{}\n", exit.output)),
         Err(()) => {
             eprintln!("parkload: {}\nRun parkload --help for more information.", exit.output.trim());
             ExitCode::from(2)
@@ -181,10 +178,9 @@ fn main() -> ExitCode {
         eprintln!("parkload: holding {n} streams against {}", spec.target);
     }
     let report = load::run(&spec);
-    if args.json {
-        println!("{}", report.json(&spec));
-    } else {
-        print!("{}", report.summary(&spec));
+    let text = if args.json { format!("{}\n", report.json(&spec)) } else { report.summary(&spec) };
+    if process::print(&text) == ExitCode::FAILURE {
+        return ExitCode::FAILURE;
     }
     let errors = report.errors();
     if errors > args.max_errors {
