@@ -305,6 +305,8 @@ class Stack:
         return flags + self.router_flags
 
     def envoy_config(self):
+        """`envoy-config` of the router's flags with Envoy's admin address
+        (which the router itself only gets with `router_drains_envoy`)."""
         text = render_config(self.serve_flags(f"{LOOPBACK}:{self.admin_port}"))
         if self.edit_config:
             text = self.edit_config(text)

