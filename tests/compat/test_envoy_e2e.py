@@ -286,12 +286,17 @@ def test_verdict_over_grpc(verdicts, row):
     check_grpc(verdicts[row.id, "grpc"].result(), row)
 
 
-def test_a_clients_expected_rq_timeout_is_no_deadline_through_envoy(verdicts):
+def test_a_clients_expected_rq_timeout_is_no_deadline_through_envoy(stack, verdicts):
     """Envoy drops a client's own x-envoy-* control headers, so the router
     never sees this one: the request parks for the whole 2 s budget."""
     reply = verdicts["expected-rq-timeout"].result()
     assert (reply.status, reply.headers["x-atenet-reason"]) == (503, "atenet_budget_exhausted")
     assert reply.elapsed >= 1.9
+    routed = h1(stack, "demo/fixed-a", headers=[("x-envoy-expected-rq-timeout-ms", "300"),
+                                                ("x-envoy-max-retries", "3")])
+    seen = routed.json()["headers"]
+    assert seen["x-envoy-expected-rq-timeout-ms"] == "300000", "Envoy's own, from the 5 min route timeout"
+    assert "x-envoy-max-retries" not in seen
 
 
 def test_access_log_names_every_verdict(stack, verdicts):
@@ -651,12 +656,18 @@ def late():
     """Budget 1 s, late-serve limit 10 s: Envoy's message timeout is 6 s and
     its ceiling 11 s. Both restores start at about 50 ms and pass the
     budget: one answers at 8.5 s (past the message timeout, inside the
-    override), one at 20 s (past the ceiling)."""
-    flags = ["--parked-request-budget", "1s", "--parked-request-retry-interval", "50ms", "--late-serve-limit", "10s"]
-    with Stack(router_flags=flags, script=LATE_SCRIPT, sim_flags=["--actors", "0"], workers=1, echo_hosts=8) as s:
-        futures = fire({a: (h1, (s, a, f"/{a}")) for a in ["demo/late", "demo/too-late"]})
+    override), one at 20 s (past the ceiling). Beside it, the same 8.5 s
+    restore with late serve off (`late.off`), all at once."""
+    flags = ["--parked-request-budget", "1s", "--parked-request-retry-interval", "50ms"]
+    common = dict(script=LATE_SCRIPT, sim_flags=["--actors", "0"], workers=1, echo_hosts=8)
+    with Stack(router_flags=flags + ["--late-serve-limit", "10s"], **common) as s, \
+            Stack(router_flags=flags + ["--late-serve-limit", "0"], **common) as off:
+        futures = fire({"demo/late": (h1, (s, "demo/late", "/demo/late")),
+                        "demo/too-late": (h1, (s, "demo/too-late", "/demo/too-late")),
+                        "off": (h1, (off, "demo/late", "/off"))})
         s.replies = {a: f.result() for a, f in futures.items()}
         s.wait_access_log(lambda e: e["path"] == "/demo/too-late")
+        s.off = off
         yield s
 
 
@@ -676,6 +687,16 @@ def test_envoy_answers_504_at_budget_plus_late_serve_limit(late):
     assert (reply.status, reply.body, reply.headers.get("x-atenet-reason")) == (504, b"", None), reply
     assert 10.9 <= reply.elapsed < 19, "at budget + limit (11 s), before the restore's answer at 20 s"
     entry = late.wait_access_log(lambda e: e["path"] == "/demo/too-late")
+    assert entry["response_code_details"] == "ext_proc_error_per-message_timeout_exceeded"
+
+
+def test_without_late_serve_envoy_answers_504_at_its_message_timeout(late):
+    """The control: with late serve off nothing extends Envoy's wait, and
+    the same restore loses to the 6 s message timeout (budget + 5 s)."""
+    reply = late.replies["off"]
+    assert (reply.status, reply.body, reply.headers.get("x-atenet-reason")) == (504, b"", None), reply
+    assert 5.9 <= reply.elapsed < 8.4, "at budget + 5 s, before the restore's answer at 8.5 s"
+    entry = late.off.wait_access_log(lambda e: e["path"] == "/off")
     assert entry["response_code_details"] == "ext_proc_error_per-message_timeout_exceeded"
 
 
