@@ -41,7 +41,7 @@ export SIM_PORT EXTPROC_PORT METRICS_PORT STATUS_PORT HTTP_PORT HEALTH_PORT STAT
 export RUN_FLAGS SIM_FLAGS ENVOY_FLAGS ENVOY
 # parkload's flags for `make load` (default: against make run's router; a
 # --target of its own replaces 127.0.0.1:EXTPROC_PORT).
-ARGS ?= --duration 10s --concurrency 32
+ARGS ?= --duration 10s --concurrency 20
 
 VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -n 1)
 REVISION := $(shell git rev-parse --short=12 HEAD 2>/dev/null || echo unknown)

