@@ -83,6 +83,8 @@ pub struct Config {
     pub caller_deadlines: bool,
     /// Effective Envoy circuit breaker for the ext_proc cluster (B39).
     pub extproc_max_requests: u64,
+    /// Effective cap on open ext_proc streams (B74).
+    pub extproc_max_streams: usize,
     /// Effective cap on flights in progress (B58).
     pub flight_max: usize,
     /// Effective count of gRPC completion-queue threads (B72).
@@ -184,6 +186,7 @@ impl Config {
             parking,
             caller_deadlines: args.caller_deadlines,
             extproc_max_requests,
+            extproc_max_streams: stream_cap(args.extproc_max_streams, extproc_max_requests)?,
             flight_max,
             grpc_threads: grpc_threads(args.grpc_threads)?,
             worker_port: port("--worker-port", args.worker_port)?,
@@ -327,6 +330,21 @@ fn capacities(args: &ServeArgs, parking: &Parking) -> Result<(u64, usize), Confi
         n => return Err(invalid(format!("--flight-max must not be negative, got {n}"))),
     };
     Ok((breaker, flight_max))
+}
+
+/// `--extproc-max-streams` (B74): 0 is twice the breaker, room for a second
+/// Envoy beside the one whose breaker it is (a hot restart, a rolling one)
+/// and for streams Envoy has reset that the router has not yet seen end.
+/// Below the breaker, Envoy could hold streams the router refuses.
+fn stream_cap(flag: i64, breaker: u64) -> Result<usize, ConfigError> {
+    match u64::try_from(flag) {
+        Ok(0) => Ok(usize::try_from(breaker.saturating_mul(2)).unwrap_or(usize::MAX)),
+        Ok(n) if n >= breaker => Ok(usize::try_from(n).unwrap_or(usize::MAX)),
+        _ => Err(invalid(format!(
+            "--extproc-max-streams must be 0 (2 x the circuit breaker) or at least the ext_proc circuit \
+             breaker ({breaker}, --extproc-max-requests): Envoy may hold that many streams open, got {flag}"
+        ))),
+    }
 }
 
 /// The most completion-queue threads `--grpc-threads` may ask for: far more
@@ -745,6 +763,37 @@ mod tests {
         assert_eq!(c.parking.budget, Duration::from_secs(5));
         assert_eq!(c.parking.backoff.interval, Duration::from_millis(100));
         assert_eq!(c.parking.backoff.factor, 1.1);
+    }
+
+    #[test]
+    fn b74_stream_cap() {
+        assert_eq!(parse(&["--parked-request-max", "4000"]).unwrap().extproc_max_streams, 16_000, "2 x 8000");
+        assert_eq!(parse(&["--parked-request-max", "0"]).unwrap().extproc_max_streams, 2048, "2 x 1024");
+        let c = parse(&[
+            "--parked-request-max",
+            "10",
+            "--extproc-max-requests",
+            "10",
+            "--extproc-max-streams",
+            "10",
+        ]);
+        assert_eq!(c.unwrap().extproc_max_streams, 10, "the breaker itself is enough");
+        for bad in ["9", "-1"] {
+            let e = parse(&[
+                "--parked-request-max",
+                "10",
+                "--extproc-max-requests",
+                "10",
+                "--extproc-max-streams",
+                bad,
+            ])
+            .unwrap_err()
+            .to_string();
+            assert!(
+                e.contains("--extproc-max-streams must be 0") && e.contains("(10, --extproc-max-requests)"),
+                "{e}"
+            );
+        }
     }
 
     #[test]

@@ -18,7 +18,9 @@ use std::time::{Duration, Instant};
 
 use futures::future::{select, Either};
 use futures::{Sink, SinkExt, StreamExt};
-use grpcio::{Deadline, DuplexSink, RequestStream, RpcContext, Service, ServiceBuilder, WriteFlags};
+use grpcio::{
+    Deadline, DuplexSink, RequestStream, RpcContext, RpcStatus, RpcStatusCode, Service, ServiceBuilder, WriteFlags,
+};
 use protobuf::well_known_types::struct_::{Struct, Value};
 use protobuf::well_known_types::wrappers::BoolValue;
 use protobuf::MessageField;
@@ -39,7 +41,9 @@ use crate::proto::EXT_PROC_PROCESS;
 use crate::resolver::{Abandon, ResolveError, Resolver, ResumeLabel};
 use crate::resume::{BadWorkerIp, Resumed};
 use crate::status::{Answered, RecentRequests, RecentVerdict};
+use crate::streams::{StreamSlots, FIRST_MESSAGE_TIMEOUT};
 use crate::target::{self, ActorId, Target, ACTOR_HEADER};
+use crate::timer::{sleep_until, Scheduler};
 use crate::verdict::{self, Rejection, RouteOutcome, Verdict};
 
 /// The dynamic-metadata namespace Envoy's ORIGINAL_DST cluster reads (B7).
@@ -58,6 +62,8 @@ pub struct ExtProc {
     recent: Arc<RecentRequests>,
     /// Whether callers' deadline headers are honoured (B68).
     caller_deadlines: bool,
+    streams: Arc<StreamSlots>,
+    scheduler: Arc<dyn Scheduler>,
     routing_failures: Throttle,
     resume_errors: Throttle,
 }
@@ -73,7 +79,16 @@ pub struct ExtProcSettings {
     pub ready: Arc<AtomicBool>,
     pub recent: Arc<RecentRequests>,
     pub caller_deadlines: bool,
+    /// The open streams and their cap (B74).
+    pub streams: Arc<StreamSlots>,
+    /// Closes silent streams (B74).
+    pub scheduler: Arc<dyn Scheduler>,
 }
+
+/// The status of a stream refused at `--extproc-max-streams` (B74).
+const STREAMS_FULL: &str = "atenet-router: too many ext_proc streams open (--extproc-max-streams)";
+/// The status of a stream closed for sending nothing (B74).
+const SILENT: &str = "atenet-router: no message within 5s of opening the stream";
 
 impl ExtProc {
     pub fn new(resolver: Resolver, metrics: Metrics, settings: ExtProcSettings) -> Arc<ExtProc> {
@@ -85,6 +100,8 @@ impl ExtProc {
             ready: settings.ready,
             recent: settings.recent,
             caller_deadlines: settings.caller_deadlines,
+            streams: settings.streams,
+            scheduler: settings.scheduler,
             routing_failures: Throttle::new(ERROR_LOG_INTERVAL),
             resume_errors: Throttle::new(ERROR_LOG_INTERVAL),
         })
@@ -113,8 +130,20 @@ impl ExtProc {
         deadline: Deadline,
     ) -> impl Future<Output = ()> + Send + 'static {
         async move {
-            self.metrics.streams_opened(1);
-            let _open = StreamGauge(&self.metrics);
+            // A stream reset before its task ran (a burst of resets queues
+            // them) needs no slot: it is over.
+            if Gone::now(&mut sink) {
+                return;
+            }
+            let Some(mut slot) = self.streams.open() else {
+                let full = RpcStatus::with_message(RpcStatusCode::RESOURCE_EXHAUSTED, STREAMS_FULL.into());
+                let _ = sink.fail(full).await;
+                return;
+            };
+            // Envoy's first message comes the moment it opens a stream; a
+            // stream silent for longer is not Envoy's (B74).
+            let mut silence =
+                Some(sleep_until(Arc::clone(&self.scheduler), Instant::now() + FIRST_MESSAGE_TIMEOUT));
             loop {
                 // None ends the request stream: a half-close, owed the call's
                 // status, or a reset (what Envoy does after the exchange),
@@ -122,7 +151,20 @@ impl ExtProc {
                 // batch fails inside gRPC core, about 1 % of a request's
                 // instructions more than dropping the call (callgrind), so
                 // both get it. Err is a read gRPC could not even start.
-                let request = match stream.next().await {
+                let next = match silence.take() {
+                    None => stream.next().await,
+                    Some(silence) => match select(stream.next(), silence).await {
+                        Either::Left((next, _)) => next,
+                        Either::Right(_) => {
+                            self.metrics.count_stream_silent_closed();
+                            let silent = RpcStatus::with_message(RpcStatusCode::DEADLINE_EXCEEDED, SILENT.into());
+                            let _ = sink.fail(silent).await;
+                            return;
+                        }
+                    },
+                };
+                slot.spoke();
+                let request = match next {
                     Some(Ok(request)) => request,
                     None => break,
                     Some(Err(_)) => return,
@@ -462,15 +504,6 @@ impl Future for Overtime {
             },
             None => Poll::Pending,
         }
-    }
-}
-
-/// Keeps `atenet_router_extproc_streams_active` exact however a stream ends.
-struct StreamGauge<'a>(&'a Metrics);
-
-impl Drop for StreamGauge<'_> {
-    fn drop(&mut self) {
-        self.0.streams_opened(-1);
     }
 }
 

@@ -127,6 +127,9 @@ pub struct ServeArgs {
     /// circuit breaker of the ext_proc cluster in Envoy (default: 0 = max(2 x lot, 1024))
     #[argh(option, default = "0")]
     pub extproc_max_requests: i64,
+    /// ext_proc streams open at once, from every Envoy together; more are refused (default: 0 = 2 x the circuit breaker)
+    #[argh(option, default = "0")]
+    pub extproc_max_streams: i64,
     /// max actors resumed at once: flights and ResumeActor calls in progress (default: 0 = max(4 x lot, 4096))
     #[argh(option, default = "0")]
     pub flight_max: i64,

@@ -46,7 +46,7 @@ macro_rules! internal {
 
 internal!(
     ateapi, backoff, clock, deadline, extproc, flight, http, lot, metrics, pem, proto, resolver, resume,
-    status, target, timer, verdict
+    status, streams, target, timer, verdict
 );
 
 #[cfg(feature = "testkit")]

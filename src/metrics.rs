@@ -50,6 +50,8 @@ struct Instruments {
     invalid_targets: IntCounter,
     flights_active: IntGauge,
     flights_rejected: IntCounter,
+    streams_refused: IntCounter,
+    streams_silent_closed: IntCounter,
 }
 
 fn gauge(name: &str, help: &str) -> IntGauge {
@@ -168,6 +170,14 @@ impl Metrics {
                 "atenet_router_flights_rejected_total",
                 "Requests refused because --flight-max flights were in progress (B58).",
             ),
+            streams_refused: counter(
+                "atenet_router_extproc_streams_refused_total",
+                "ext_proc streams refused with RESOURCE_EXHAUSTED because --extproc-max-streams were open (B74).",
+            ),
+            streams_silent_closed: counter(
+                "atenet_router_extproc_streams_silent_closed_total",
+                "ext_proc streams closed because they sent no message within 5 s of opening (B74).",
+            ),
             registry: registry.clone(),
         };
         for collector in [
@@ -191,6 +201,8 @@ impl Metrics {
             Box::new(instruments.invalid_targets.clone()),
             Box::new(instruments.flights_active.clone()),
             Box::new(instruments.flights_rejected.clone()),
+            Box::new(instruments.streams_refused.clone()),
+            Box::new(instruments.streams_silent_closed.clone()),
         ] {
             register(collector);
         }
@@ -229,8 +241,25 @@ impl Metrics {
     }
 
     /// ext_proc streams open now.
+    #[cfg(test)]
     pub fn streams_active(&self) -> i64 {
         self.inner.streams_active.get()
+    }
+
+    /// A stream refused at the cap (B74).
+    pub fn count_stream_refused(&self) {
+        self.inner.streams_refused.inc();
+    }
+
+    /// Streams refused at the cap so far.
+    #[cfg(test)]
+    pub fn streams_refused(&self) -> u64 {
+        self.inner.streams_refused.get()
+    }
+
+    /// A stream closed for sending nothing (B74).
+    pub fn count_stream_silent_closed(&self) {
+        self.inner.streams_silent_closed.inc();
     }
 
     /// Sets `atenet_router_parking_lot_max`.

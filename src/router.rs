@@ -12,7 +12,7 @@
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crossbeam_channel::{bounded, Receiver};
 use grpcio::{ChannelBuilder, EnvBuilder, Environment, Server, ServerBuilder, ServerCredentials};
@@ -27,7 +27,11 @@ use crate::lot::ParkingLot;
 use crate::metrics::Metrics;
 use crate::resolver::Resolver;
 use crate::status::{RecentRequests, StatusPage};
+use crate::streams::StreamSlots;
 use crate::timer::TimerThread;
+
+/// How often a drain looks whether only silent streams are left (B74).
+const SILENT_CHECK: Duration = Duration::from_millis(50);
 
 /// Why the router could not start; each keeps its cause.
 #[derive(Debug)]
@@ -124,6 +128,7 @@ pub struct Router {
     http: Option<HttpServer>,
     status: Option<HttpServer>,
     timer: Arc<TimerThread>,
+    streams: Arc<StreamSlots>,
     #[cfg(feature = "testkit")]
     resolver: Resolver,
     metrics: Metrics,
@@ -219,6 +224,7 @@ impl Router {
         let resolver = Resolver::new(flights, lot, Arc::new(SystemClock), timer.clone());
         let ready = Arc::new(AtomicBool::new(true));
         let recent = Arc::new(RecentRequests::default());
+        let streams = StreamSlots::new(config.extproc_max_streams, metrics.clone());
         let extproc = ExtProc::new(
             resolver.clone(),
             metrics.clone(),
@@ -228,6 +234,8 @@ impl Router {
                 ready: Arc::clone(&ready),
                 recent: Arc::clone(&recent),
                 caller_deadlines: config.caller_deadlines,
+                streams: Arc::clone(&streams),
+                scheduler: timer.clone(),
             },
         );
 
@@ -293,6 +301,7 @@ impl Router {
             http: Some(http),
             status,
             timer,
+            streams,
             #[cfg(feature = "testkit")]
             resolver,
             metrics,
@@ -336,6 +345,16 @@ impl Router {
         self.ready.store(ready, Ordering::Release);
     }
 
+    /// Whether every stream still open has sent nothing: none holds a
+    /// request, so the drain has nothing to wait for (B74). Open is read
+    /// before silent: no stream opens once the server shuts down, and a
+    /// silent one can only start speaking, so equal counts mean every open
+    /// stream was silent at the second read.
+    fn only_silent_streams(&self) -> bool {
+        let open = self.streams.open_now();
+        open > 0 && self.streams.silent_now() == open
+    }
+
     /// Stops accepting streams, lets in-flight ones finish for up to
     /// `timeout` (or until `interrupt` delivers), then cancels the rest.
     /// Returns whether every stream finished, and how many were cut.
@@ -349,17 +368,30 @@ impl Router {
             let _ = futures::executor::block_on(shutdown);
             let _ = done_tx.send(());
         });
-        let finished = crossbeam_channel::select! {
-            recv(done_rx) -> _ => true,
-            recv(interrupt) -> _ => false,
-            default(timeout) => false,
+        // A drain timeout too far off for an Instant is as good as none.
+        let deadline = Instant::now().checked_add(timeout);
+        let finished = loop {
+            let left = deadline.map_or(Duration::MAX, |d| d.saturating_duration_since(Instant::now()));
+            crossbeam_channel::select! {
+                recv(done_rx) -> _ => break true,
+                recv(interrupt) -> _ => break false,
+                default(left.min(SILENT_CHECK)) => {
+                    if left <= SILENT_CHECK || self.only_silent_streams() {
+                        break false;
+                    }
+                }
+            }
         };
         let mut cancelled = 0;
         if !finished {
-            cancelled = self.metrics.streams_active().max(0) as usize;
+            let (open, silent) = (self.streams.open_now(), self.streams.silent_now());
+            cancelled = open.saturating_sub(silent);
             self.metrics.count_drain_cancelled(cancelled as u64);
             if cancelled > 0 {
                 log::warn!("drain: cancelling {cancelled} ext_proc streams still open");
+            }
+            if silent > 0 {
+                log::info!("drain: closing {silent} ext_proc streams that never sent a message");
             }
             self.grpc.cancel_all_calls();
             let _ = done_rx.recv_timeout(Duration::from_secs(5));

@@ -451,6 +451,7 @@ pub fn effective_flags(config: &Config) -> Vec<(&'static str, String)> {
         ("--parked-request-retry-factor", parking.backoff.factor.to_string()),
         ("--parked-request-retry-jitter", parking.backoff.jitter.to_string()),
         ("--extproc-max-requests", config.extproc_max_requests.to_string()),
+        ("--extproc-max-streams", config.extproc_max_streams.to_string()),
         ("--flight-max", config.flight_max.to_string()),
         ("--grpc-threads", config.grpc_threads.to_string()),
         ("--worker-port", config.worker_port.to_string()),

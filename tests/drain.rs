@@ -312,3 +312,24 @@ fn b43_second_signal_skips_the_waits() {
     assert!(log.contains("drain: Envoy not drained (no --envoy-admin-address)"), "{log}");
     assert!(!log.contains("Disabled"), "{log}");
 }
+
+/// B74: the drain does not wait for streams that never sent a message:
+/// with only those open it closes them and exits, rather than waiting its
+/// timeout (an hour here) or their own 5 s.
+#[test]
+fn b74_the_drain_does_not_wait_for_silent_streams() {
+    let sim = scripted_sim();
+    let mut router = spawn_router(&router_args(&sim.addr().to_string(), &["--drain-timeout", "1h"]));
+    let envoy = Envoy::connect(router.extproc);
+    let _silent: Vec<Stream> = (0..3).map(|_| envoy.open()).collect();
+    let gauge = |m| Metrics(http_get(m, "/metrics").1).value("atenet_router_extproc_streams_active", &[]);
+    eventually_within(PATIENCE, "three streams open", || gauge(router.metrics) == 3.0);
+    signal(&router.process.child, "TERM");
+    assert_eq!(wait_exit(&mut router.process.child, PATIENCE), 0);
+    eventually_within(PATIENCE, "the last line", || {
+        router.process.log.lock().iter().any(|l| l.contains("drain complete"))
+    });
+    let log = router.process.log.lock().join("\n");
+    assert!(log.contains("drain: closing 3 ext_proc streams that never sent a message"), "{log}");
+    assert!(!log.contains("cancelling"), "{log}");
+}

@@ -175,3 +175,42 @@ fn ten_thousand_streams_opened_and_reset_at_once() {
     stack.sim.script("demo/hot", vec![Answer::ok("10.0.0.1", true)]);
     still_serving(&stack);
 }
+
+/// B74: streams that never send are capped and closed. Over
+/// `--extproc-max-streams` a stream is refused with RESOURCE_EXHAUSTED at
+/// once; a silent stream is closed with DEADLINE_EXCEEDED after 5 s; and the
+/// router serves on afterwards with nothing left open.
+#[test]
+fn b74_silent_streams_are_capped_and_closed() {
+    let stack = Stack::start(&[
+        "--parked-request-max",
+        "2",
+        "--extproc-max-requests",
+        "3",
+        "--extproc-max-streams",
+        "3",
+    ]);
+    let mut silent: Vec<Stream> = (0..3).map(|_| stack.envoy.open()).collect();
+    stack.eventually("three streams open", |s| {
+        s.metrics().value("atenet_router_extproc_streams_active", &[]) == 3.0
+    });
+    let mut refused = stack.envoy.open();
+    match block_on(refused.rx.next()) {
+        Some(Err(grpcio::Error::RpcFailure(status))) => {
+            assert_eq!(status.code(), grpcio::RpcStatusCode::RESOURCE_EXHAUSTED);
+            assert!(status.message().contains("--extproc-max-streams"), "{}", status.message());
+        }
+        other => panic!("a fourth stream is refused, got {other:?}"),
+    }
+    assert_eq!(stack.metrics().value("atenet_router_extproc_streams_refused_total", &[]), 1.0);
+    for stream in &mut silent {
+        match block_on(stream.rx.next()) {
+            Some(Err(grpcio::Error::RpcFailure(status))) => {
+                assert_eq!(status.code(), grpcio::RpcStatusCode::DEADLINE_EXCEEDED, "{}", status.message())
+            }
+            other => panic!("a silent stream is closed by the router, got {other:?}"),
+        }
+    }
+    assert_eq!(stack.metrics().value("atenet_router_extproc_streams_silent_closed_total", &[]), 3.0);
+    still_serving(&stack);
+}
