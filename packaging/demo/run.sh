@@ -45,7 +45,9 @@ stats_port=${STATS_PORT:-9902}
 admin_port=${ADMIN_PORT:-9901}
 worker_port=${WORKER_PORT:-8000}
 
-say() { echo "demo: $*" >&2; }
+# After a hangup the terminal is gone: a failed write must not stop the demo
+# from stopping what it started.
+say() { echo "demo: $*" >&2 || true; }
 die() {
   say "$*"
   exit 1
@@ -205,24 +207,29 @@ command -v curl >/dev/null || die "curl is missing (the demo waits on its listen
 
 # port_busy PORT [IP]: something already listens on IP (127.0.0.1):PORT.
 port_busy() { (exec 3<>"/dev/tcp/${2:-$host}/$1") 2>/dev/null; }
+# check_port PORT WHAT VARIABLE [IP]: stops the demo if PORT is taken.
 check_port() {
-  local port=$1 what=$2 ip=${3:-$host}
+  local port=$1 what=$2 variable=$3 ip=${4:-$host}
   [ "$port" = 0 ] && return 0
   if port_busy "$port" "$ip"; then
-    die "port $port on $ip ($what) is already in use: stop what holds it, or pick another port (see the ports in make help's Makefile, e.g. make run HTTP_PORT=18080)"
+    die "port $port on $ip ($what) is already in use: stop what holds it, or move the demo off it: make $target $variable=<another port>"
   fi
 }
-check_port "${sim_addr##*:}" "ateapi-sim, SIM_PORT"
-check_port "$extproc_port" "the router's ext_proc, EXTPROC_PORT"
-check_port "${metrics_addr##*:}" "the router's metrics, METRICS_PORT"
-[ "$status_port" -gt 0 ] && check_port "$status_port" "the router's status page, STATUS_PORT"
+target=run
+[ "$mode" = router ] && target=run-router
+check_port "${sim_addr##*:}" "ateapi-sim" SIM_PORT
+check_port "$extproc_port" "the router's ext_proc" EXTPROC_PORT
+check_port "${metrics_addr##*:}" "the router's metrics" METRICS_PORT
+if [ "$status_port" -gt 0 ]; then
+  check_port "$status_port" "the router's status page" STATUS_PORT
+fi
 if [ "$mode" = run ]; then
-  check_port "$http_port" "Envoy's HTTP listener, HTTP_PORT"
-  check_port "$health_port" "Envoy's /ready, HEALTH_PORT"
-  check_port "$stats_port" "Envoy's stats, STATS_PORT"
-  check_port "${admin_addr##*:}" "Envoy's admin, ADMIN_PORT"
+  check_port "$http_port" "Envoy's HTTP listener" HTTP_PORT
+  check_port "$health_port" "Envoy's /ready" HEALTH_PORT
+  check_port "$stats_port" "Envoy's stats" STATS_PORT
+  check_port "${admin_addr##*:}" "Envoy's admin" ADMIN_PORT
   for ip in "${worker_ips[@]}"; do
-    check_port "$worker_port" "the echo worker, WORKER_PORT" "$ip"
+    check_port "$worker_port" "the echo worker" WORKER_PORT "$ip"
   done
 fi
 
@@ -241,8 +248,18 @@ running() {
 stop_all() {
   [ "$cleaned" = 1 ] && return 0
   cleaned=1
+  set +e
   # No second trap while stopping: it would exit with children still up.
   trap '' INT TERM HUP
+  # A signal between a start's fork and its bookkeeping: $! is that child.
+  local last
+  set +u
+  last=$!
+  set -u
+  if [ -n "$last" ] && [[ " ${pids[*]} " != *" $last "* ]]; then
+    pids+=("$last")
+    names+=("the process being started")
+  fi
   [ "${#pids[@]}" -gt 0 ] || return 0
   say "stopping ${names[*]}"
   local i deadline=$((SECONDS + 10)) left
@@ -346,7 +363,11 @@ status_line="disabled (--status-port $status_port)"
   if [ "$mode" = run ]; then
     echo "  echo worker   one process on every worker's address: $workers_at; answers with what it received"
   fi
-  echo "  logs          $log_dir; Envoy's access log follows here"
+  if [ "$mode" = run ]; then
+    echo "  logs          $log_dir; Envoy's access log follows here"
+  else
+    echo "  logs          $log_dir"
+  fi
   echo
   if [ "$mode" = run ]; then
     echo "Try, from another terminal:"
@@ -366,7 +387,9 @@ status_line="disabled (--status-port $status_port)"
     echo "  curl -i -H 'content-type: application/grpc' -H 'ate-target-actor: $atespace/nobody' $url/demo.Echo/Call"
   fi
   echo "  # load the router's ext_proc directly (parkload plays Envoy's part; the echo worker sees none of it)"
-  echo "  make load EXTPROC_PORT=$extproc_port"
+  load="make -C $PWD load"
+  [ "$extproc_port" = 50051 ] || load+=" EXTPROC_PORT=$extproc_port"
+  echo "  $load"
   echo
   echo "Ctrl-C stops everything."
 } >&2

