@@ -294,6 +294,8 @@ trap 'exit 129' HUP
 start() {
   local name=$1
   shift
+  # Made here, not by the child's redirection, so that await can read it at once.
+  : >"$log_dir/$name.log"
   if [ "$name" = envoy ]; then
     "$@" 2>"$log_dir/$name.log" &
   else
