@@ -38,18 +38,16 @@ the simulator answered (its --answer-log), never the router's counters:
 
 import hashlib
 import http.client
-import ipaddress
 import json
 import os
 import random
 import signal
-import socket
 import subprocess
 import threading
 import time
 from bisect import bisect_left, bisect_right
 from collections import Counter, defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -147,18 +145,15 @@ class Sent:
     def path(self):
         return f"/soak/{self.id}"
 
-    def window(self):
-        return self.sent, self.done
-
     def describe(self):
-        what = self.error or f"{self.status} {self.reason}"
+        what = self.error or f"{self.status}" + (f" {self.reason}" if self.reason else "")
         return f"request {self.id} for {self.actor} ({self.sent:.3f}..{self.done:.3f}): {what}"
 
 
 class Clients:
-    """CLIENTS threads, each looping over requests until `stop`, on one
-    keep-alive connection (a fresh one for FRESH_RATE of its requests, and
-    after any error)."""
+    """HOT_CLIENTS + CLIENTS threads, each looping over requests until
+    `stop` on one keep-alive connection (a fresh one for FRESH_RATE of its
+    requests, and after any error)."""
 
     def __init__(self, stack, seed):
         self.stack = stack
@@ -391,7 +386,6 @@ class Run:
     worker_port: int
     worker_ips: set
     logs: str = ""
-    notes: list = field(default_factory=list)
 
 
 def soak(tmp_path, edit_config=None, seed=None, on_end=None):
@@ -472,6 +466,8 @@ def verify(run):
         if r.error:
             fail(f"{r.describe()} (a hang or a broken connection, deadline {CLIENT_TIMEOUT:g} s)")
             continue
+        if r.done - r.sent > CLIENT_TIMEOUT:  # the socket timeout bounds each read, not the whole
+            fail(f"{r.describe()}: took {r.done - r.sent:.1f} s, past its deadline of {CLIENT_TIMEOUT:g} s")
         if r.status == 200:
             if len(records) != 1:
                 fail(f"{r.describe()}: the worker recorded it {len(records)} times, not once")
@@ -584,7 +580,8 @@ def verify(run):
 
 
 def summary(run, facts):
-    lines = [f"== Envoy soak: {SECONDS} s, {CLIENTS} clients, {WORKERS} workers for {ACTORS} actors, "
+    lines = [f"== Envoy soak: {SECONDS} s, {HOT_CLIENTS + CLIENTS} clients ({HOT_CLIENTS} on {HOT} hot actors), "
+             f"{WORKERS} workers for {ACTORS} actors, "
              f"budget {BUDGET:g} s, late-serve limit {LATE_SERVE:g} s =="]
     total = len(run.sent)
     elapsed = run.ended - run.started
