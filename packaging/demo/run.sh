@@ -186,9 +186,7 @@ esac
 
 # Before anything starts: the router's flags (envoy-config validates them as
 # serve does), Envoy, and the ports.
-log_dir=${DEMO_LOG_DIR:-$(mktemp -d "${TMPDIR:-/tmp}/atenet-demo.XXXXXX")}
-mkdir -p "$log_dir"
-if ! "$bin/atenet-router" envoy-config "${router_flags[@]}" >"$log_dir/envoy.yaml"; then
+if ! envoy_yaml=$("$bin/atenet-router" envoy-config "${router_flags[@]}"); then
   die "the router refused its flags (RUN_FLAGS=${RUN_FLAGS:-}): nothing was started"
 fi
 if [ "$mode" = run ]; then
@@ -233,6 +231,9 @@ if [ "$mode" = run ]; then
   done
 fi
 
+log_dir=${DEMO_LOG_DIR:-$(mktemp -d "${TMPDIR:-/tmp}/atenet-demo.XXXXXX")}
+mkdir -p "$log_dir"
+printf '%s\n' "$envoy_yaml" >"$log_dir/envoy.yaml"
 pids=()
 names=()
 cleaned=0
@@ -290,7 +291,7 @@ trap 'exit 143' TERM
 trap 'exit 129' HUP
 
 # start NAME CMD...: runs CMD in the background, stdout and stderr to
-# $log_dir/NAME.log (Envoy's stdout, its access log, comes here instead).
+# $log_dir/NAME.log; Envoy's stdout (its access log) stays the demo's own output.
 start() {
   local name=$1
   shift
