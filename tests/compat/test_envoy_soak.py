@@ -386,36 +386,39 @@ class Run:
     worker_port: int
     worker_ips: set
     logs: str = ""
+    seed: int | None = None  # of the clients' choices (the timing is the machine's)
 
 
-def soak(tmp_path, edit_config=None, seed=None, on_end=None):
+def soak(tmp_path, edit_config=None, seed=None):
+    """Runs the scenario for SECONDS; what everyone saw, as a Run."""
     answer_log = tmp_path / "sim-answers.jsonl"
     sim_flags = list(SIM_FLAGS)
     if has_answer_log():
         sim_flags += ["--answer-log", str(answer_log)]
+    seed = seed if seed is not None else random.randrange(2**32)
     with Stack(router_flags=ROUTER_FLAGS, sim_flags=sim_flags, workers=WORKERS, network=NETWORK,
                edit_config=edit_config) as stack:
         started = time.time()
-        clients = Clients(stack, seed if seed is not None else int(started))
+        clients = Clients(stack, seed)
         clients.start()
-        restarts = []
-        for offset, kind in restart_plan(SECONDS):
-            time.sleep(max(0.0, started + offset - time.time()))
-            restarts.append(restart(stack, kind))
-        time.sleep(max(0.0, started + SECONDS - time.time()))
-        clients.join()
+        try:
+            restarts = []
+            for offset, kind in restart_plan(SECONDS):
+                time.sleep(max(0.0, started + offset - time.time()))
+                restarts.append(restart(stack, kind))
+            time.sleep(max(0.0, started + SECONDS - time.time()))
+        finally:  # a restart that fails must not leave the clients running
+            clients.join()
         ended = time.time()
         # Envoy flushes its access log every 100 ms.
         deadline = time.monotonic() + 30
         while len(stack.access_log()) < len(clients.sent) and time.monotonic() < deadline:
             time.sleep(0.2)
         time.sleep(0.5)
-        if on_end is not None:
-            on_end(stack)
         return Run(clients.sent, stack.records(), stack.access_log(),
                    Answers(read_json_lines(answer_log)) if answer_log.exists() else None,
                    restarts, started, ended, stack.worker_port, set(stack.worker_hosts[:WORKERS]),
-                   logs=stack.logs())
+                   logs=stack.logs(), seed=seed)
 
 
 def in_restart(run, request, margin=RESTART_MARGIN):
@@ -582,7 +585,7 @@ def verify(run):
 def summary(run, facts):
     lines = [f"== Envoy soak: {SECONDS} s, {HOT_CLIENTS + CLIENTS} clients ({HOT_CLIENTS} on {HOT} hot actors), "
              f"{WORKERS} workers for {ACTORS} actors, "
-             f"budget {BUDGET:g} s, late-serve limit {LATE_SERVE:g} s =="]
+             f"budget {BUDGET:g} s, late-serve limit {LATE_SERVE:g} s, seed {run.seed} =="]
     total = len(run.sent)
     elapsed = run.ended - run.started
     lines.append(f"requests: {total} in {elapsed:.1f} s ({total / elapsed:.0f}/s); "
