@@ -572,13 +572,17 @@ fn empty_reply(request: &processing_request::Request) -> ProcessingResponse {
 /// The wire form of a verdict (B6, B7, B10, B73).
 pub fn response_for(verdict: &Verdict, protocol: ClientProtocol) -> ProcessingResponse {
     match verdict {
-        Verdict::Route { actor, worker, target_port } => {
-            let mut mutation = HeaderMutation::new();
-            mutation.set_headers.push(overwrite(ACTOR_HEADER, actor.as_str()));
-            let mut common = CommonResponse::new();
-            common.header_mutation = MessageField::some(mutation);
+        Verdict::Route { actor, worker, target_port, set_actor_header } => {
             let mut headers = HeadersResponse::new();
-            headers.response = MessageField::some(common);
+            // Every mutation counts against Envoy's header limit, so none is
+            // sent when the header already stands alone as it should (B6).
+            if *set_actor_header {
+                let mut mutation = HeaderMutation::new();
+                mutation.set_headers.push(overwrite(ACTOR_HEADER, actor.as_str()));
+                let mut common = CommonResponse::new();
+                common.header_mutation = MessageField::some(mutation);
+                headers.response = MessageField::some(common);
+            }
 
             let mut original_dst = Struct::new();
             original_dst.fields.insert("local".into(), string_value(worker));

@@ -77,6 +77,9 @@ pub struct InvalidTarget;
 pub struct Target {
     pub actor: ActorId,
     pub port: u16,
+    /// The canonical id is already the request's one `ate-target-actor`
+    /// header, so a route needs no header mutation (B6).
+    pub carries_actor_header: bool,
 }
 
 /// Attributes as Envoy sends them: filter name to a struct of attributes.
@@ -84,13 +87,17 @@ pub type Attributes = HashMap<String, Struct>;
 
 /// Resolves the target of a request from its headers and attributes.
 pub fn resolve(headers: &HeaderMap, attributes: &Attributes) -> Result<Target, InvalidTarget> {
-    let reference = match header(headers, ACTOR_HEADER) {
-        Some(value) if !value.is_empty() => value,
-        _ => attribute(attributes, ACTOR_ATTRIBUTE).unwrap_or_default().as_bytes(),
+    let (reference, from_header) = match header(headers, ACTOR_HEADER) {
+        Some(value) if !value.is_empty() => (value, true),
+        _ => (attribute(attributes, ACTOR_ATTRIBUTE).unwrap_or_default().as_bytes(), false),
     };
     let reference = std::str::from_utf8(reference).map_err(|_| InvalidTarget)?;
+    // A valid reference is canonical as it stands (B3 normalises nothing):
+    // the header needs setting only when it is absent or repeated.
     let actor = ActorId::parse(reference)?;
-    Ok(Target { actor, port: target_port(headers, attributes) })
+    let carries_actor_header =
+        from_header && headers.headers.iter().filter(|h| h.key.eq_ignore_ascii_case(ACTOR_HEADER)).count() == 1;
+    Ok(Target { actor, port: target_port(headers, attributes), carries_actor_header })
 }
 
 /// The target port per B5.

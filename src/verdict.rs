@@ -16,8 +16,9 @@ use crate::target::{ActorId, Target};
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Verdict {
     /// Send the request to `worker` (`ip:port`, IPv6 bracketed), telling the
-    /// worker the target port (B6, B7).
-    Route { actor: ActorId, worker: String, target_port: u16 },
+    /// worker the target port (B7), and setting `ate-target-actor` when the
+    /// request does not already carry it alone (B6).
+    Route { actor: ActorId, worker: String, target_port: u16, set_actor_header: bool },
     /// Answer the client directly.
     Reject(Rejection),
 }
@@ -128,7 +129,8 @@ pub fn for_outcome(
                     IpAddr::V4(v4) => format!("{v4}:{worker_port}"),
                     IpAddr::V6(v6) => format!("[{v6}]:{worker_port}"),
                 };
-                (Verdict::Route { actor: id.clone(), worker, target_port: target.port }, RouteOutcome::Ok)
+                let set_actor_header = !target.carries_actor_header;
+                (Verdict::Route { actor: id.clone(), worker, target_port: target.port, set_actor_header }, RouteOutcome::Ok)
             }
             Err(_) => {
                 reject(500, format!("actor {id} routing failed"), "atenet_routing_failed", RouteOutcome::ResumeError)
@@ -242,7 +244,7 @@ mod tests {
     use crate::resume::Resumed;
 
     fn target() -> Target {
-        Target { actor: ActorId::parse("demo/a").unwrap(), port: 8080 }
+        Target { actor: ActorId::parse("demo/a").unwrap(), port: 8080, carries_actor_header: false }
     }
 
     fn outcome(result: Result<Resumed, ResolveError>) -> ResumeOutcome {
@@ -265,7 +267,12 @@ mod tests {
         let ok = |ip: &str| Ok(Resumed::from_pod_ips(true, &[ip.into(), "10.9.9.9".into()]));
         assert_eq!(
             for_outcome(&target(), &outcome(ok("10.0.0.7")), 443, 7).0,
-            Verdict::Route { actor: target().actor, worker: "10.0.0.7:443".into(), target_port: 8080 }
+            Verdict::Route {
+                actor: target().actor,
+                worker: "10.0.0.7:443".into(),
+                target_port: 8080,
+                set_actor_header: true
+            }
         );
         match for_outcome(&target(), &outcome(ok("fd00::52")), 8443, 7).0 {
             Verdict::Route { worker, .. } => assert_eq!(worker, "[fd00::52]:8443"),

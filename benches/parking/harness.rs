@@ -235,14 +235,16 @@ pub fn baseline_server(ateapi: &str) {
     };
     let env = Arc::new(EnvBuilder::new().cq_count(threads).build());
     let client = Arc::new(Client::new(ChannelBuilder::new(Arc::clone(&env)).connect(ateapi)));
-    // The same routing verdict the router sends (header mutation and
-    // original_dst metadata), built once: the baseline pays for encoding a
+    // The same routing verdict the router sends for parkload's requests
+    // (original_dst metadata; no header mutation, as each carries its actor
+    // header once, B6), built once: the baseline pays for encoding a
     // verdict, not for deciding it.
     let fixed = response_for(
         &Verdict::Route {
             actor: ActorId::parse("demo/actor-0").unwrap(),
             worker: "10.64.0.1:443".into(),
             target_port: 80,
+            set_actor_header: false,
         },
         ClientProtocol::Http,
     );

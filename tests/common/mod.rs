@@ -234,12 +234,17 @@ pub fn immediate(reply: &ProcessingResponse) -> Immediate {
     }
 }
 
-/// The routing verdict: (actor header value, original_dst local, port).
-pub fn routed(reply: &ProcessingResponse) -> (String, String, String) {
+/// The routing verdict: (the `ate-target-actor` it sets, if it sets one,
+/// original_dst local, port). A request that carries its actor header once
+/// gets no header mutation (B6).
+pub fn routed(reply: &ProcessingResponse) -> (Option<String>, String, String) {
     assert!(reply.has_request_headers(), "expected a routing verdict, got {reply:?}");
     let set = &reply.request_headers().response.header_mutation.set_headers;
-    assert_eq!(set.len(), 1, "B6: exactly one header mutation");
-    let actor = String::from_utf8(set[0].header.raw_value.clone()).unwrap();
+    assert!(set.len() <= 1, "B6: at most one header mutation: {set:?}");
+    let actor = set.first().map(|option| {
+        assert_eq!(option.header.key, "ate-target-actor");
+        String::from_utf8(option.header.raw_value.clone()).unwrap()
+    });
     let namespace = &reply.dynamic_metadata.fields["envoy.filters.listener.original_dst"];
     let fields = &namespace.struct_value().fields;
     (actor, fields["local"].string_value().to_string(), fields["port"].string_value().to_string())

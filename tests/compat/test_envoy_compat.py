@@ -40,10 +40,19 @@ def route(stub, actor, extra=()):
     return exchange(stub, headers_request([("ate-target-actor", actor), *extra]))[0]
 
 
-def check_route(reply, actor, local, port="80"):
+def check_route(reply, actor, local, port="80", sets_header=False):
+    """A routing verdict to `local`; `sets_header` when the request did not
+    carry its canonical actor header alone (B6)."""
     assert reply.WhichOneof("response") == "request_headers"
     common = reply.request_headers.response
     assert common.status == ep.CommonResponse.CONTINUE
+    metadata = reply.dynamic_metadata.fields["envoy.filters.listener.original_dst"].struct_value
+    assert metadata.fields["local"].string_value == local
+    assert metadata.fields["port"].string_value == port
+    assert list(reply.dynamic_metadata.fields) == ["envoy.filters.listener.original_dst"]
+    if not sets_header:
+        assert not reply.request_headers.HasField("response"), "B6: no mutation for a header carried alone"
+        return
     assert len(common.header_mutation.set_headers) == 1, "B6: exactly one header"
     option = common.header_mutation.set_headers[0]
     assert option.header.key == "ate-target-actor"
@@ -51,10 +60,6 @@ def check_route(reply, actor, local, port="80"):
     assert option.header.value == "", "B6: raw_value only"
     assert not option.HasField("append"), "B6: append unset (overwrite)"
     assert option.append_action == base_pb2.HeaderValueOption.OVERWRITE_IF_EXISTS_OR_ADD
-    metadata = reply.dynamic_metadata.fields["envoy.filters.listener.original_dst"].struct_value
-    assert metadata.fields["local"].string_value == local
-    assert metadata.fields["port"].string_value == port
-    assert list(reply.dynamic_metadata.fields) == ["envoy.filters.listener.original_dst"]
 
 
 def test_b6_b7_route_ipv4(stack):
@@ -72,7 +77,12 @@ def test_b5_connect_port(stack):
 
 def test_b2_attribute_actor(stack):
     request = headers_request([(":path", "/")], {"filter_state['dev.ate.target.actor']": "demo/v4"})
-    check_route(exchange(stack, request)[0], "demo/v4", "10.1.2.3:443")
+    check_route(exchange(stack, request)[0], "demo/v4", "10.1.2.3:443", sets_header=True)
+
+
+def test_b6_a_repeated_actor_header_is_set_to_the_canonical_id(stack):
+    reply = route(stack, "demo/v4", [("ate-target-actor", "demo/v6")])
+    check_route(reply, "demo/v4", "10.1.2.3:443", sets_header=True)
 
 
 def test_parked_then_routed(stack):
