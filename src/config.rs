@@ -104,6 +104,9 @@ pub struct Config {
     /// The address of Envoy's HTTP, health and metrics listeners, for
     /// `envoy-config`.
     pub envoy_listen_ip: IpAddr,
+    /// Where Envoy takes a request for internal and keeps its x-envoy-*
+    /// headers, for `envoy-config` (B67).
+    pub envoy_trusted_ranges: Vec<CidrRange>,
     /// Envoy's HTTP listener port, for `envoy-config`.
     pub port_http: u16,
     /// Envoy's health-check listener port, for `envoy-config`.
@@ -199,6 +202,7 @@ impl Config {
             log_format,
             late_serve_limit,
             envoy_listen_ip: envoy.listen_ip,
+            envoy_trusted_ranges: trusted_ranges(&args.envoy_trusted_ranges)?,
             port_http: envoy.http,
             port_health: envoy.health,
             port_stats: envoy.stats,
@@ -413,6 +417,39 @@ fn drain(
     let timeout =
         if explicit.is_zero() { parking.budget + DRAIN_SLACK.max(late_serve_limit) } else { explicit };
     Ok((delay, timeout))
+}
+
+/// An address range, `ip/prefix`, as Envoy's `CidrRange` takes it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CidrRange {
+    pub ip: IpAddr,
+    pub prefix: u8,
+}
+
+/// `--envoy-trusted-ranges`: comma-separated CIDRs, each `ip/prefix` with a
+/// prefix that fits the address (32 for IPv4, 128 for IPv6); empty trusts
+/// nothing.
+fn trusted_ranges(text: &str) -> Result<Vec<CidrRange>, ConfigError> {
+    text.split(',')
+        .map(str::trim)
+        .filter(|range| !range.is_empty())
+        .map(|range| {
+            let bad = || {
+                invalid(format!(
+                    "--envoy-trusted-ranges must be CIDRs such as 10.0.0.0/8 or fc00::/7, separated by commas, \
+                     got {range:?}"
+                ))
+            };
+            let (ip, prefix) = range.split_once('/').ok_or_else(bad)?;
+            let ip: IpAddr = ip.parse().map_err(|_| bad())?;
+            let prefix: u8 = prefix.parse().map_err(|_| bad())?;
+            let max = if ip.is_ipv4() { 32 } else { 128 };
+            if prefix > max {
+                return Err(bad());
+            }
+            Ok(CidrRange { ip, prefix })
+        })
+        .collect()
 }
 
 /// Envoy's ports in the generated bootstrap (B67) and its admin address.

@@ -129,16 +129,28 @@ static_resources:
             - name: actors
               domains: ["*"]
               routes:
+              # A CONNECT has no path, so it has a match of its own; it is
+              # proxied to the worker as a CONNECT (no connect_config), so
+              # the worker tunnels to the target port B5 chose.
+              - match: {{ connect_matcher: {{}} }}
+{route}
               - match: {{ prefix: "/" }}
-                route:
-                  cluster: {WORKER_CLUSTER}
-                  timeout: {route_timeout}
-                  idle_timeout: {idle_timeout}
-                request_headers_to_add:
-                - header:
-                    key: X-Ate-Target-Port
-                    value: "%DYNAMIC_METADATA({ORIGINAL_DST_NAMESPACE}:port)%"
-                  append_action: OVERWRITE_IF_EXISTS_OR_ADD
+{route}
+          # WebSocket and CONNECT pass through to the worker, over HTTP/1.1
+          # or HTTP/2 (extended CONNECT, RFC 8441).
+          upgrade_configs:
+          - upgrade_type: websocket
+          - upgrade_type: CONNECT
+          http2_protocol_options:
+            allow_connect: true
+          # Envoy keeps a client's x-envoy-* headers (the gateway deadline
+          # x-envoy-expected-rq-timeout-ms among them, B68) only from an
+          # internal request: one whose peer, the only x-forwarded-for
+          # entry once Envoy appends it, is in these ranges
+          # (--envoy-trusted-ranges).
+          use_remote_address: true
+          internal_address_config:
+            cidr_ranges: [{trusted_ranges}]
           http_filters:
           # Only fields Envoy's ext_proc filter reads are set: it opens the
           # stream with no timeout of its own (grpc_service.timeout is not
@@ -292,17 +304,40 @@ static_resources:
               socket_address: {{ address: "{admin_ip}", port_value: {admin_port} }}
 "#,
         listen_ip = config.envoy_listen_ip,
+        route = worker_route(route_timeout, idle_timeout),
+        trusted_ranges = config
+            .envoy_trusted_ranges
+            .iter()
+            .map(|r| format!("{{ address_prefix: \"{}\", prefix_len: {} }}", r.ip, r.prefix))
+            .collect::<Vec<_>>()
+            .join(", "),
         port_http = config.port_http,
         port_health = config.port_health,
         port_stats = config.port_stats,
-        route_timeout = seconds(route_timeout),
-        idle_timeout = seconds(idle_timeout),
         breaker = config.extproc_max_requests,
         extproc_port = config.extproc_addr.port(),
         worker_connections = WORKER_MAX_REQUESTS,
         worker_pending = WORKER_MAX_PENDING,
     );
     y
+}
+
+/// The route of every actor request to its worker, with the target port
+/// for the worker (B5, B7).
+fn worker_route(timeout: Duration, idle_timeout: Duration) -> String {
+    format!(
+        r#"                route:
+                  cluster: {WORKER_CLUSTER}
+                  timeout: {timeout}
+                  idle_timeout: {idle_timeout}
+                request_headers_to_add:
+                - header:
+                    key: X-Ate-Target-Port
+                    value: "%DYNAMIC_METADATA({ORIGINAL_DST_NAMESPACE}:port)%"
+                  append_action: OVERWRITE_IF_EXISTS_OR_ADD"#,
+        timeout = seconds(timeout),
+        idle_timeout = seconds(idle_timeout),
+    )
 }
 
 /// The worker cluster's circuit breaker: far above Envoy's default of 1024,
@@ -346,13 +381,36 @@ mod tests {
         for port in [8080, 8081, 9902] {
             assert!(local.contains(&format!(r#"address: "127.0.0.1", port_value: {port}"#)), "{local}");
         }
-        assert!(!local.contains("0.0.0.0"));
+        assert!(!local.contains("\"0.0.0.0\""));
         let v6 =
             bootstrap(&parse_serve_args(&["--ateapi-insecure", "--envoy-listen-address", "::"]).unwrap());
         assert!(v6.contains(r#"address: "::", port_value: 8080"#));
         let bad =
             parse_serve_args(&["--ateapi-insecure", "--envoy-listen-address", "localhost"]).unwrap_err();
         assert!(bad.to_string().contains("--envoy-listen-address"), "{bad}");
+    }
+
+    #[test]
+    fn trusted_ranges_and_upgrades() {
+        let default = bootstrap(&parse_serve_args(&["--ateapi-insecure"]).unwrap());
+        assert!(default.contains(
+            r#"cidr_ranges: [{ address_prefix: "127.0.0.0", prefix_len: 8 }, { address_prefix: "::1", prefix_len: 128 }, "#
+        ));
+        assert!(default.contains(r#"{ address_prefix: "fc00::", prefix_len: 7 }]"#), "{default}");
+        assert!(default.contains("use_remote_address: true"));
+        assert!(default.contains("- upgrade_type: websocket\n          - upgrade_type: CONNECT\n"));
+        assert_eq!(default.matches("X-Ate-Target-Port").count(), 2, "the CONNECT route and the other");
+        let none =
+            bootstrap(&parse_serve_args(&["--ateapi-insecure", "--envoy-trusted-ranges", ""]).unwrap());
+        assert!(none.contains("cidr_ranges: []"));
+        let one = bootstrap(
+            &parse_serve_args(&["--ateapi-insecure", "--envoy-trusted-ranges", " 10.1.0.0/16 "]).unwrap(),
+        );
+        assert!(one.contains(r#"cidr_ranges: [{ address_prefix: "10.1.0.0", prefix_len: 16 }]"#));
+        for bad in ["10.0.0.0", "10.0.0.0/33", "::/129", "host/8", "10.0.0.0/8;"] {
+            let e = parse_serve_args(&["--ateapi-insecure", "--envoy-trusted-ranges", bad]).unwrap_err();
+            assert!(e.to_string().contains("--envoy-trusted-ranges"), "{bad}: {e}");
+        }
     }
 
     #[test]

@@ -166,6 +166,9 @@ pub struct ServeArgs {
     /// IP address the generated Envoy config's HTTP, health and metrics listeners bind (default: 0.0.0.0)
     #[argh(option, default = "String::from(\"0.0.0.0\")")]
     pub envoy_listen_address: String,
+    /// source ranges (CIDRs, comma-separated; empty: none) from which the generated Envoy keeps a client's x-envoy-* headers, such as a gateway's deadline (default: loopback and the private ranges)
+    #[argh(option, default = "String::from(DEFAULT_TRUSTED_RANGES)")]
+    pub envoy_trusted_ranges: String,
     /// port of the HTTP listener in the generated Envoy config (default: 8080)
     #[argh(option, default = "8080")]
     pub port_http: i64,
@@ -176,6 +179,10 @@ pub struct ServeArgs {
     #[argh(option, default = "9902")]
     pub port_stats: i64,
 }
+
+/// Loopback and the private ranges an in-cluster gateway sends from (B67).
+pub const DEFAULT_TRUSTED_RANGES: &str =
+    "127.0.0.0/8,::1/128,10.0.0.0/8,172.16.0.0/12,192.168.0.0/16,fc00::/7";
 
 /// Why flags did not parse.
 #[derive(Debug)]

@@ -462,6 +462,10 @@ pub fn effective_flags(config: &Config) -> Vec<(&'static str, String)> {
         ("--route-timeout", godur::format(config.route_timeout)),
         ("--late-serve-limit", godur::format(config.late_serve_limit)),
         ("--envoy-listen-address", config.envoy_listen_ip.to_string()),
+        (
+            "--envoy-trusted-ranges",
+            config.envoy_trusted_ranges.iter().map(|r| format!("{}/{}", r.ip, r.prefix)).collect::<Vec<_>>().join(","),
+        ),
         ("--port-http", config.port_http.to_string()),
         ("--port-health", config.port_health.to_string()),
         ("--port-stats", config.port_stats.to_string()),

@@ -20,6 +20,7 @@ import importlib.util
 import ipaddress
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -310,7 +311,9 @@ class Stack:
         text = render_config(self.serve_flags(f"{LOOPBACK}:{self.admin_port}"))
         if self.edit_config:
             text = self.edit_config(text)
-        assert "0.0.0.0" not in text and "::" not in text.replace("::1", ""), "Envoy binds loopback only"
+        bound = re.findall(r'socket_address: \{ address: "([^"]+)"', text)
+        assert bound and all(ipaddress.ip_address(ip).is_loopback for ip in bound), \
+            f"Envoy binds and connects on loopback only: {bound}"
         return text
 
     def start_router(self):

@@ -135,12 +135,21 @@ def test_defaults_field_by_field():
     key = workers.original_dst_lb_config.metadata_key
     assert key.key == "envoy.filters.listener.original_dst" and [p.key for p in key.path] == ["local"]
     assert workers.original_dst_lb_config.use_http_header is False
-    route = hcm.route_config.virtual_hosts[0].routes[0]
-    assert route.match.prefix == "/" and route.route.cluster == "atenet_workers"
-    assert route.route.timeout.seconds == 300 and route.route.idle_timeout.seconds == 330
-    header = route.request_headers_to_add[0]
-    assert header.header.key == "X-Ate-Target-Port"
-    assert header.header.value == "%DYNAMIC_METADATA(envoy.filters.listener.original_dst:port)%"
+    connect, route = hcm.route_config.virtual_hosts[0].routes
+    assert connect.match.HasField("connect_matcher") and not connect.route.upgrade_configs, \
+        "B5: a CONNECT goes to the worker as a CONNECT, not terminated by Envoy"
+    assert route.match.prefix == "/"
+    for r in (connect, route):
+        assert r.route.cluster == "atenet_workers"
+        assert r.route.timeout.seconds == 300 and r.route.idle_timeout.seconds == 330
+        header = r.request_headers_to_add[0]
+        assert header.header.key == "X-Ate-Target-Port"
+        assert header.header.value == "%DYNAMIC_METADATA(envoy.filters.listener.original_dst:port)%"
+    assert [u.upgrade_type for u in hcm.upgrade_configs] == ["websocket", "CONNECT"]
+    assert hcm.http2_protocol_options.allow_connect
+    assert hcm.use_remote_address.value is True
+    assert [(r.address_prefix, r.prefix_len.value) for r in hcm.internal_address_config.cidr_ranges] == [
+        ("127.0.0.0", 8), ("::1", 128), ("10.0.0.0", 8), ("172.16.0.0", 12), ("192.168.0.0", 16), ("fc00::", 7)]
 
 
 def test_access_log_health_and_stats_listeners_and_worker_breakers():

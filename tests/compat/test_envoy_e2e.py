@@ -10,6 +10,7 @@ one for the verdicts, routing and logs, others only where flags must differ.
 
 import hashlib
 import http.client
+import ipaddress
 import json
 import math
 import os
@@ -270,8 +271,12 @@ def verdicts(stack):
         jobs[row.id, "h1"] = (h1, (stack, row.actor, f"/verdict/{row.id}"))
         jobs[row.id, "h2"] = (h2, (stack, row.actor, f"/verdict/{row.id}"))
         jobs[row.id, "grpc"] = (grpc_call, (stack, row.actor))
-    jobs["expected-rq-timeout"] = (h1, (stack, "demo/stuck", "/expected", "GET", None,
-                                        [("x-envoy-expected-rq-timeout-ms", "300")]))
+    gateway_deadline = [("x-envoy-expected-rq-timeout-ms", "300")]
+    jobs["expected-rq-timeout"] = (h1, (stack, "demo/stuck", "/expected", "GET", None, gateway_deadline))
+    # Forwarded for a client elsewhere: Envoy appends its peer to
+    # x-forwarded-for, two entries make the request external (B67).
+    forwarded = [*gateway_deadline, ("x-forwarded-for", "203.0.113.9")]
+    jobs["expected-rq-timeout-forwarded"] = (h1, (stack, "demo/stuck", "/forwarded", "GET", None, forwarded))
     return fire(jobs)
 
 
@@ -286,17 +291,46 @@ def test_verdict_over_grpc(verdicts, row):
     check_grpc(verdicts[row.id, "grpc"].result(), row)
 
 
-def test_a_clients_expected_rq_timeout_is_no_deadline_through_envoy(stack, verdicts):
-    """Envoy drops a client's own x-envoy-* control headers, so the router
-    never sees this one: the request parks for the whole 2 s budget."""
-    reply = verdicts["expected-rq-timeout"].result()
+def honoured_deadline(reply):
+    """The router saw a 300 ms caller deadline: it answered long before the
+    2 s budget, with the deadline's own verdict (the deadline passed while
+    parked, or, once a park was served, it was refused as too short)."""
+    assert (reply.status, reply.headers["x-atenet-reason"]) in [
+        (504, "atenet_caller_deadline"), (503, "atenet_deadline_too_short")], reply
+    assert reply.elapsed < 1.5
+
+
+def ignored_deadline(reply):
+    """Envoy dropped the header: the request parked for the whole budget."""
     assert (reply.status, reply.headers["x-atenet-reason"]) == (503, "atenet_budget_exhausted")
     assert reply.elapsed >= 1.9
+
+
+def test_a_gateways_expected_rq_timeout_counts_from_trusted_ranges_only(stack, verdicts):
+    """B67, B68: the generated config keeps x-envoy-* headers of a request
+    from --envoy-trusted-ranges (loopback by default) that names no other
+    client, so a gateway's deadline reaches the router; forwarded for a
+    client elsewhere, Envoy takes the request for external and drops it."""
+    honoured_deadline(verdicts["expected-rq-timeout"].result())
+    ignored_deadline(verdicts["expected-rq-timeout-forwarded"].result())
     routed = h1(stack, "demo/fixed-a", headers=[("x-envoy-expected-rq-timeout-ms", "300"),
-                                                ("x-envoy-max-retries", "3")])
+                                                ("x-forwarded-for", "203.0.113.9")])
     seen = routed.json()["headers"]
     assert seen["x-envoy-expected-rq-timeout-ms"] == "300000", "Envoy's own, from the 5 min route timeout"
-    assert "x-envoy-max-retries" not in seen
+    # use_remote_address appends the peer; for a loopback peer Envoy 1.40
+    # appends its own host's first address instead.
+    client, appended = seen["x-forwarded-for"].split(",")
+    assert client == "203.0.113.9" and ipaddress.ip_address(appended)
+    assert seen["x-envoy-external-address"] == "127.0.0.1"
+
+
+def test_no_trusted_range_no_gateway_deadline():
+    """--envoy-trusted-ranges without loopback: the same direct request from
+    127.0.0.1 is external, and its x-envoy-* deadline is dropped."""
+    flags = ["--parked-request-budget", "2s", "--parked-request-retry-interval", "50ms",
+             "--envoy-trusted-ranges", "10.0.0.0/8"]
+    with Stack(router_flags=flags, script=SCRIPT, sim_flags=["--actors", "0"], workers=1) as s:
+        ignored_deadline(h1(s, "demo/stuck", headers=[("x-envoy-expected-rq-timeout-ms", "300")]))
 
 
 def test_access_log_names_every_verdict(stack, verdicts):
