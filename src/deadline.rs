@@ -68,17 +68,10 @@ pub fn millis(value: &[u8]) -> Option<Duration> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::proto::base::HeaderValue;
 
     fn headers(pairs: &[(&str, &str)]) -> HeaderMap {
-        let mut map = HeaderMap::new();
-        for (key, value) in pairs {
-            let mut h = HeaderValue::new();
-            h.key = key.to_string();
-            h.raw_value = value.as_bytes().to_vec();
-            map.headers.push(h);
-        }
-        map
+        let raw: Vec<(&str, &[u8])> = pairs.iter().map(|(k, v)| (*k, v.as_bytes())).collect();
+        crate::target::test_headers(&raw)
     }
 
     #[test]

@@ -707,14 +707,8 @@ mod tests {
     }
 
     fn headers(pairs: &[(&str, &str)]) -> HeaderMap {
-        let mut map = HeaderMap::new();
-        for (key, value) in pairs {
-            let mut header = HeaderValue::new();
-            header.key = key.to_string();
-            header.raw_value = value.as_bytes().to_vec();
-            map.headers.push(header);
-        }
-        map
+        let raw: Vec<(&str, &[u8])> = pairs.iter().map(|(k, v)| (*k, v.as_bytes())).collect();
+        crate::target::test_headers(&raw)
     }
 
     #[test]

@@ -161,22 +161,25 @@ fn is_dns1123_label(label: &str) -> bool {
         && bytes.last().is_some_and(alnum)
 }
 
+/// Headers as Envoy sends them, raw values, for the unit tests of every
+/// module that reads them.
+#[cfg(test)]
+pub(crate) fn test_headers(pairs: &[(&str, &[u8])]) -> HeaderMap {
+    let mut map = HeaderMap::new();
+    for (key, raw) in pairs {
+        let mut h = crate::proto::base::HeaderValue::new();
+        h.key = key.to_string();
+        h.raw_value = raw.to_vec();
+        map.headers.push(h);
+    }
+    map
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::proto::base::HeaderValue;
     use protobuf::well_known_types::struct_::Value;
-
-    fn headers(pairs: &[(&str, &[u8])]) -> HeaderMap {
-        let mut map = HeaderMap::new();
-        for (key, raw) in pairs {
-            let mut h = HeaderValue::new();
-            h.key = key.to_string();
-            h.raw_value = raw.to_vec();
-            map.headers.push(h);
-        }
-        map
-    }
 
     fn attrs(name: &str, value: &str) -> Attributes {
         let mut s = Struct::new();
@@ -188,7 +191,7 @@ mod tests {
 
     #[test]
     fn b1_header_case_insensitive_raw_value() {
-        let t = resolve(&headers(&[("ATE-Target-Actor", b"demo/actor-0")]), &Attributes::new());
+        let t = resolve(&test_headers(&[("ATE-Target-Actor", b"demo/actor-0")]), &Attributes::new());
         assert_eq!(t.unwrap().actor.as_str(), "demo/actor-0");
     }
 
@@ -204,17 +207,17 @@ mod tests {
 
     #[test]
     fn b1_first_duplicate_header_counts() {
-        let map = headers(&[(ACTOR_HEADER, b"demo/first"), (ACTOR_HEADER, b"demo/second")]);
+        let map = test_headers(&[(ACTOR_HEADER, b"demo/first"), (ACTOR_HEADER, b"demo/second")]);
         assert_eq!(resolve(&map, &Attributes::new()).unwrap().actor.as_str(), "demo/first");
     }
 
     #[test]
     fn b2_attribute_used_when_header_absent_or_empty_and_header_wins() {
         let a = attrs(ACTOR_ATTRIBUTE, "space/from-attr");
-        assert_eq!(resolve(&headers(&[]), &a).unwrap().actor.as_str(), "space/from-attr");
-        let empty = headers(&[(ACTOR_HEADER, b"")]);
+        assert_eq!(resolve(&test_headers(&[]), &a).unwrap().actor.as_str(), "space/from-attr");
+        let empty = test_headers(&[(ACTOR_HEADER, b"")]);
         assert_eq!(resolve(&empty, &a).unwrap().actor.as_str(), "space/from-attr");
-        let both = headers(&[(ACTOR_HEADER, b"space/from-header")]);
+        let both = test_headers(&[(ACTOR_HEADER, b"space/from-header")]);
         assert_eq!(resolve(&both, &a).unwrap().actor.as_str(), "space/from-header");
     }
 
@@ -238,13 +241,13 @@ mod tests {
             vec![b'd', b'/', 0xff, 0xfe],
         ];
         for raw in cases {
-            let got = resolve(&headers(&[(ACTOR_HEADER, &raw)]), &Attributes::new());
+            let got = resolve(&test_headers(&[(ACTOR_HEADER, &raw)]), &Attributes::new());
             assert_eq!(got, Err(InvalidTarget), "{:?}", String::from_utf8_lossy(&raw));
         }
-        assert_eq!(resolve(&headers(&[]), &Attributes::new()), Err(InvalidTarget));
+        assert_eq!(resolve(&test_headers(&[]), &Attributes::new()), Err(InvalidTarget));
         let max = "b".repeat(63);
         let ok = format!("{max}/{max}");
-        assert!(resolve(&headers(&[(ACTOR_HEADER, ok.as_bytes())]), &Attributes::new()).is_ok());
+        assert!(resolve(&test_headers(&[(ACTOR_HEADER, ok.as_bytes())]), &Attributes::new()).is_ok());
     }
 
     #[test]
