@@ -253,7 +253,7 @@ mod tests {
     #[test]
     fn b5_ports() {
         let actor: (&str, &[u8]) = (ACTOR_HEADER, b"demo/a");
-        let port = |h: &[(&str, &[u8])], a: &Attributes| resolve(&headers(h), a).unwrap().port;
+        let port = |h: &[(&str, &[u8])], a: &Attributes| resolve(&test_headers(h), a).unwrap().port;
         let none = Attributes::new();
         assert_eq!(port(&[actor], &none), 80);
         assert_eq!(port(&[actor, (":method", b"GET"), (":authority", b"h:8443")], &none), 80);
