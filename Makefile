@@ -158,8 +158,9 @@ bench-compare: ## Compare two bench results: make bench-compare A.json B.json
 
 SOAK_SECONDS ?= 600
 
-soak: deps ## Chaos run: faults, cancels, SIGTERM restarts; SOAK_SECONDS (600) long.
+soak: build venv ## Chaos runs, straight to the router and through Envoy: faults, cancels, restarts; SOAK_SECONDS (600) each.
 	SOAK_SECONDS=$(SOAK_SECONDS) cargo test --release --features testkit,fault-injection --test soak -- --nocapture
+	SOAK_SECONDS=$(SOAK_SECONDS) ATENET_BIN_DIR=$(BIN) $(VENV)/bin/python -m pytest -q -s tests/compat/test_envoy_soak.py
 
 lint: deps ## rustfmt and clippy, warnings as errors.
 	cargo fmt --check
