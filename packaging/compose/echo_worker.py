@@ -21,14 +21,32 @@ worker, actor (ate-target-actor), target_port (x-ate-target-port),
 request_id (the client's x-client-request-id, else null), method, path,
 body_sha256, body_length. A test reads it as the truth of what each worker
 received. Standard library only; one thread per connection.
+
+Upgrades and tunnels, as Envoy passes them through:
+- A GET with `Upgrade: websocket` is answered 101 (RFC 6455: the
+  Sec-WebSocket-Accept of its Sec-WebSocket-Key; without a key, as an
+  HTTP/2 extended CONNECT bridged to HTTP/1.1 may arrive, none is sent),
+  then every text, binary or continuation frame is echoed back as it came
+  (unmasked), a ping is answered with a pong, and a close with a close of
+  the same code, which ends the connection. An unmasked client frame gets
+  close 1002.
+- A CONNECT (path = the authority) is answered 200 and every byte that
+  follows is echoed back through the tunnel until the peer closes: a stand-in
+  for a worker that would tunnel to the target port (x-ate-target-port).
+Both are recorded like any request (empty body) with one more field,
+"upgrade": "websocket" or "connect" (other records have none), and a
+WebSocket's record also "websocket_key" (its Sec-WebSocket-Key, or null).
 """
 
 import argparse
+import base64
 import errno
 import hashlib
+import http.client
 import json
 import signal
 import socket
+import struct
 import sys
 import threading
 import time
@@ -37,6 +55,12 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 # A header a client may set to find its request in the record; Envoy passes
 # it through untouched (unlike x-request-id, which it may regenerate).
 REQUEST_ID_HEADER = "x-client-request-id"
+# http.server refuses a request of more than 100 headers (431), as many as
+# Envoy's own default limit: with Envoy's additions on top, that would be
+# the limit a test through Envoy measured. A worker stand-in takes more.
+http.client._MAXHEADERS = 1000
+# RFC 6455 section 1.3: the GUID appended to Sec-WebSocket-Key.
+WEBSOCKET_GUID = "258EAFA5-E914-47DA-95CA-C5AB0DC85B11"
 
 
 class Recorder:
@@ -59,16 +83,19 @@ class Echo(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"  # keep-alive, as Envoy's upstream pool expects
     server_version = "atenet-echo-worker"
 
-    def echo(self):
-        body = self.read_body()
+    def merged_headers(self):
         headers = {}
         for name, value in self.headers.items():
             name = name.lower()
             headers[name] = f"{headers[name]}, {value}" if name in headers else value
+        return headers
+
+    def local_worker(self):
         local = self.connection.getsockname()
-        worker = ("[%s]:%d" if ":" in local[0] else "%s:%d") % local[:2]
-        digest = hashlib.sha256(body).hexdigest()
-        self.server.recorder.write({
+        return ("[%s]:%d" if ":" in local[0] else "%s:%d") % local[:2]
+
+    def record(self, headers, worker, digest, length, upgrade=None, **more):
+        entry = {
             "time": time.time(),
             "worker": worker,
             "actor": headers.get("ate-target-actor"),
@@ -77,8 +104,19 @@ class Echo(BaseHTTPRequestHandler):
             "method": self.command,
             "path": self.path,
             "body_sha256": digest,
-            "body_length": len(body),
-        })
+            "body_length": length,
+        }
+        if upgrade:
+            entry["upgrade"] = upgrade
+        entry.update(more)
+        self.server.recorder.write(entry)
+
+    def echo(self):
+        body = self.read_body()
+        headers = self.merged_headers()
+        worker = self.local_worker()
+        digest = hashlib.sha256(body).hexdigest()
+        self.record(headers, worker, digest, len(body))
         answer = json.dumps({
             "method": self.command,
             "path": self.path,
@@ -109,7 +147,107 @@ class Echo(BaseHTTPRequestHandler):
         length = int(self.headers.get("content-length") or 0)
         return self.rfile.read(length) if length else b""
 
-    do_GET = do_POST = do_PUT = do_PATCH = do_DELETE = do_OPTIONS = do_HEAD = echo
+    do_POST = do_PUT = do_PATCH = do_DELETE = do_OPTIONS = do_HEAD = echo
+
+    def do_GET(self):
+        if self.headers.get("upgrade", "").strip().lower() == "websocket":
+            self.websocket()
+        else:
+            self.echo()
+
+    # -- WebSocket (RFC 6455, the server's side) ---------------------------
+
+    def websocket(self):
+        headers = self.merged_headers()
+        key = headers.get("sec-websocket-key")
+        self.record(headers, self.local_worker(), hashlib.sha256(b"").hexdigest(), 0, "websocket",
+                    websocket_key=key)
+        self.close_connection = True
+        self.send_response(101, "Switching Protocols")
+        self.send_header("upgrade", "websocket")
+        self.send_header("connection", "Upgrade")
+        if key:
+            accept = base64.b64encode(hashlib.sha1((key.strip() + WEBSOCKET_GUID).encode()).digest())
+            self.send_header("sec-websocket-accept", accept.decode())
+        self.end_headers()
+        self.wfile.flush()
+        while True:
+            frame = self.read_frame()
+            if frame is None:
+                return  # the peer went away without a close
+            fin, opcode, masked, payload = frame
+            if not masked:
+                self.write_frame(True, 0x8, struct.pack("!H", 1002))
+                return
+            if opcode in (0x0, 0x1, 0x2):  # continuation, text, binary: as they came
+                self.write_frame(fin, opcode, payload)
+            elif opcode == 0x9:  # ping
+                self.write_frame(True, 0xA, payload)
+            elif opcode == 0x8:  # close: the same code back, then the end
+                self.write_frame(True, 0x8, payload[:2])
+                return
+            elif opcode != 0xA:  # a pong needs nothing; anything else is a protocol error
+                self.write_frame(True, 0x8, struct.pack("!H", 1002))
+                return
+
+    def read_exactly(self, n):
+        data = self.rfile.read(n)
+        return data if len(data) == n else None
+
+    def read_frame(self):
+        """(fin, opcode, masked, unmasked payload), or None at EOF."""
+        head = self.read_exactly(2)
+        if head is None:
+            return None
+        fin, opcode = bool(head[0] & 0x80), head[0] & 0x0F
+        masked, length = bool(head[1] & 0x80), head[1] & 0x7F
+        if length == 126:
+            extra = self.read_exactly(2)
+            length = struct.unpack("!H", extra)[0] if extra else None
+        elif length == 127:
+            extra = self.read_exactly(8)
+            length = struct.unpack("!Q", extra)[0] if extra else None
+        if length is None:
+            return None
+        mask = self.read_exactly(4) if masked else b"\0\0\0\0"
+        payload = self.read_exactly(length) if length else b""
+        if mask is None or payload is None:
+            return None
+        if masked:
+            payload = bytes(b ^ mask[i % 4] for i, b in enumerate(payload))
+        return fin, opcode, masked, payload
+
+    def write_frame(self, fin, opcode, payload):
+        """A server frame: never masked."""
+        first = (0x80 if fin else 0) | opcode
+        if len(payload) < 126:
+            head = struct.pack("!BB", first, len(payload))
+        elif len(payload) < 1 << 16:
+            head = struct.pack("!BBH", first, 126, len(payload))
+        else:
+            head = struct.pack("!BBQ", first, 127, len(payload))
+        self.wfile.write(head + payload)
+        self.wfile.flush()
+
+    # -- CONNECT: a tunnel that echoes -------------------------------------
+
+    def do_CONNECT(self):
+        headers = self.merged_headers()
+        self.record(headers, self.local_worker(), hashlib.sha256(b"").hexdigest(), 0, "connect")
+        self.close_connection = True
+        self.send_response(200, "Connection Established")
+        self.end_headers()
+        self.wfile.flush()
+        while True:
+            data = self.rfile.read1(65536)
+            if not data:
+                break
+            self.wfile.write(data)
+            self.wfile.flush()
+        try:
+            self.connection.shutdown(socket.SHUT_WR)
+        except OSError:
+            pass
 
     def log_message(self, format, *args):
         sys.stderr.write("echo-worker: %s %s\n" % (self.address_string(), format % args))

@@ -106,6 +106,21 @@ def script_ips(script):
     return ips
 
 
+def never_a_host(ip):
+    """An address no packet is ever sent to as a TCP peer: unspecified
+    (0.0.0.0, ::), the limited broadcast 255.255.255.255, multicast, and
+    their IPv4-mapped forms. The router refuses each as a worker (B8); were
+    it to route one, Envoy's connect stays on this machine all the same:
+    Linux takes a connect to the unspecified address for one to this host,
+    and refuses one to a broadcast or multicast address (ENETUNREACH)
+    before any packet. A subnet's own broadcast (x.y.z.255) is not here:
+    the kernel would route it off the machine."""
+    address = ipaddress.ip_address(ip)
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped:
+        address = address.ipv4_mapped
+    return address.is_unspecified or address.is_multicast or address == ipaddress.ip_address("255.255.255.255")
+
+
 class PortTaken(Exception):
     """A process could not bind a port picked for it: pick again."""
 
@@ -196,7 +211,9 @@ class Stack:
       bootstrap (the harness adds the ports, the addresses and the worker
       port; do not pass those).
     - `sim_flags`: extra ateapi-sim flags; `script`: the text of a sim
-      --script (its IPs must be loopback addresses).
+      --script (its IPs must be loopback addresses; with
+      `script_non_hosts` also addresses `never_a_host` accepts, for tests
+      of the router's refusal of them).
     - `workers`: the sim's pool size; worker i gets host i + 1 of `network`
       (the sim's --worker-network), where the echo worker listens.
     - `echo_hosts`: how many hosts of `network` the echo worker listens on
@@ -210,11 +227,13 @@ class Stack:
     """
 
     def __init__(self, router_flags=(), sim_flags=(), script=None, workers=4, network="127.0.1.0/24",
-                 echo_hosts=None, edit_config=None, router_drains_envoy=False, envoy_args=()):
+                 echo_hosts=None, edit_config=None, router_drains_envoy=False, envoy_args=(),
+                 script_non_hosts=False):
         net = ipaddress.ip_network(network)
         assert net.subnet_of(ipaddress.ip_network("127.0.0.0/8")), "workers on loopback only"
         for ip in script_ips(script or ""):
-            assert ipaddress.ip_address(ip).is_loopback, f"script IP {ip} is not loopback: it would leave the machine"
+            assert ipaddress.ip_address(ip).is_loopback or (script_non_hosts and never_a_host(ip)), \
+                f"script IP {ip} is not loopback: it would leave the machine"
         self.router_flags = list(router_flags)
         self.sim_flags = list(sim_flags)
         self.script = script
