@@ -17,6 +17,7 @@ import json
 import os
 import socket
 import struct
+import time
 import urllib.request
 
 import pytest
@@ -64,6 +65,16 @@ def ext_proc_streams(stack):
             if line.startswith("envoy_http_ext_proc_streams_started{"):
                 return float(line.rsplit(" ", 1)[1])
     return 0.0
+
+
+def access_entries(stack, predicate, count, timeout=15):
+    """The access log's entries matching `predicate`, once there are
+    `count` of them (Envoy flushes its log every 100 ms)."""
+    deadline = time.monotonic() + timeout
+    while len(entries := [e for e in stack.access_log() if predicate(e)]) < count:
+        assert time.monotonic() < deadline, f"{len(entries)} of {count} entries after {timeout}s: {entries}"
+        time.sleep(0.1)
+    return entries
 
 
 def record_of(stack, request_id):
@@ -494,6 +505,55 @@ def test_h2_extended_connect_websocket_reaches_its_worker(stack):
     assert seen["websocket_key"] is None
 
 
+def before_the_fix(config):
+    """The bootstrap as it was before issue 22 item 4: no upgrade_configs,
+    no allow_connect, no CONNECT route."""
+    for block in ["          upgrade_configs:\n          - upgrade_type: websocket\n          - upgrade_type: CONNECT\n",
+                  "          http2_protocol_options:\n            allow_connect: true\n"]:
+        assert block in config, block
+        config = config.replace(block, "")
+    start = config.index("              - match: { connect_matcher: {} }\n")
+    return config[:start] + config[config.index('              - match: { prefix: "/" }\n'):]
+
+
+def test_before_the_fix_envoy_refused_websocket_and_connect():
+    """Why the bootstrap has upgrade_configs, allow_connect and the CONNECT
+    route: without them Envoy 1.40 answers a WebSocket upgrade 403
+    upgrade_failed before the router is asked, a CONNECT (HTTP/1.1 or
+    HTTP/2) 404 route_not_found after the router resumed the actor, and an
+    extended CONNECT is a protocol error (no SETTINGS_ENABLE_CONNECT_PROTOCOL
+    offered; the connection is closed)."""
+    with Stack(script=SCRIPT, sim_flags=["--actors", "0"], workers=1, network=NETWORK, echo_hosts=8,
+               script_non_hosts=True, edit_config=before_the_fix) as s:
+        streams = ext_proc_streams(s)
+        with Conn(s) as c:
+            c.request("GET /ws-refused HTTP/1.1", [
+                ("host", "actor.example"), ("upgrade", "websocket"), ("connection", "Upgrade"),
+                ("sec-websocket-key", base64.b64encode(os.urandom(16)).decode()), ("sec-websocket-version", "13"),
+                ("ate-target-actor", WS[0])])
+            assert c.head()[0] == 403
+        entry = s.wait_access_log(lambda e: e["path"] == "/ws-refused")
+        assert entry["response_code_details"] == "upgrade_failed"
+        assert ext_proc_streams(s) == streams, "refused before the router"
+        with Conn(s) as c:
+            c.request("CONNECT x-host:8443 HTTP/1.1", [("host", "x-host:8443"), ("ate-target-actor", TUNNEL[0])])
+            assert c.head()[0] == 404
+        with H2Conn(s) as c:
+            c.headers(1, [(":method", "CONNECT"), (":authority", "x-host:8443"), ("ate-target-actor", H2[0])])
+            assert c.response(1) == 404
+        refused = access_entries(s, lambda e: e["method"] == "CONNECT", 2)
+        assert [(e["response_code_details"], e["response_flags"]) for e in refused] == [("route_not_found", "NR")] * 2
+        assert ext_proc_streams(s) == streams + 2, "the router was asked, and resumed the actor, for nothing"
+        with H2Conn(s) as c:
+            assert c.settings.get(SETTINGS_ENABLE_CONNECT_PROTOCOL, 0) == 0
+            c.headers(1, [(":method", "CONNECT"), (":protocol", "websocket"), (":scheme", "http"),
+                          (":path", "/ws-h2-refused"), (":authority", "actor.example"),
+                          ("ate-target-actor", H2[0])])
+            with pytest.raises(AssertionError, match="Envoy closed the connection"):
+                c.response(1)
+        assert s.records() == []
+
+
 # -- Envoy's header limit (issue 22 item 5, B6) -----------------------------
 
 LIMIT = 100  # Envoy's default max_headers_count; a request's header lines, Host included
@@ -516,10 +576,11 @@ def with_headers(stack, total, request_id, actor_lines=1):
 def test_up_to_envoys_limit_a_request_is_routed_with_its_target_port(stack, total):
     """The request carries its actor header once, so the router sends no
     header mutation (B6). Up to Envoy's limit of 100 header lines it is
-    routed (before B6, from 96 lines, as 94-98 extra headers were,
-    Envoy's 500 header_mutation_result_exceeds_limit). The route's
-    X-Ate-Target-Port still reaches the worker at the limit: headers Envoy
-    adds itself are not held to it."""
+    routed. (Before B6 the router always set the header: with this
+    bootstrap, from 95 lines on, Envoy answered 500
+    header_mutation_result_exceeds_limit.) The route's X-Ate-Target-Port
+    still reaches the worker at the limit: headers Envoy adds itself are
+    not held to it."""
     status, _, body = with_headers(stack, total, f"limit-{total}")
     assert status == 200, (status, body)
     seen = json.loads(body)["headers"]
