@@ -25,13 +25,13 @@ fn run<S: AsRef<std::ffi::OsStr>>(args: &[S]) -> (i32, String, String) {
 /// other bad configuration does.
 #[test]
 fn a_closed_stdout_is_no_panic_and_a_bad_sim_flag_exits_2() {
-    let parkload = ROUTER.replace("atenet-router", "parkload");
+    let parkload = env!("CARGO_BIN_EXE_parkload");
     let commands: [(&str, &[&str]); 5] = [
         (ROUTER, &["envoy-config", "--ateapi-insecure"]),
         (ROUTER, &["--help"]),
         (ROUTER, &["version"]),
         (SIM, &["--help"]),
-        (&parkload, &["--help"]),
+        (parkload, &["--help"]),
     ];
     for (program, args) in commands {
         let (reader, writer) = std::io::pipe().expect("a pipe");
