@@ -19,9 +19,9 @@ the simulator answered (its --answer-log), never the router's counters:
   inside the request's window (the answer log's OK answers and
   suspensions);
 - no non-200 ever reached a worker; every non-200 is a verdict the
-  scenario allows for its actor (an existing actor: 503 budget exhausted or
-  lot full, after a retryable answer of ateapi for it; a ghost: 404 not
-  found); Envoy's own 500 (the ext_proc stream failed) only when the
+  scenario allows for its actor (an existing actor: 503 budget exhausted,
+  after a retryable answer of ateapi for it, never lot full: the lot is
+  larger than the clients; a ghost: 404 not found); Envoy's own 500 (the ext_proc stream failed) only when the
   request overlaps a router restart, and never for a request a SIGTERM
   drain had in hand;
 - counts agree: the clients' 200s are the worker's records, one for one;
@@ -69,8 +69,8 @@ SECONDS = int(os.environ.get("SOAK_SECONDS", "60"))
 # turn over every few hundred ms, and a park takes about a second, well
 # inside the 4 s budget (measured: a quarter of all requests park, 93-98%
 # of them are served). The lot (64) is above the clients (48), so nobody is
-# shed for a full lot unless the router loses count: this soak tests
-# parking, not shedding (tests/soak.rs and test_envoy_e2e.py shed).
+# shed for a full lot unless the router loses count (a failure here): this
+# soak tests parking, not shedding (tests/soak.rs and test_envoy_e2e.py shed).
 WORKERS = 8
 ACTORS = 16
 CLIENTS = 40
@@ -84,9 +84,14 @@ MAX_RATE = 400  # requests per second at most, over the whole run
 
 BUDGET = 4.0
 LATE_SERVE = 8.0
+# Each client has one request out at a time, so at most 48 are parked: a
+# full lot (atenet_lot_full) can only mean that the router lost count of
+# its slots (B27, B29), and fails the run.
+LOT = 64
+assert HOT_CLIENTS + CLIENTS < LOT
 ROUTER_FLAGS = [
     "--parked-request-budget", f"{BUDGET:g}s", "--parked-request-retry-interval", "50ms",
-    "--parked-request-max", "64", "--late-serve-limit", f"{LATE_SERVE:g}s",
+    "--parked-request-max", str(LOT), "--late-serve-limit", f"{LATE_SERVE:g}s",
 ]
 SLOW_RESTORE = 5.0  # past the budget, inside Envoy's budget + 5 s message timeout: a late success
 OUTAGE_EVERY, OUTAGE_FOR = 13.0, 1.0
@@ -239,11 +244,21 @@ class Clients:
             conn.putheader("connection", "close")
         conn.endheaders(body if request.method == "POST" else None)
         response = conn.getresponse()
-        request.body = response.read()
+        data = response.read()
         request.done = time.time()
         request.status = response.status
+        request.body = data if response.status != 200 else keep_worker(data)
         request.reason = response.getheader("x-atenet-reason")
         request.retry_after = response.getheader("retry-after")
+
+
+def keep_worker(data):
+    """Of a 200's echo, only what the checks read (a long run keeps 100,000s)."""
+    try:
+        worker = json.loads(data).get("worker")
+    except (ValueError, AttributeError):
+        worker = f"not an echo: {data[:100]!r}"
+    return json.dumps({"worker": worker}).encode()
 
 
 # -- chaos: router restarts --------------------------------------------------
@@ -513,17 +528,20 @@ def verify(run):
                 if (r.status, r.reason) != (404, "atenet_not_found"):
                     fail(f"{r.describe()}: a ghost actor must be 404 atenet_not_found")
                 ghosts_404.add(r.actor)
-            elif r.status == 503 and r.reason in ("atenet_budget_exhausted", "atenet_lot_full"):
+            elif r.status == 503 and r.reason == "atenet_lot_full":
+                fail(f"{r.describe()}: the lot ({LOT}) is larger than the clients ({HOT_CLIENTS + CLIENTS}), "
+                     f"so it cannot be full unless the router leaked slots (B27, B29)")
+            elif r.status == 503 and r.reason == "atenet_budget_exhausted":
                 if r.body.decode(errors="replace").split(":")[0] not in (
                         f"actor {r.actor} unavailable", f'actor "{r.actor}" unavailable'):
                     fail(f"{r.describe()}: body {r.body!r}")
                 if not (r.retry_after or "").isdigit() or not 1 <= int(r.retry_after) <= 60:
                     fail(f"{r.describe()}: retry-after {r.retry_after!r} (B48: 1..60)")
-                # The router sheds or gives up only after a retryable answer
-                # for the actor, at most a budget before the request: it may
-                # have joined a flight already parked, even one whose last
-                # attempt failed just before it came (the budget then ends
-                # the flight with no further call).
+                # The router gives up only after a retryable answer for the
+                # actor, at most a budget before the request: it may have
+                # joined a flight already parked, even one whose last attempt
+                # failed just before it came (the budget then ends the
+                # flight with no further call).
                 since = r.sent - BUDGET - LOG_SLACK
                 if run.answers is not None and not RETRYABLE & set(run.answers.in_window(r.actor, since,
                                                                                           r.done + CAUSAL_SLACK)):
@@ -536,6 +554,7 @@ def verify(run):
 
     # Envoy's access log: each request once, with its client's status; its
     # own 500s are ext_proc stream failures.
+    restart_ids = {r.id for r in restart_500s}
     logged = defaultdict(list)
     for entry in run.access:
         logged[(entry.get("path") or "").removeprefix("/soak/")].append(entry)
@@ -545,7 +564,7 @@ def verify(run):
         entries = logged.get(r.id, [])
         if len(entries) != 1 or entries[0]["response_code"] != r.status:
             fail(f"{r.describe()}: Envoy's access log has {entries}")
-        elif r in restart_500s and not entries[0]["response_code_details"].startswith("ext_proc_error_gRPC_error"):
+        elif r.id in restart_ids and not entries[0]["response_code_details"].startswith("ext_proc_error_gRPC_error"):
             fail(f"{r.describe()}: Envoy's 500 is {entries[0]['response_code_details']}, not an ext_proc error")
 
     # ateapi's side: a unique ghost is one flight, so one call and one
@@ -636,9 +655,11 @@ def summary(run, facts):
 def test_envoy_soak(tmp_path, capsys):
     assert has_answer_log(), "ateapi-sim has no --answer-log: rebuild (make build)"
     run = soak(tmp_path)
+    began = time.monotonic()
     facts, failures = verify(run)
+    took = time.monotonic() - began
     with capsys.disabled():  # the summary, pass or fail, even without -s
-        print("\n" + summary(run, facts), flush=True)
+        print("\n" + summary(run, facts) + f"\nchecked in {took:.1f} s: {len(failures)} breaches", flush=True)
     check(run)
 
 
@@ -703,6 +724,10 @@ def broken(how):
         a.status, a.reason = 503, "atenet_budget_exhausted"
         a.body, a.retry_after = b"actor demo/actor-2 unavailable: no free workers available", "1"
         run.records.pop(0)
+    elif how == "lot full":
+        b.status, b.reason, b.retry_after = 503, "atenet_lot_full", "1"
+        b.body = b'actor "demo/actor-3" unavailable: router at capacity'
+        run.records.pop(1)
     elif how == "not in the access log":
         run.access.pop(2)
     run.answers = Answers(answers)
@@ -716,7 +741,7 @@ def test_the_checker_passes_a_right_run():
 
 BREAKS = ["dropped record", "record twice", "wrong worker", "stale worker", "non-200 reached the worker",
           "ghost routed", "envoy 500 outside a restart", "hang", "ghost asked twice", "unexplained 503",
-          "not in the access log"]
+          "lot full", "not in the access log"]
 
 
 @pytest.mark.parametrize("how", BREAKS)
