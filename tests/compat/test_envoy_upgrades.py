@@ -469,10 +469,10 @@ def test_http10_is_envoys_426(stack):
 
 
 def test_h2_connect_is_a_tunnel_to_the_worker(stack):
-    """A plain HTTP/2 CONNECT (:authority only, RFC 9113 8.5): Envoy
-    (allow_connect) sends it to the worker as an HTTP/1.1 CONNECT with B5's
-    port; the worker's 200 is the stream's :status 200 and DATA goes both
-    ways."""
+    """A plain HTTP/2 CONNECT (:authority only, RFC 9113 8.5; it takes
+    upgrade_type CONNECT, not allow_connect): Envoy sends it to the worker
+    as an HTTP/1.1 CONNECT with B5's port; the worker's 200 is the stream's
+    :status 200 and DATA goes both ways."""
     actor, ip = H2
     with H2Conn(stack) as c:
         c.headers(1, [(":method", "CONNECT"), (":authority", "x-host:8443"), ("ate-target-actor", actor),
