@@ -161,7 +161,19 @@ static_resources:
               "@type": type.googleapis.com/envoy.extensions.filters.http.ext_proc.v3.ExternalProcessor
               grpc_service:
                 envoy_grpc: {{ cluster_name: {ROUTER_CLUSTER} }}
+                # A stream on which the router has sent nothing yet (a
+                # request waiting for its actor) is retried, on a router
+                # restarted within a few seconds; once the router has sent
+                # anything, a reset is final. A retry keeps the stream's
+                # message timeout running from the first send. (On
+                # envoy_grpc this field is read by nothing.)
+                retry_policy:
+                  retry_on: connect-failure,refused-stream,unavailable,reset
+                  num_retries: 8
+                  retry_back_off: {{ base_interval: 0.050s, max_interval: 1s }}
               failure_mode_allow: false
+              # No router to ask: a retryable 503, not a 500.
+              status_on_error: {{ code: 503 }}
               message_timeout: {message_timeout}
               max_message_timeout: {max_message_timeout}
               processing_mode:
@@ -251,11 +263,14 @@ static_resources:
         "@type": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions
         explicit_http_config:
           http2_protocol_options: {{}}
-    # Every open ext_proc stream, a parked request's included, holds one.
+    # Every open ext_proc stream, a parked request's included, holds one
+    # request; after a router restart every one of them may be retried at
+    # once (Envoy's default allows 3 retries in flight).
     circuit_breakers:
       thresholds:
       - priority: DEFAULT
         max_requests: {breaker}
+        max_retries: {breaker}
     load_assignment:
       cluster_name: {ROUTER_CLUSTER}
       endpoints:
