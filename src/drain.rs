@@ -1,14 +1,16 @@
 //! Graceful drain on SIGTERM or SIGINT (B41, B43-B45).
 //!
-//! The order matters. Readiness flips first so the load balancer stops
-//! sending new connections while ext_proc keeps serving; the drain delay
-//! gives it time to notice. Envoy is then told to fail its health check and
-//! drain its listeners, and the router waits (bounded) until Envoy's
-//! downstream connections are gone. Only then does ext_proc stop accepting
-//! streams, and in-flight ones, parked requests included, get up to the
-//! drain timeout, which is at least the park budget, so a parked request
-//! still gets a normal verdict (B44). A marker file tells Envoy's preStop
-//! hook that it may exit. A second signal skips every remaining wait.
+//! The order matters. Readiness flips first, the router's and Envoy's
+//! (`/healthcheck/fail`) together, so a load balancer polling either gets
+//! the whole drain delay to notice, while ext_proc keeps serving. Then
+//! Envoy closes its listeners (`/drain_listeners`: measured on Envoy 1.40,
+//! `?graceful&skip_exit` leaves them accepting for good), and the router
+//! waits (bounded) until Envoy's downstream connections are gone. Only then
+//! does ext_proc stop accepting streams, and in-flight ones, parked
+//! requests included, get up to the drain timeout, which is at least the
+//! park budget, so a parked request still gets a normal verdict (B44). A
+//! marker file tells Envoy's preStop hook that it may exit. A second
+//! signal skips every remaining wait.
 
 use std::fs;
 use std::io::{self, Read, Write};
@@ -139,13 +141,19 @@ pub fn drain_reporting(
     progress: &dyn Fn(Duration),
 ) -> DrainReport {
     router.set_ready(false);
+    // Envoy's health check fails from now on: its `/ready` answers 503 and,
+    // measured on 1.40, every response closes its connection (HTTP/1.1
+    // `connection: close`, HTTP/2 GOAWAY), while its listeners still accept.
+    let envoy_gone =
+        plan.envoy_admin.as_deref().is_some_and(|admin| post(admin, "/healthcheck/fail").is_err());
     log::info!("drain: not ready; waiting {} before draining Envoy", crate::godur::format(plan.delay));
     let mut skipping = interrupt.recv_timeout(plan.delay).is_ok();
     progress(plan.envoy_bound() + plan.stop_bound());
-    let envoy = match (&plan.envoy_admin, skipping) {
-        (None, _) => EnvoyDrain::Disabled,
-        (Some(_), true) => EnvoyDrain::Skipped,
-        (Some(admin), false) => drain_envoy(admin, plan, interrupt),
+    let envoy = match (&plan.envoy_admin, envoy_gone, skipping) {
+        (None, _, _) => EnvoyDrain::Disabled,
+        (Some(_), true, _) => EnvoyDrain::Unreachable,
+        (Some(_), false, true) => EnvoyDrain::Skipped,
+        (Some(admin), false, false) => drain_envoy(admin, plan, interrupt),
     };
     skipping |= envoy == EnvoyDrain::Skipped;
     progress(plan.stop_bound());
@@ -169,21 +177,33 @@ pub fn drain_reporting(
     DrainReport { envoy, streams_finished, cancelled, interrupted, marker_written }
 }
 
-fn drain_envoy(admin: &str, plan: &DrainPlan, interrupt: &Receiver<()>) -> EnvoyDrain {
-    // Only a refused or unroutable connection means Envoy is gone. An error
-    // answer or a slow one comes from an Envoy that is still there, so the
-    // drain goes on: skipping the wait would cut its connections (B43).
-    for path in ["/healthcheck/fail", "/drain_listeners?graceful&skip_exit"] {
-        match admin_request(admin, "POST", path) {
-            Ok(_) => {}
-            Err(AdminError::Unreachable(e)) => {
-                log::warn!("drain: Envoy admin {admin} unreachable ({e}); treating Envoy as gone");
-                return EnvoyDrain::Unreachable;
-            }
-            Err(AdminError::Failed(e)) => {
-                log::warn!("drain: Envoy admin {admin}: POST {path} failed ({e}); draining on")
-            }
+/// Envoy's admin could not be connected to: Envoy is gone.
+struct EnvoyGone;
+
+/// POSTs `path`.
+///
+/// Only a refused or unroutable connection means Envoy is gone. An error
+/// answer or a slow one comes from an Envoy that is still there, so the
+/// drain goes on: skipping the wait would cut its connections (B43).
+fn post(admin: &str, path: &str) -> Result<(), EnvoyGone> {
+    match admin_request(admin, "POST", path) {
+        Ok(_) => Ok(()),
+        Err(AdminError::Unreachable(e)) => {
+            log::warn!("drain: Envoy admin {admin} unreachable ({e}); treating Envoy as gone");
+            Err(EnvoyGone)
         }
+        Err(AdminError::Failed(e)) => {
+            log::warn!("drain: Envoy admin {admin}: POST {path} failed ({e}); draining on");
+            Ok(())
+        }
+    }
+}
+
+fn drain_envoy(admin: &str, plan: &DrainPlan, interrupt: &Receiver<()>) -> EnvoyDrain {
+    // Closes every listener at once: new connections are refused, while
+    // connections already open are served and closed as they finish.
+    if post(admin, "/drain_listeners").is_err() {
+        return EnvoyDrain::Unreachable;
     }
     let deadline = Instant::now() + plan.envoy_window;
     let mut poll_failed = false;

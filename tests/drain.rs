@@ -94,12 +94,35 @@ fn b43_envoy_admin_sees_two_posts_in_order_then_polls_until_zero() {
     assert!(report.streams_finished);
     let log = admin.log.lock().clone();
     assert_eq!(log[0], "POST /healthcheck/fail");
-    assert_eq!(log[1], "POST /drain_listeners?graceful&skip_exit");
+    assert_eq!(log[1], "POST /drain_listeners");
     let polls = log[2..].iter().filter(|l| *l == "GET /stats?filter=downstream_cx_active").count();
     assert!(polls >= 3, "polled until 0: {log:?}");
     let text = std::fs::read_to_string(&marker).unwrap();
     assert!(text.starts_with("20") && text.ends_with("Z\n"), "RFC 3339 UTC and a newline: {text:?}");
     std::fs::remove_dir_all(marker.parent().unwrap().parent().unwrap()).unwrap();
+}
+
+/// B43: Envoy's health check fails at the signal, so a load balancer
+/// polling Envoy's `/ready` gets the whole drain delay; its listeners close
+/// only after it.
+#[test]
+fn b43_envoy_health_fails_at_the_signal_and_listeners_close_after_the_delay() {
+    let mut stack = Stack::start(&[]);
+    let admin = FakeAdmin::start(vec![0]);
+    let router = stack.router.take().unwrap();
+    let mut plan = plan(Some(admin.addr.clone()), Duration::from_secs(5), None);
+    plan.delay = Duration::from_secs(3600);
+    let (interrupt, interrupted) = crossbeam_channel::bounded(1);
+    let draining = std::thread::spawn(move || drain(router, &plan, &interrupted));
+    eventually_within(PATIENCE, "Envoy's health failed during the delay", || !admin.log.lock().is_empty());
+    std::thread::sleep(Duration::from_millis(200));
+    assert_eq!(
+        admin.log.lock().clone(),
+        ["POST /healthcheck/fail"],
+        "the listeners stay open through the delay"
+    );
+    interrupt.send(()).unwrap();
+    assert_eq!(draining.join().unwrap().envoy, EnvoyDrain::Skipped, "a second signal skips the rest");
 }
 
 #[test]
@@ -127,7 +150,7 @@ fn b43_error_answers_from_the_admin_are_logged_and_the_drain_goes_on() {
         vec![2, 0],
         Box::new(move |line| match line {
             "POST /healthcheck/fail" => (500, Duration::ZERO),
-            "POST /drain_listeners?graceful&skip_exit" => (503, Duration::ZERO),
+            "POST /drain_listeners" => (503, Duration::ZERO),
             _ => {
                 // The first two stats reads fail too.
                 let mut n = seen.lock();
@@ -144,7 +167,7 @@ fn b43_error_answers_from_the_admin_are_logged_and_the_drain_goes_on() {
     );
     assert_eq!(report.envoy, EnvoyDrain::Drained, "an Envoy that answers errors is not gone");
     let log = admin.log.lock().clone();
-    assert_eq!(&log[..2], ["POST /healthcheck/fail", "POST /drain_listeners?graceful&skip_exit"]);
+    assert_eq!(&log[..2], ["POST /healthcheck/fail", "POST /drain_listeners"]);
     assert_eq!(
         log[2..].iter().filter(|l| l.starts_with("GET /stats")).count(),
         4,
@@ -169,7 +192,7 @@ fn b43_a_slow_admin_answer_is_not_envoy_gone() {
     );
     assert_eq!(report.envoy, EnvoyDrain::Drained);
     let log = admin.log.lock().clone();
-    assert!(log.contains(&"POST /drain_listeners?graceful&skip_exit".to_string()), "{log:?}");
+    assert!(log.contains(&"POST /drain_listeners".to_string()), "{log:?}");
 }
 
 #[test]

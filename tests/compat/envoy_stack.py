@@ -224,11 +224,12 @@ class Stack:
       production. Off by default: then stopping or restarting the router
       leaves Envoy serving (the drain would fail Envoy's health check and
       close its listeners).
+    - `drain_delay`: the router's `--drain-delay` (default none).
     """
 
     def __init__(self, router_flags=(), sim_flags=(), script=None, workers=4, network="127.0.1.0/24",
                  echo_hosts=None, edit_config=None, router_drains_envoy=False, envoy_args=(),
-                 script_non_hosts=False):
+                 script_non_hosts=False, drain_delay="0s"):
         net = ipaddress.ip_network(network)
         assert net.subnet_of(ipaddress.ip_network("127.0.0.0/8")), "workers on loopback only"
         for ip in script_ips(script or ""):
@@ -242,6 +243,7 @@ class Stack:
         self.worker_hosts = network_hosts(network, max(workers, echo_hosts or 0))
         self.edit_config = edit_config
         self.router_drains_envoy = router_drains_envoy
+        self.drain_delay = drain_delay
         self.envoy_args = list(envoy_args)
         self.dir = Path(tempfile.mkdtemp(prefix="envoy-stack-"))
         self.record_path = self.dir / "worker-record.jsonl"
@@ -313,7 +315,7 @@ class Stack:
             "--ateapi-insecure", "--ateapi-address", self.sim_address,
             "--extproc-address", LOOPBACK, "--port-extproc", str(self.extproc_port),
             "--metrics-listen-addr", f"{LOOPBACK}:0", "--status-port", "0",
-            "--drain-delay", "0s", "--drain-complete-file", "",
+            "--drain-delay", self.drain_delay, "--drain-complete-file", "",
             "--worker-port", str(self.worker_port),
             "--port-http", str(self.http_port), "--port-health", str(self.health_port),
             "--port-stats", str(self.stats_port), "--envoy-admin-address", admin_address,

@@ -9,8 +9,11 @@ message timeout running from the first send.
 """
 
 import http.client
+import signal
 import threading
 import time
+import urllib.error
+import urllib.request
 
 import pytest
 
@@ -70,3 +73,49 @@ def test_no_router_at_all_is_a_503_within_seconds(stack):
     assert stack.records() == []
     entry = stack.wait_access_log(lambda e: e["response_code"] == 503)
     assert "ext_proc_error" in entry["response_code_details"], entry
+
+
+def ready(stack):
+    """Envoy's health listener's answer to GET /ready, or None if refused."""
+    try:
+        with urllib.request.urlopen(f"http://{LOOPBACK}:{stack.health_port}/ready", timeout=5) as response:
+            return response.status
+    except urllib.error.HTTPError as e:
+        return e.code
+    except OSError:
+        return None
+
+
+def test_the_drain_timeline_through_envoy():
+    """B43 on a real Envoy: at SIGTERM Envoy's /ready turns 503 at once,
+    while requests on new connections are still routed through the drain
+    delay; then Envoy refuses new connections, a request parked at the
+    signal gets its normal verdict, and no request gets an error for a
+    missing ext_proc. The router exits 0."""
+    with Stack(router_flags=FLAGS, script=SCRIPT, workers=2, router_drains_envoy=True, drain_delay="3s") as s:
+        assert ready(s) == 200
+        parked = {}
+        client = threading.Thread(target=lambda: parked.update(reply=get(s, "demo/parks", "parked-at-signal")))
+        client.start()
+        s.wait_router_metric("atenet_router_parking_active", 1)
+        signalled = time.monotonic()
+        s.router.proc.send_signal(signal.SIGTERM)
+        while ready(s) != 503:
+            assert time.monotonic() - signalled < 2, "Envoy's /ready still 200 well into the drain delay"
+            time.sleep(0.02)
+        answers = []
+        while True:
+            try:
+                answers.append((time.monotonic() - signalled, get(s, "demo/actor-0", f"during-{len(answers)}")))
+            except ConnectionRefusedError:
+                break
+            assert time.monotonic() - signalled < 30, "Envoy still accepts long after the drain delay"
+            time.sleep(0.1)
+        refused_at = time.monotonic() - signalled
+        assert refused_at >= 2.5, f"new connections refused at {refused_at:.1f}s, inside the 3 s delay"
+        assert answers and all(reply[:2] == (200, None) for _, reply in answers), answers
+        client.join(timeout=60)
+        assert parked["reply"][:2] == (200, None), "the parked request's normal verdict"
+        assert s.router.proc.wait(timeout=60) == 0
+        served = {r["request_id"] for r in s.records()}
+        assert served == {"parked-at-signal"} | {f"during-{i}" for i in range(len(answers))}
