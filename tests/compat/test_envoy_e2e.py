@@ -499,13 +499,13 @@ def test_caller_deadline_a_grpc_client_sees(stack):
 
 
 def test_the_router_restarting(stack):
-    """While the router is down Envoy fails closed: 500, no body, the
-    connection error in the details. Started again on the same port, it
-    routes at once (Envoy reconnects)."""
+    """While the router is down Envoy fails closed: after its retries, its
+    own 503 (status_on_error, B67), no body, the connection error in the
+    details. Started again on the same port, it routes at once."""
     assert h1(stack, "demo/fixed-a").status == 200
     assert stack.stop_router() == 0
     down = h1(stack, "demo/fixed-a", "/router-down")
-    assert (down.status, down.body, down.headers.get("x-atenet-reason")) == (500, b"", None)
+    assert (down.status, down.body, down.headers.get("x-atenet-reason")) == (503, b"", None)
     entry = stack.wait_access_log(lambda e: e["path"] == "/router-down")
     assert entry["response_code_details"].startswith("ext_proc_error_gRPC_error_14{")
     assert "Connection_refused" in entry["response_code_details"]
@@ -616,12 +616,13 @@ def test_lot_refusal_over_grpc(lot, row):
 
 # -- Envoy's own circuit breaker on the ext_proc cluster -------------------
 
-def test_extproc_breaker_overflow_is_envoys_500():
+def test_extproc_breaker_overflow_is_envoys_503():
     """--extproc-max-requests 2 with two requests parked: each parked
     request holds an ext_proc stream, so a third request, even for a running
     actor, overflows Envoy's breaker before the router sees it. Measured on
-    Envoy 1.40: 500 with an empty body and no x-atenet-reason (gRPC:
-    UNKNOWN, no message); the details name the overflow; Envoy counts it in
+    Envoy 1.40: 503 (status_on_error) with an empty body and no
+    x-atenet-reason (gRPC: UNAVAILABLE, no message); the details name the
+    overflow; Envoy counts it in
     upstream_rq_active_overflow of the router's cluster. Once the parked
     requests leave, the same request is routed."""
     flags = ["--parked-request-budget", "10s", "--parked-request-max", "2", "--extproc-max-requests", "2"]
@@ -635,8 +636,8 @@ def test_extproc_breaker_overflow_is_envoys_500():
         finally:
             leave(*parked)
         for reply in (r1, r2):
-            assert (reply.status, reply.body, reply.headers.get("x-atenet-reason")) == (500, b"", None), reply
-        assert (g.code, g.details) == (CODE.UNKNOWN, ""), g
+            assert (reply.status, reply.body, reply.headers.get("x-atenet-reason")) == (503, b"", None), reply
+        assert (g.code, g.details) == (CODE.UNAVAILABLE, ""), g
         entry = s.wait_access_log(lambda e: e["path"] == "/overflow")
         assert entry["response_code_details"] == (
             "ext_proc_error_gRPC_error_14{upstream_connect_error_or_disconnect/reset_before_headers."

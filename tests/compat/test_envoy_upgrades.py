@@ -611,16 +611,17 @@ MUTATION_LIMIT = 96
 def test_a_repeated_actor_header_near_the_limit(stack, total):
     """With ate-target-actor twice the router must set it (B6), and Envoy
     applies that mutation against its limit: up to 95 header lines the
-    worker gets one canonical header; from 96 to 100 Envoy answers 500
-    header_mutation_result_exceeds_limit itself, with no x-atenet-reason,
-    and nothing reaches the worker. (101 and more: the 431 above.)"""
+    worker gets one canonical header; from 96 to 100 Envoy answers
+    header_mutation_result_exceeds_limit itself, 503 by the bootstrap's
+    status_on_error (500 before it), with no x-atenet-reason, and nothing
+    reaches the worker. (101 and more: the 431 above.)"""
     request_id = f"twice-{total}"
     status, headers, body = with_headers(stack, total, request_id, actor_lines=2)
     if total < MUTATION_LIMIT:
         assert status == 200, (status, body)
         assert json.loads(body)["headers"]["ate-target-actor"] == PLAIN[0], "one header, not two"
         return
-    assert (status, body, headers.get("x-atenet-reason")) == (500, b"", None), (status, headers, body)
+    assert (status, body, headers.get("x-atenet-reason")) == (503, b"", None), (status, headers, body)
     entry = stack.wait_access_log(lambda e: e["path"] == f"/limit/{request_id}")
     assert entry["response_code_details"] == "header_mutation_result_exceeds_limit"
     assert entry["upstream_host"] is None
