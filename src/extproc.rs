@@ -87,8 +87,6 @@ pub struct ExtProcSettings {
 
 /// The status of a stream refused at `--extproc-max-streams` (B74).
 const STREAMS_FULL: &str = "atenet-router: too many ext_proc streams open (--extproc-max-streams)";
-/// The status of a stream closed for sending nothing (B74).
-const SILENT: &str = "atenet-router: no message within 5s of opening the stream";
 
 impl ExtProc {
     pub fn new(resolver: Resolver, metrics: Metrics, settings: ExtProcSettings) -> Arc<ExtProc> {
@@ -157,7 +155,11 @@ impl ExtProc {
                         Either::Left((next, _)) => next,
                         Either::Right(_) => {
                             self.metrics.count_stream_silent_closed();
-                            let silent = RpcStatus::with_message(RpcStatusCode::DEADLINE_EXCEEDED, SILENT.into());
+                            let why = format!(
+                                "atenet-router: no message within {} of opening the stream",
+                                crate::godur::format(FIRST_MESSAGE_TIMEOUT)
+                            );
+                            let silent = RpcStatus::with_message(RpcStatusCode::DEADLINE_EXCEEDED, why);
                             let _ = sink.fail(silent).await;
                             return;
                         }
