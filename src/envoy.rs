@@ -163,12 +163,14 @@ static_resources:
                 envoy_grpc: {{ cluster_name: {ROUTER_CLUSTER} }}
                 # A stream on which the router has sent nothing yet (a
                 # request waiting for its actor) is retried, on a router
-                # restarted within a few seconds; once the router has sent
-                # anything, a reset is final. A retry keeps the stream's
+                # restarted within a few seconds, or on the successor of a
+                # router that handed over (gRPC core cancels the streams
+                # that reach a server after its shutdown began, B75); once
+                # the router has sent anything, a reset is final. A retry keeps the stream's
                 # message timeout running from the first send. (On
                 # envoy_grpc this field is read by nothing.)
                 retry_policy:
-                  retry_on: connect-failure,refused-stream,unavailable,reset
+                  retry_on: connect-failure,refused-stream,unavailable,cancelled,reset
                   num_retries: 8
                   retry_back_off: {{ base_interval: 0.050s, max_interval: 1s }}
               failure_mode_allow: false

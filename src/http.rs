@@ -132,7 +132,7 @@ impl HttpServer {
         handler: Handler,
     ) -> Result<HttpServer, BindError> {
         let bind_error = |source| BindError { addr, source };
-        let listener = TcpListener::bind(addr).map_err(bind_error)?;
+        let listener = crate::listen::shared(addr).map_err(bind_error)?;
         listener.set_nonblocking(true).map_err(bind_error)?;
         let addr = listener.local_addr().map_err(bind_error)?;
         let (wake, woken) = UnixStream::pair().map_err(bind_error)?;

@@ -26,6 +26,7 @@ pub mod drain;
 pub mod envoy;
 pub mod flags;
 pub mod godur;
+pub mod handover;
 pub mod logging;
 pub mod process;
 pub mod router;
@@ -45,8 +46,8 @@ macro_rules! internal {
 }
 
 internal!(
-    ateapi, backoff, clock, deadline, extproc, flight, http, lot, metrics, pem, proto, resolver, resume,
-    status, streams, target, timer, verdict
+    ateapi, backoff, clock, deadline, extproc, flight, http, listen, lot, metrics, pem, proto, resolver,
+    resume, status, streams, target, timer, verdict
 );
 
 #[cfg(feature = "testkit")]

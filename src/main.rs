@@ -5,11 +5,12 @@ use std::process::ExitCode;
 use atenet_router::config::Config;
 use atenet_router::drain::{self, DrainPlan};
 use atenet_router::flags::{parse_command, Command, HELP};
+use atenet_router::handover::{self, Successor};
 use atenet_router::router::Router;
 use atenet_router::systemd::Notifier;
 use atenet_router::{envoy, godur, logging, process, version};
 use log::{debug, error, info, warn};
-use signal_hook::consts::{SIGINT, SIGTERM};
+use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
 use signal_hook::iterator::Signals;
 
 /// Exit status for a configuration the router refuses: systemd does not
@@ -34,6 +35,37 @@ fn main() -> ExitCode {
     }
 }
 
+/// The next signal, which skips the waits of a drain or a handover.
+fn interrupts(signals: crossbeam_channel::Receiver<i32>) -> crossbeam_channel::Receiver<()> {
+    let (interrupt_tx, interrupt_rx) = crossbeam_channel::bounded(1);
+    // The drain goes on without it: a second signal then just does not skip.
+    let _ = std::thread::Builder::new().name("atenet-signals-2".into()).spawn(move || {
+        if signals.recv().is_ok() {
+            let _ = interrupt_tx.send(());
+        }
+    });
+    interrupt_rx
+}
+
+/// How long a successor may take to bind its listeners (B75).
+const SUCCESSOR_PATIENCE: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// Starts the successor and waits until it serves: its pid, or why not.
+fn hand_over(
+    exe: Result<&std::path::Path, &std::io::Error>,
+    args: &[std::ffi::OsString],
+    config: &Config,
+) -> Result<u32, String> {
+    if config.extproc_addr.port() == 0 {
+        return Err("--port-extproc 0: a successor would listen on another port than Envoy's".into());
+    }
+    let exe = exe.map_err(|e| format!("cannot name this binary: {e}"))?;
+    info!("handover: starting {} as this router's successor", exe.display());
+    let successor =
+        Successor::start(exe, args).map_err(|e| format!("cannot start {}: {e}", exe.display()))?;
+    successor.wait_ready(SUCCESSOR_PATIENCE)
+}
+
 fn serve(config: &Config) -> ExitCode {
     logging::init(config.log_level, config.log_format);
     process::install_panic_policy();
@@ -43,7 +75,7 @@ fn serve(config: &Config) -> ExitCode {
         Err(e) => warn!("cannot raise the open-file limit: {e}"),
     }
     // Registered before any socket opens so an early SIGTERM is not lost.
-    let mut signals = match Signals::new([SIGTERM, SIGINT]) {
+    let mut signals = match Signals::new([SIGTERM, SIGINT, SIGHUP]) {
         Ok(signals) => signals,
         Err(e) => {
             error!("atenet-router: cannot install signal handlers: {e}");
@@ -57,7 +89,13 @@ fn serve(config: &Config) -> ExitCode {
             Err(e) => warn!("cannot remove stale drain marker {}: {e}", marker.display()),
         }
     }
-    let router = match Router::start(config) {
+    // The binary a handover starts: the path this one was started from,
+    // read now, as /proc/self/exe names a replaced file "(deleted)".
+    let exe = std::env::current_exe();
+    let args: Vec<std::ffi::OsString> = std::env::args_os().skip(1).collect();
+    let started =
+        if handover::is_successor() { Router::start_successor(config) } else { Router::start(config) };
+    let router = match started {
         Ok(router) => router,
         Err(e) => {
             error!("atenet-router: {e}");
@@ -84,6 +122,7 @@ fn serve(config: &Config) -> ExitCode {
     // Every listener is bound and serving: only now is the unit started.
     let systemd = Notifier::from_env();
     systemd.ready(&format!("serving ext_proc on {}", router.extproc_addr()));
+    handover::announce_ready();
     let (signal_tx, signal_rx) = crossbeam_channel::unbounded();
     let forward = move || {
         for signal in signals.forever() {
@@ -96,20 +135,30 @@ fn serve(config: &Config) -> ExitCode {
         error!("atenet-router: cannot start the signal thread: {e}");
         return ExitCode::FAILURE;
     }
-    let Ok(signal) = signal_rx.recv() else {
-        return ExitCode::FAILURE;
+    let signal = loop {
+        let Ok(signal) = signal_rx.recv() else {
+            return ExitCode::FAILURE;
+        };
+        if signal != SIGHUP {
+            break signal;
+        }
+        match hand_over(exe.as_deref(), &args, config) {
+            Ok(pid) => {
+                info!("handover: successor {pid} serves; finishing the streams this router holds");
+                let (finished, cut) = router.hand_over(config.drain_timeout, &interrupts(signal_rx));
+                info!(
+                    "handover complete: {}",
+                    if finished { "every stream finished".to_string() } else { format!("{cut} streams cut") }
+                );
+                return ExitCode::SUCCESS;
+            }
+            Err(why) => warn!("handover refused: {why}; this router serves on"),
+        }
     };
     let plan = DrainPlan::from_config(config);
     systemd.stopping(plan.bound());
     info!("signal {signal} received: draining (a second signal skips the waits)");
-    let (interrupt_tx, interrupt_rx) = crossbeam_channel::bounded(1);
-    // The drain goes on without it: a second signal then just does not skip.
-    let _ = std::thread::Builder::new().name("atenet-signals-2".into()).spawn(move || {
-        if signal_rx.recv().is_ok() {
-            let _ = interrupt_tx.send(());
-        }
-    });
-    let report = drain::drain_reporting(router, &plan, &interrupt_rx, &|left| systemd.extend(left));
+    let report = drain::drain_reporting(router, &plan, &interrupts(signal_rx), &|left| systemd.extend(left));
     info!(
         "drain complete: Envoy {}, ext_proc {}, marker {}",
         report.envoy,

@@ -30,8 +30,33 @@ use crate::status::{RecentRequests, StatusPage};
 use crate::streams::StreamSlots;
 use crate::timer::TimerThread;
 
+/// Whether a router binds its ports alone or beside its predecessor.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Role {
+    First,
+    Successor,
+}
+
+/// Every port this router would bind is free (B70, B75): listeners share
+/// ports only with a predecessor that handed over.
+fn ports_free(config: &Config) -> Result<(), StartError> {
+    crate::listen::ensure_free(config.extproc_addr)
+        .map_err(|source| StartError::ExtProcTaken { addr: config.extproc_addr, source })?;
+    let http = [("metrics listener", Some(config.metrics_addr)), ("status page", config.status_addr)];
+    for (what, addr) in http {
+        if let Some(addr) = addr {
+            crate::listen::ensure_free(addr)
+                .map_err(|source| StartError::Http { what, source: BindError { addr, source } })?;
+        }
+    }
+    Ok(())
+}
+
 /// How often a drain looks whether only silent streams are left (B74).
 const SILENT_CHECK: Duration = Duration::from_millis(50);
+/// How long only silent streams must be left before the drain closes them:
+/// Envoy's first message follows its stream's opening within milliseconds.
+const SILENT_GRACE: Duration = Duration::from_secs(1);
 
 /// Why the router could not start; each keeps its cause.
 #[derive(Debug)]
@@ -42,6 +67,8 @@ pub enum StartError {
     ExtProcServer(grpcio::Error),
     /// The ext_proc port could not be bound.
     ExtProcListen { addr: SocketAddr, source: grpcio::Error },
+    /// The ext_proc port is held already (B75).
+    ExtProcTaken { addr: SocketAddr, source: std::io::Error },
     /// An HTTP listener (`what`: metrics or status) could not be bound.
     Http { what: &'static str, source: BindError },
 }
@@ -52,6 +79,9 @@ impl std::fmt::Display for StartError {
             StartError::Ateapi(e) => write!(f, "ateapi client: {e}"),
             StartError::ExtProcServer(e) => write!(f, "building the ext_proc server: {e}"),
             StartError::ExtProcListen { addr, source } => {
+                write!(f, "cannot listen for ext_proc on {addr}: {source}")
+            }
+            StartError::ExtProcTaken { addr, source } => {
                 write!(f, "cannot listen for ext_proc on {addr}: {source}")
             }
             StartError::Http { what, source } => write!(f, "{what}: {source}"),
@@ -74,6 +104,7 @@ impl std::error::Error for StartError {
         match self {
             StartError::Ateapi(e) => Some(e),
             StartError::ExtProcServer(e) | StartError::ExtProcListen { source: e, .. } => Some(e),
+            StartError::ExtProcTaken { source, .. } => Some(source),
             StartError::Http { source, .. } => Some(source),
         }
     }
@@ -186,8 +217,22 @@ impl Drop for CredentialWatcher {
 
 impl Router {
     /// Starts every component. Binds the ext_proc port, the metrics listener
-    /// and the status page; fails without leaving anything running.
+    /// and the status page; fails without leaving anything running, and when
+    /// any of those ports is held already, even by a router (B75).
     pub fn start(config: &Config) -> Result<Router, StartError> {
+        Router::start_as(config, Role::First)
+    }
+
+    /// As [`Router::start`], sharing the ports of the predecessor that
+    /// started this process for a handover (B75).
+    pub fn start_successor(config: &Config) -> Result<Router, StartError> {
+        Router::start_as(config, Role::Successor)
+    }
+
+    fn start_as(config: &Config, role: Role) -> Result<Router, StartError> {
+        if role == Role::First {
+            ports_free(config)?;
+        }
         let flags: Vec<String> = crate::status::effective_flags(config)
             .iter()
             .map(|(flag, value)| format!("{flag}={value}"))
@@ -239,10 +284,10 @@ impl Router {
             },
         );
 
-        // Without reuse_port(false) gRPC sets SO_REUSEPORT, and a second
-        // router on the same port would start silently instead of failing.
+        // SO_REUSEPORT, so that a successor can bind beside this router
+        // (B75); ports_free has refused a port some other router holds.
         let args = ChannelBuilder::new(Arc::clone(&env))
-            .reuse_port(false)
+            .reuse_port(true)
             .max_concurrent_stream(max_streams_per_connection(config))
             .max_receive_message_len(MAX_MESSAGE_BYTES)
             .max_send_message_len(MAX_MESSAGE_BYTES);
@@ -346,13 +391,24 @@ impl Router {
     }
 
     /// Whether every stream still open has sent nothing: none holds a
-    /// request, so the drain has nothing to wait for (B74). Open is read
+    /// request, so, once that lasts, the drain has nothing to wait for
+    /// (B74). Open is read
     /// before silent: no stream opens once the server shuts down, and a
     /// silent one can only start speaking, so equal counts mean every open
     /// stream was silent at the second read.
     fn only_silent_streams(&self) -> bool {
         let open = self.streams.open_now();
         open > 0 && self.streams.silent_now() == open
+    }
+
+    /// Hands over to a successor that serves the same ports (B75): the HTTP
+    /// listeners stop first, so that probes and scrapes reach only the
+    /// successor, then as [`Router::stop`].
+    pub fn hand_over(mut self, timeout: Duration, interrupt: &Receiver<()>) -> (bool, usize) {
+        for server in [self.http.take(), self.status.take()].into_iter().flatten() {
+            server.stop();
+        }
+        self.stop(timeout, interrupt)
     }
 
     /// Stops accepting streams, lets in-flight ones finish for up to
@@ -370,13 +426,18 @@ impl Router {
         });
         // A drain timeout too far off for an Instant is as good as none.
         let deadline = Instant::now().checked_add(timeout);
+        // Since when every open stream has been silent: a stream is silent
+        // for a moment between its opening and its first message, so only
+        // silence that lasts counts.
+        let mut silent_since = None;
         let finished = loop {
             let left = deadline.map_or(Duration::MAX, |d| d.saturating_duration_since(Instant::now()));
             crossbeam_channel::select! {
                 recv(done_rx) -> _ => break true,
                 recv(interrupt) -> _ => break false,
                 default(left.min(SILENT_CHECK)) => {
-                    if left <= SILENT_CHECK || self.only_silent_streams() {
+                    silent_since = if self.only_silent_streams() { silent_since.or(Some(Instant::now())) } else { None };
+                    if left <= SILENT_CHECK || silent_since.is_some_and(|t: Instant| t.elapsed() >= SILENT_GRACE) {
                         break false;
                     }
                 }

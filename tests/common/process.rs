@@ -86,11 +86,17 @@ pub struct RouterProcess {
 
 /// Starts the router binary with `args` (see [`router_args`]).
 pub fn spawn_router(args: &[String]) -> RouterProcess {
-    let process = spawn_until(ROUTER_BIN, args, "serving");
-    let extproc = word_after(&process.line, "ext_proc on ").parse().unwrap();
-    let metrics =
-        word_after(&process.line, "metrics on http://").trim_end_matches("/metrics").parse().unwrap();
-    RouterProcess { process, extproc, metrics }
+    RouterProcess::from(spawn_until(ROUTER_BIN, args, "serving"))
+}
+
+impl From<Spawned> for RouterProcess {
+    /// A router whose "serving" line `process` has read.
+    fn from(process: Spawned) -> RouterProcess {
+        let extproc = word_after(&process.line, "ext_proc on ").parse().unwrap();
+        let metrics =
+            word_after(&process.line, "metrics on http://").trim_end_matches("/metrics").parse().unwrap();
+        RouterProcess { process, extproc, metrics }
+    }
 }
 
 /// Sends a signal by name (`TERM`, `INT`).

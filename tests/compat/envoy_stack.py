@@ -22,6 +22,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -296,7 +297,9 @@ class Stack:
             port = free_port(taken=taken)
             taken.add(port)
             setattr(self, name, port)
-        self.extproc_port = 0  # the router picks it; restarts keep it
+        # Fixed, as in production: a SIGHUP handover keeps the router's flags,
+        # and a successor must listen where Envoy's bootstrap points.
+        self.extproc_port = free_port(taken=taken)
         self.start_router()
 
         self.config_path = self.dir / "envoy.yaml"
@@ -345,6 +348,16 @@ class Stack:
         self.extproc_port = int(word_after(line, "ext_proc on ").rsplit(":", 1)[1])
         self.router_metrics_url = f"http://{word_after(line, 'metrics on http://').split('/')[0]}"
 
+    def hand_over(self):
+        """SIGHUP: the router starts its successor on the same ports and
+        exits once the successor serves (B75). Returns the old router's exit
+        status; `self.router` stays the old process's log, which the
+        successor shares, and `successor_pid` names the new one."""
+        self.router.proc.send_signal(signal.SIGHUP)
+        line = self.router.wait_line("handover: successor ")
+        self.successor_pid = int(word_after(line, "handover: successor "))
+        return self.router.proc.wait(timeout=STOP_TIMEOUT)
+
     def stop_router(self):
         """Stops the router (SIGTERM, its drain); returns its exit status."""
         return self.router.stop()
@@ -379,6 +392,11 @@ class Stack:
         in `exit_codes`. The directory of logs is removed unless
         `keep_dir` or ATENET_KEEP_STACK=1."""
         self.exit_codes = {}
+        if getattr(self, "successor_pid", None):  # no child of ours: no pdeathsig
+            try:
+                os.kill(self.successor_pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
         for process in (self.envoy, self.router, self.sim, self.echo):
             if process is not None:
                 try:

@@ -119,3 +119,60 @@ def test_the_drain_timeline_through_envoy():
         assert s.router.proc.wait(timeout=60) == 0
         served = {r["request_id"] for r in s.records()}
         assert served == {"parked-at-signal"} | {f"during-{i}" for i in range(len(answers))}
+
+
+def test_a_sighup_handover_under_load_fails_no_request():
+    """B75 through Envoy: SIGHUP under continuous load (a running actor and
+    parking ones, kept-alive and fresh connections): the successor takes
+    over, the old router exits 0, Envoy stays ready, and every request gets
+    its normal answer, each at the worker once."""
+    script = SCRIPT + "".join(f"demo/p{i} ResourceExhausted 0s - false no free workers available\n"
+                              f"demo/p{i} OK 1s 127.0.1.2 true -\n" for i in range(20))
+    with Stack(router_flags=FLAGS, script=script, workers=2) as s:
+        stop = threading.Event()
+        answers, errors = [], []
+
+        def client(name, fresh):
+            conn = None
+            i = 0
+            while not stop.is_set():
+                actor = "demo/actor-0" if i % 2 == 0 else f"demo/p{(i // 2) % 20}"
+                request_id = f"{name}-{i}"
+                i += 1
+                try:
+                    if conn is None or fresh:
+                        conn = http.client.HTTPConnection(LOOPBACK, s.http_port, timeout=60)
+                    conn.request("GET", "/", headers={"ate-target-actor": actor, "x-client-request-id": request_id})
+                    response = conn.getresponse()
+                    response.read()
+                    answers.append((request_id, response.status, response.getheader("x-atenet-reason")))
+                    if response.getheader("connection") == "close":
+                        conn.close()
+                        conn = None
+                except OSError as e:
+                    errors.append((request_id, repr(e)))
+                    conn = None
+            if conn is not None:
+                conn.close()
+
+        clients = [threading.Thread(target=client, args=(f"c{k}", k % 2 == 1)) for k in range(6)]
+        for c in clients:
+            c.start()
+        time.sleep(1.5)
+        readiness = []
+        watching = threading.Thread(target=lambda: [readiness.append(ready(s)) or time.sleep(0.05)
+                                                    for _ in range(60)])
+        watching.start()
+        assert s.hand_over() == 0, "the old router exits 0"
+        time.sleep(2)
+        stop.set()
+        for c in clients + [watching]:
+            c.join(timeout=90)
+        assert errors == [], errors[:5]
+        bad = [a for a in answers if a[1] != 200]
+        assert bad == [], bad[:10]
+        assert len(answers) > 20, len(answers)
+        assert set(readiness) == {200}, "Envoy ready throughout"
+        recorded = [r["request_id"] for r in s.records()]
+        assert sorted(recorded) == sorted(a[0] for a in answers), "each request at the worker once"
+        assert get(s, "demo/actor-0", "after")[:2] == (200, None), "the successor serves"

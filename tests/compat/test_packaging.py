@@ -45,7 +45,7 @@ def unit_and_flags():
 
 def test_systemd_unit_verifies_and_is_hardened():
     unit, flags = unit_and_flags()
-    for setting in ["Type=notify", "NotifyAccess=main", "RestartPreventExitStatus=2", "DynamicUser=yes",
+    for setting in ["Type=notify", "NotifyAccess=all", "ExecReload=/bin/kill -HUP $MAINPID", "RestartPreventExitStatus=2", "DynamicUser=yes",
                     "NoNewPrivileges=yes", "ProtectSystem=strict", "RuntimeDirectory=atenet"]:
         assert setting in unit, setting
     assert "/run/atenet/drain-complete" in flags, "the marker lives in the RuntimeDirectory"
