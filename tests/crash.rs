@@ -11,19 +11,13 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use atenet_router::sim::{Answer, Sim, SimConfig};
+use atenet_router::sim::Answer;
 use common::process::{router_args, spawn_router, wait_exit};
 use common::{headers_request, http_get, Envoy, PATIENCE};
 
 #[test]
 fn b59_a_panic_on_a_completion_queue_thread_ends_the_process() {
-    let sim = Sim::start(SimConfig {
-        listen: "127.0.0.1:0".parse().unwrap(),
-        actors: 0,
-        workers: 0,
-        ..SimConfig::default()
-    })
-    .unwrap();
+    let sim = common::empty_sim();
     sim.script("demo/a", vec![Answer::ok("10.0.0.1", false)]);
     let mut router = spawn_router(&router_args(&sim.addr().to_string(), &[]));
     let envoy = Envoy::connect(router.extproc);

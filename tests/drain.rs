@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use atenet_router::drain::{drain, DrainPlan, EnvoyDrain};
 use atenet_router::resume::Code;
-use atenet_router::sim::{Answer, Sim, SimConfig};
+use atenet_router::sim::{Answer, Sim};
 use common::process::{eventually_within, router_args, signal, spawn_router, wait_exit};
 use common::*;
 use futures::executor::block_on;
@@ -268,13 +268,7 @@ fn b44_parked_requests_get_verdicts_during_drain() {
 }
 
 fn scripted_sim() -> Sim {
-    Sim::start(SimConfig {
-        listen: "127.0.0.1:0".parse().unwrap(),
-        actors: 0,
-        workers: 0,
-        ..SimConfig::default()
-    })
-    .unwrap()
+    empty_sim()
 }
 
 #[test]

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use atenet_router::load::{request_for, verdict_key};
 use atenet_router::proto::EXT_PROC_PROCESS;
-use atenet_router::sim::{Answer, Sim, SimConfig};
+use atenet_router::sim::{Answer, Sim};
 use common::process::{router_args, spawn_router, terminate, RouterProcess};
 use common::{http_get, Envoy, Metrics};
 use futures::executor::block_on;
@@ -92,13 +92,7 @@ fn watch_flights(router: &RouterProcess, stop: Arc<AtomicBool>) -> std::thread::
 }
 
 fn scripted_sim() -> Sim {
-    let sim = Sim::start(SimConfig {
-        listen: "127.0.0.1:0".parse().unwrap(),
-        actors: 0,
-        workers: 0,
-        ..SimConfig::default()
-    })
-    .unwrap();
+    let sim = common::empty_sim();
     sim.script("demo/canary", vec![Answer::ok("10.0.0.1", false)]);
     sim
 }

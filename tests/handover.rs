@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use atenet_router::proto::external_processor::{ProcessingRequest, ProcessingResponse};
 use atenet_router::resume::Code;
-use atenet_router::sim::{Answer, Sim, SimConfig};
+use atenet_router::sim::{Answer, Sim};
 use common::process::{
     eventually_within, router_args, signal, spawn_router, wait_exit, word_after, RouterProcess,
 };
@@ -21,13 +21,7 @@ use common::*;
 use futures::executor::block_on;
 
 fn scripted_sim() -> Sim {
-    let sim = Sim::start(SimConfig {
-        listen: "127.0.0.1:0".parse().unwrap(),
-        actors: 0,
-        workers: 0,
-        ..SimConfig::default()
-    })
-    .unwrap();
+    let sim = empty_sim();
     sim.script("demo/a", vec![Answer::ok("10.0.0.1", false)]);
     sim
 }

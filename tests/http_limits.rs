@@ -14,7 +14,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use atenet_router::sim::{Sim, SimConfig};
+use atenet_router::sim::Sim;
 use common::process::{router_args, spawn_router, spawn_until, word_after, ROUTER_BIN};
 use common::{http_get, Metrics};
 
@@ -23,13 +23,7 @@ use common::{http_get, Metrics};
 const PROBE_BOUND: Duration = Duration::from_secs(2);
 
 fn scripted_sim() -> Sim {
-    Sim::start(SimConfig {
-        listen: "127.0.0.1:0".parse().unwrap(),
-        actors: 0,
-        workers: 0,
-        ..SimConfig::default()
-    })
-    .unwrap()
+    common::empty_sim()
 }
 
 fn free_port() -> String {

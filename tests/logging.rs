@@ -7,20 +7,14 @@ mod common;
 use std::time::{Duration, Instant};
 
 use atenet_router::resume::Code;
-use atenet_router::sim::{Answer, Sim, SimConfig};
+use atenet_router::sim::{Answer, Sim};
 use common::process::{router_args, spawn_router, terminate, RouterProcess};
 use common::{immediate, Envoy, PATIENCE};
 use futures::executor::block_on;
 use futures::future::join_all;
 
 fn scripted_sim() -> Sim {
-    Sim::start(SimConfig {
-        listen: "127.0.0.1:0".parse().unwrap(),
-        actors: 0,
-        workers: 0,
-        ..SimConfig::default()
-    })
-    .unwrap()
+    common::empty_sim()
 }
 
 fn lines_with(router: &RouterProcess, needle: &str) -> Vec<String> {

@@ -12,18 +12,12 @@ use std::os::unix::net::UnixDatagram;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use atenet_router::sim::{Sim, SimConfig};
+use atenet_router::sim::Sim;
 use common::process::{router_args, signal, wait_exit, ROUTER_BIN};
 use common::PATIENCE;
 
 fn scripted_sim() -> Sim {
-    Sim::start(SimConfig {
-        listen: "127.0.0.1:0".parse().unwrap(),
-        actors: 0,
-        workers: 0,
-        ..SimConfig::default()
-    })
-    .unwrap()
+    common::empty_sim()
 }
 
 fn free_port() -> u16 {

@@ -44,13 +44,7 @@ impl Stack {
 
     /// As [`Stack::start`], with the status page on `status_port`.
     pub fn start_with(flags: &[&str], status_port: &str) -> Stack {
-        let sim = Sim::start(SimConfig {
-            listen: "127.0.0.1:0".parse().unwrap(),
-            actors: 0,
-            workers: 0,
-            ..SimConfig::default()
-        })
-        .expect("sim starts");
+        let sim = empty_sim();
         let address = sim.addr().to_string();
         let mut args = vec![
             "--ateapi-insecure",
@@ -195,6 +189,18 @@ impl Envoy {
 }
 
 pub use atenet_router::load::headers_request;
+
+/// A simulated ateapi on loopback with no pool: it answers only the actors
+/// a test scripts (any other is NotFound).
+pub fn empty_sim() -> Sim {
+    Sim::start(SimConfig {
+        listen: "127.0.0.1:0".parse().unwrap(),
+        actors: 0,
+        workers: 0,
+        ..SimConfig::default()
+    })
+    .expect("sim starts")
+}
 
 /// Adds a string attribute under the ext_proc filter's key.
 pub fn with_attribute(mut request: ProcessingRequest, name: &str, value: &str) -> ProcessingRequest {
