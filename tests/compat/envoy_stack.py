@@ -426,11 +426,11 @@ class Stack:
     def records(self):
         """What the echo worker received, one dict per request, in order.
         A request's line is written before its answer is sent."""
-        return _json_lines(self.record_path)
+        return json_lines(self.record_path)
 
     def access_log(self):
         """Envoy's access log (stdout), one dict per request."""
-        return _json_lines(self.access_log_path)
+        return json_lines(self.access_log_path)
 
     def wait_access_log(self, predicate, timeout=15):
         """The first access-log entry matching `predicate`; Envoy flushes
@@ -468,7 +468,8 @@ class Stack:
         return "\n".join(parts)
 
 
-def _json_lines(path):
+def json_lines(path):
+    """A JSON lines file (a record, a log) as dicts; [] before it exists."""
     try:
         text = Path(path).read_text()
     except FileNotFoundError:
