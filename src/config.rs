@@ -95,6 +95,8 @@ pub struct Config {
     pub drain_timeout: Duration,
     pub envoy_admin_address: Option<String>,
     pub drain_complete_file: Option<PathBuf>,
+    /// How long Envoy keeps an idle client connection (B76).
+    pub envoy_idle_timeout: Duration,
     pub route_timeout: Duration,
     pub log_level: log::LevelFilter,
     pub log_format: crate::logging::Format,
@@ -197,6 +199,7 @@ impl Config {
             drain_timeout,
             envoy_admin_address: envoy.admin_address,
             drain_complete_file: non_empty(&args.drain_complete_file).map(PathBuf::from),
+            envoy_idle_timeout: envoy_idle_timeout(args)?,
             route_timeout,
             log_level,
             log_format,
@@ -207,6 +210,13 @@ impl Config {
             port_health: envoy.health,
             port_stats: envoy.stats,
         })
+    }
+
+    /// How long the drain waits for Envoy's client connections to close
+    /// (B43 step 3, B76): every idle one is closed by Envoy's idle timeout
+    /// within it, and every busy one by its next response.
+    pub fn envoy_drain_window(&self) -> Duration {
+        self.envoy_idle_timeout + ENVOY_WINDOW_SLACK
     }
 
     /// Envoy's ext_proc `message_timeout`: the budget plus a margin, so the
@@ -241,9 +251,25 @@ fn route_timeout(args: &ServeArgs) -> Result<Duration, ConfigError> {
     Ok(timeout)
 }
 
-/// How long the drain waits for Envoy's downstream connections to close
-/// (B43 step 3).
-pub const ENVOY_DRAIN_WINDOW: Duration = Duration::from_secs(15);
+/// What the drain's Envoy window adds to Envoy's idle timeout (B76).
+/// Measured on 1.40: at its idle timeout a connection starts the connection
+/// manager's drain and is closed its drain timeout (5 s) and about 1 s
+/// later.
+const ENVOY_WINDOW_SLACK: Duration = Duration::from_secs(10);
+
+/// `--envoy-idle-timeout` (B76): bounded both ways, since it bounds the
+/// drain. Envoy reads 0 as never, which would hold a drain for good.
+fn envoy_idle_timeout(args: &ServeArgs) -> Result<Duration, ConfigError> {
+    let timeout = non_negative("--envoy-idle-timeout", &args.envoy_idle_timeout)?;
+    if timeout < Duration::from_secs(1) || timeout > Duration::from_secs(3600) {
+        return Err(invalid(format!(
+            "--envoy-idle-timeout must be between 1s and 1h, got {:?}: it bounds how long a drain \
+             waits for Envoy's idle client connections",
+            args.envoy_idle_timeout.trim()
+        )));
+    }
+    Ok(timeout)
+}
 
 /// The lot, the budget and the retry schedule (B17, B18, B22, B37, B38).
 fn parking(args: &ServeArgs) -> Result<Parking, ConfigError> {
@@ -688,6 +714,23 @@ mod tests {
         assert_eq!(c.envoy_admin_address.as_deref(), Some("localhost:9901"));
         assert_eq!(c.drain_complete_file, Some(PathBuf::from("/var/run/atenet/drain-complete")));
         assert_eq!(c.route_timeout, Duration::from_secs(300));
+        assert_eq!(c.envoy_drain_window(), Duration::from_secs(85), "B76: idle timeout 75s + 10s");
+    }
+
+    #[test]
+    fn b76_envoy_idle_timeout_takes_1s_to_1h_and_sets_the_drain_window() {
+        let c = parse(&["--envoy-idle-timeout", "4s"]).unwrap();
+        assert_eq!(
+            (c.envoy_idle_timeout, c.envoy_drain_window()),
+            (Duration::from_secs(4), Duration::from_secs(14))
+        );
+        assert_eq!(
+            parse(&["--envoy-idle-timeout", "1h"]).unwrap().envoy_idle_timeout,
+            Duration::from_secs(3600)
+        );
+        for bad in ["0", "999ms", "1h0m0.001s", "-1s", "soon", ""] {
+            assert!(error(&["--envoy-idle-timeout", bad]).contains("--envoy-idle-timeout"), "{bad:?}");
+        }
     }
 
     #[test]

@@ -20,7 +20,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use crossbeam_channel::Receiver;
 
-use crate::config::{Config, ENVOY_DRAIN_WINDOW};
+use crate::config::Config;
 use crate::router::Router;
 
 /// What the drain does, from the effective configuration.
@@ -66,7 +66,7 @@ impl DrainPlan {
         DrainPlan {
             delay: config.drain_delay,
             envoy_admin: config.envoy_admin_address.clone(),
-            envoy_window: ENVOY_DRAIN_WINDOW,
+            envoy_window: config.envoy_drain_window(),
             poll_every: Duration::from_millis(250),
             timeout: config.drain_timeout,
             marker: config.drain_complete_file.clone(),

@@ -149,6 +149,12 @@ static_resources:
           # entry once Envoy appends it, is in these ranges
           # (--envoy-trusted-ranges).
           use_remote_address: true
+          # A drain ends when the last client connection has closed (B43).
+          # Envoy's drain closes a connection at its next response but never
+          # an idle one: this does (B76). It stays above the 60 s idle
+          # timeout of common load balancers, which must close first.
+          common_http_protocol_options:
+            idle_timeout: {client_idle_timeout}
           internal_address_config:
             cidr_ranges: [{trusted_ranges}]
           http_filters:
@@ -321,6 +327,7 @@ static_resources:
               socket_address: {{ address: "{admin_ip}", port_value: {admin_port} }}
 "#,
         listen_ip = config.envoy_listen_ip,
+        client_idle_timeout = seconds(config.envoy_idle_timeout),
         route = worker_route(route_timeout, idle_timeout),
         trusted_ranges = config
             .envoy_trusted_ranges
@@ -428,6 +435,21 @@ mod tests {
             let e = parse_serve_args(&["--ateapi-insecure", "--envoy-trusted-ranges", bad]).unwrap_err();
             assert!(e.to_string().contains("--envoy-trusted-ranges"), "{bad}: {e}");
         }
+    }
+
+    #[test]
+    fn b76_client_idle_timeout_follows_the_flag() {
+        let idle = |flags: &[&str]| {
+            let mut args = vec!["--ateapi-insecure"];
+            args.extend_from_slice(flags);
+            let y = bootstrap(&parse_serve_args(&args).unwrap());
+            let at = y
+                .find("common_http_protocol_options:\n            idle_timeout: ")
+                .expect("the ingress HCM's");
+            y[at..].lines().nth(1).unwrap().trim().to_string()
+        };
+        assert_eq!(idle(&[]), "idle_timeout: 75s");
+        assert_eq!(idle(&["--envoy-idle-timeout", "1.5s"]), "idle_timeout: 1.500s");
     }
 
     #[test]

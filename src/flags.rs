@@ -151,6 +151,9 @@ pub struct ServeArgs {
     /// file written when the drain completes; empty: none (default: /var/run/atenet/drain-complete)
     #[argh(option, default = "String::from(\"/var/run/atenet/drain-complete\")")]
     pub drain_complete_file: String,
+    /// how long the generated Envoy keeps an idle client connection open; the drain waits up to this plus 10s for Envoy's client connections to close (Go duration, 1s to 1h) (default: 75s)
+    #[argh(option, default = "String::from(\"75s\")")]
+    pub envoy_idle_timeout: String,
     /// route timeout Envoy applies to proxied requests (Go duration; 0 disables it, else at least 1ms) (default: 5m)
     #[argh(option, default = "String::from(\"5m\")")]
     pub route_timeout: String,

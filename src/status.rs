@@ -459,6 +459,7 @@ pub fn effective_flags(config: &Config) -> Vec<(&'static str, String)> {
         ("--drain-timeout", godur::format(config.drain_timeout)),
         ("--envoy-admin-address", opt(&config.envoy_admin_address)),
         ("--drain-complete-file", path(&config.drain_complete_file)),
+        ("--envoy-idle-timeout", godur::format(config.envoy_idle_timeout)),
         ("--route-timeout", godur::format(config.route_timeout)),
         ("--late-serve-limit", godur::format(config.late_serve_limit)),
         ("--envoy-listen-address", config.envoy_listen_ip.to_string()),

@@ -156,6 +156,8 @@ fn b37_bad_flags_exit_nonzero_naming_the_flag() {
             "--parked-request-max",
         ),
         (&["envoy-config", "--ateapi-insecure", "--route-timeout", "1ns"], "--route-timeout"),
+        (&["envoy-config", "--ateapi-insecure", "--envoy-idle-timeout", "0"], "--envoy-idle-timeout"),
+        (&["serve", "--ateapi-insecure", "--envoy-idle-timeout", "2h"], "--envoy-idle-timeout"),
         (&["envoy-config", "--ateapi-insecure", "--route-timeout", "999us"], "--route-timeout"),
         (
             &["envoy-config", "--ateapi-insecure", "--envoy-admin-address", "localhost"],

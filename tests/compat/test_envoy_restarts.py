@@ -9,7 +9,10 @@ message timeout running from the first send.
 """
 
 import http.client
+import re
+import select
 import signal
+import socket
 import threading
 import time
 import urllib.error
@@ -121,6 +124,77 @@ def test_the_drain_timeline_through_envoy():
         assert served == {"parked-at-signal"} | {f"during-{i}" for i in range(len(answers))}
 
 
+def closed_by_peer(sock):
+    """Whether the peer closed `sock`: readable, with nothing to read."""
+    readable, _, _ = select.select([sock], [], [], 0)
+    if not readable:
+        return False
+    try:
+        return sock.recv(1, socket.MSG_PEEK) == b""
+    except ConnectionResetError:
+        return True
+
+
+def kept_alive(stack, request_id):
+    """An HTTP/1.1 connection that carried one routed request and stays
+    open, idle."""
+    conn = http.client.HTTPConnection(LOOPBACK, stack.http_port, timeout=60)
+    conn.request("GET", "/", headers={"ate-target-actor": "demo/actor-0", "x-client-request-id": request_id})
+    response = conn.getresponse()
+    response.read()
+    assert (response.status, response.getheader("connection")) == (200, None)
+    return conn
+
+
+def drain_closes_idle_connections(edit_config=None):
+    """B76: of two kept-alive connections, one is used once more in the
+    drain delay and one stays idle. Returns what the busy one got, when
+    (seconds after SIGTERM) Envoy closed the idle one (None: never) and
+    the router exited, the router's exit status, what a request on the
+    idle one got if it was still open after the router left, and the logs."""
+    flags = FLAGS + ["--envoy-idle-timeout", "4s"]
+    with Stack(router_flags=flags, workers=2, router_drains_envoy=True, drain_delay="1s",
+               edit_config=edit_config) as s:
+        busy, idle = kept_alive(s, "busy-0"), kept_alive(s, "idle-0")
+        signalled = time.monotonic()
+        s.router.proc.send_signal(signal.SIGTERM)
+        busy.request("GET", "/", headers={"ate-target-actor": "demo/actor-0", "x-client-request-id": "busy-1"})
+        response = busy.getresponse()
+        response.read()
+        busy_reply = (response.status, response.getheader("connection"))
+        idle_closed = None
+        while s.router.running() and time.monotonic() - signalled < 60:
+            if idle_closed is None and closed_by_peer(idle.sock):
+                idle_closed = time.monotonic() - signalled
+            time.sleep(0.02)
+        exited = time.monotonic() - signalled
+        status = s.router.proc.wait(timeout=60)
+        late = None
+        if not closed_by_peer(idle.sock):
+            idle.request("GET", "/", headers={"ate-target-actor": "demo/actor-0", "x-client-request-id": "late"})
+            late = idle.getresponse().status
+        return busy_reply, idle_closed, exited, status, late, s.logs()
+
+
+def test_the_drain_waits_for_envoy_to_close_idle_connections():
+    """B76 through a real Envoy 1.40: no drain of Envoy's closes an idle
+    keep-alive connection, so the generated bootstrap's idle timeout does,
+    inside the router's Envoy window. The router stops ext_proc only after
+    the last client connection closed: no client is left holding a
+    connection to an Envoy without a router."""
+    busy_reply, idle_closed, exited, status, late, logs = drain_closes_idle_connections()
+    assert busy_reply == (200, "close"), "a response in the drain closes its connection"
+    assert late is None, f"the idle connection outlived the router: a request on it got {late}"
+    # Measured on 1.40: at its idle timeout an HTTP/1.1 connection starts
+    # the connection manager's drain and is closed its drain timeout (5 s)
+    # and about a second later: 10 s after its last request here.
+    assert idle_closed is not None and 3.5 <= idle_closed <= 15, \
+        f"the idle connection closed at {idle_closed} s, not after its 4 s idle timeout"
+    assert exited >= idle_closed, "ext_proc stopped before the last connection closed"
+    assert status == 0
+    assert "drain: Envoy drained" in logs, logs[-2000:]
+
+
 def test_a_sighup_handover_under_load_fails_no_request():
     """B75 through Envoy: SIGHUP under continuous load (a running actor and
     parking ones, kept-alive and fresh connections): the successor takes
@@ -176,3 +250,20 @@ def test_a_sighup_handover_under_load_fails_no_request():
         recorded = [r["request_id"] for r in s.records()]
         assert sorted(recorded) == sorted(a[0] for a in answers), "each request at the worker once"
         assert get(s, "demo/actor-0", "after")[:2] == (200, None), "the successor serves"
+
+
+def without_client_idle_timeout(config):
+    text = re.sub(r"\n *common_http_protocol_options:\n *idle_timeout: 4s\n", "\n", config, count=1)
+    assert text != config, "the bootstrap has no client idle timeout to take out"
+    return text
+
+
+def test_without_the_idle_timeout_an_idle_connection_outlives_the_router():
+    """Why B76 exists, measured on Envoy 1.40: take the bootstrap's idle
+    timeout out and the idle connection stays open through the whole drain,
+    so a request on it after the router exits gets Envoy's 503."""
+    busy_reply, idle_closed, _, status, late, logs = drain_closes_idle_connections(without_client_idle_timeout)
+    assert busy_reply == (200, "close")
+    assert (idle_closed, late) == (None, 503)
+    assert status == 0
+    assert "drain: Envoy still had connections when the window passed" in logs, logs[-2000:]

@@ -45,8 +45,9 @@ PODMONITOR_CRD_SHA256 = "45a93443daa687d3654f7e9631909ff7edcdf3ec09c5e60251b74aa
 # Envoy's bootstrap uses ext_proc metadata_options and request_attributes.
 MIN_ENVOY = (1, 30)
 # The router's drain (README "Drain and shutdown"): the wait for Envoy's
-# listeners to empty, and the slack on top of the sum.
-ENVOY_DRAIN_WINDOW = 15
+# client connections to close is Envoy's idle timeout plus this (B76); and
+# the slack on top of the sum.
+ENVOY_WINDOW_SLACK = 10
 GRACE_SLACK = 10
 DRAIN_TIMEOUT_FLOOR = 15
 
@@ -221,14 +222,15 @@ def seconds(text):
 
 def drain_grace(flags):
     """terminationGracePeriodSeconds the router's drain needs: drain delay +
-    Envoy's listener drain window + the drain timeout + slack, rounded up to
-    ten seconds. A --drain-timeout of 0 derives budget + max(15s, late-serve
-    limit)."""
+    the Envoy window (Envoy's idle timeout + 10 s) + the drain timeout +
+    slack, rounded up to ten seconds. A --drain-timeout of 0 derives budget
+    + max(15s, late-serve limit)."""
     delay = seconds(flag(flags, "--drain-delay", "13s"))
+    envoy_window = seconds(flag(flags, "--envoy-idle-timeout", "75s")) + ENVOY_WINDOW_SLACK
     budget = seconds(flag(flags, "--parked-request-budget", "5s"))
     late_serve = seconds(flag(flags, "--late-serve-limit", "30s"))
     timeout = seconds(flag(flags, "--drain-timeout", "0")) or budget + max(DRAIN_TIMEOUT_FLOOR, late_serve)
-    return math.ceil((delay + ENVOY_DRAIN_WINDOW + timeout + GRACE_SLACK) / 10) * 10
+    return math.ceil((delay + envoy_window + timeout + GRACE_SLACK) / 10) * 10
 
 
 def pod_spec(docs):

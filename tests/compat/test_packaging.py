@@ -25,13 +25,13 @@ PACKAGING = ROOT / "packaging"
 
 
 def test_termination_grace_covers_the_drain():
-    # drain delay + Envoy's 15 s listener drain + drain timeout (0 derives
-    # budget + max(15 s, late-serve limit)) + 10 s slack, rounded up to 10 s:
-    # 13 + 15 + (5 + 30) + 10 = 73 -> 80 at the defaults.
+    # drain delay + the Envoy window (idle timeout 75 s + 10 s) + drain
+    # timeout (0 derives budget + max(15 s, late-serve limit)) + 10 s slack,
+    # rounded up to 10 s: 13 + 85 + (5 + 30) + 10 = 143 -> 150 at defaults.
     flags = router_flags()
     grace = drain_grace(flags)
     spec = yaml.safe_load((PACKAGING / "kubernetes/deployment.yaml").read_text())["spec"]["template"]["spec"]
-    assert spec["terminationGracePeriodSeconds"] == grace == 80
+    assert spec["terminationGracePeriodSeconds"] == grace == 150
     unit = (PACKAGING / "systemd/atenet-router.service").read_text()
     assert f"TimeoutStopSec={grace}" in unit
 
