@@ -135,6 +135,27 @@ def closed_by_peer(sock):
         return True
 
 
+def drained_to_eof(sock):
+    """Whether the peer closed `sock`, reading (and dropping) whatever it
+    sent first, such as an HTTP/2 GOAWAY."""
+    while select.select([sock], [], [], 0)[0]:
+        try:
+            if not sock.recv(65536):
+                return True
+        except ConnectionResetError:
+            return True
+    return False
+
+
+def idle_http2(stack):
+    """An HTTP/2 connection (prior knowledge) that sent its preface and
+    settings and nothing else."""
+    sock = socket.create_connection((LOOPBACK, stack.http_port), timeout=10)
+    empty_settings, settings_ack = b"\0\0\0\x04\0\0\0\0\0", b"\0\0\0\x04\x01\0\0\0\0"
+    sock.sendall(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + empty_settings + settings_ack)
+    return sock
+
+
 def kept_alive(stack, request_id):
     """An HTTP/1.1 connection that carried one routed request and stays
     open, idle."""
@@ -151,21 +172,24 @@ def drain_closes_idle_connections(edit_config=None):
     drain delay and one stays idle. Returns what the busy one got, when
     (seconds after SIGTERM) Envoy closed the idle one (None: never) and
     the router exited, the router's exit status, what a request on the
-    idle one got if it was still open after the router left, and the logs."""
+    idle one got if it was still open after the router left, when an idle
+    HTTP/2 connection was closed (None: never), and the logs."""
     flags = FLAGS + ["--envoy-idle-timeout", "4s"]
     with Stack(router_flags=flags, workers=2, router_drains_envoy=True, drain_delay="1s",
                edit_config=edit_config) as s:
-        busy, idle = kept_alive(s, "busy-0"), kept_alive(s, "idle-0")
+        busy, idle, idle_h2 = kept_alive(s, "busy-0"), kept_alive(s, "idle-0"), idle_http2(s)
         signalled = time.monotonic()
         s.router.proc.send_signal(signal.SIGTERM)
         busy.request("GET", "/", headers={"ate-target-actor": "demo/actor-0", "x-client-request-id": "busy-1"})
         response = busy.getresponse()
         response.read()
         busy_reply = (response.status, response.getheader("connection"))
-        idle_closed = None
+        idle_closed = h2_closed = None
         while s.router.running() and time.monotonic() - signalled < 60:
             if idle_closed is None and closed_by_peer(idle.sock):
                 idle_closed = time.monotonic() - signalled
+            if h2_closed is None and drained_to_eof(idle_h2):
+                h2_closed = time.monotonic() - signalled
             time.sleep(0.02)
         exited = time.monotonic() - signalled
         status = s.router.proc.wait(timeout=60)
@@ -173,7 +197,7 @@ def drain_closes_idle_connections(edit_config=None):
         if not closed_by_peer(idle.sock):
             idle.request("GET", "/", headers={"ate-target-actor": "demo/actor-0", "x-client-request-id": "late"})
             late = idle.getresponse().status
-        return busy_reply, idle_closed, exited, status, late, s.logs()
+        return busy_reply, idle_closed, exited, status, late, h2_closed, s.logs()
 
 
 def test_the_drain_waits_for_envoy_to_close_idle_connections():
@@ -182,7 +206,7 @@ def test_the_drain_waits_for_envoy_to_close_idle_connections():
     inside the router's Envoy window. The router stops ext_proc only after
     the last client connection closed: no client is left holding a
     connection to an Envoy without a router."""
-    busy_reply, idle_closed, exited, status, late, logs = drain_closes_idle_connections()
+    busy_reply, idle_closed, exited, status, late, h2_closed, logs = drain_closes_idle_connections()
     assert busy_reply == (200, "close"), "a response in the drain closes its connection"
     assert late is None, f"the idle connection outlived the router: a request on it got {late}"
     # Measured on 1.40: at its idle timeout an HTTP/1.1 connection starts
@@ -190,7 +214,8 @@ def test_the_drain_waits_for_envoy_to_close_idle_connections():
     # and about a second later: 10 s after its last request here.
     assert idle_closed is not None and 3.5 <= idle_closed <= 15, \
         f"the idle connection closed at {idle_closed} s, not after its 4 s idle timeout"
-    assert exited >= idle_closed, "ext_proc stopped before the last connection closed"
+    assert h2_closed is not None and 3.5 <= h2_closed <= 15, f"the idle HTTP/2 connection closed at {h2_closed} s"
+    assert exited >= max(idle_closed, h2_closed), "ext_proc stopped before the last connection closed"
     assert status == 0
     assert "drain: Envoy drained" in logs, logs[-2000:]
 
@@ -262,8 +287,9 @@ def test_without_the_idle_timeout_an_idle_connection_outlives_the_router():
     """Why B76 exists, measured on Envoy 1.40: take the bootstrap's idle
     timeout out and the idle connection stays open through the whole drain,
     so a request on it after the router exits gets Envoy's 503."""
-    busy_reply, idle_closed, _, status, late, logs = drain_closes_idle_connections(without_client_idle_timeout)
+    busy_reply, idle_closed, _, status, late, h2_closed, logs = \
+        drain_closes_idle_connections(without_client_idle_timeout)
     assert busy_reply == (200, "close")
-    assert (idle_closed, late) == (None, 503)
+    assert (idle_closed, late, h2_closed) == (None, 503, None)
     assert status == 0
     assert "drain: Envoy still had connections when the window passed" in logs, logs[-2000:]
