@@ -81,7 +81,7 @@ debian_base() {
   sources=/etc/apt/sources.list.d/debian.sources
   [ -e "$sources" ] || sources=/etc/apt/sources.list
   [ -e "$sources" ] || die "no apt sources file (/etc/apt/sources.list.d/debian.sources or /etc/apt/sources.list) to build a base from"
-  codename=$(. /etc/os-release && echo "${VERSION_CODENAME:-}")
+  codename=$(sed -n 's/^VERSION_CODENAME=//p' /etc/os-release)
   [ -n "$codename" ] || die "cannot tell this machine's Debian release (VERSION_CODENAME in /etc/os-release)"
   command -v mmdebstrap >/dev/null || die "mmdebstrap is missing (make deps-docker installs it)"
   # Like Debian's slim images: no manuals, translations or docs but the copyrights.
@@ -128,7 +128,7 @@ else
 fi
 
 if wants envoy; then
-  [ -n "${ENVOY_BIN:-}" ] && [ -x "$ENVOY_BIN" ] || die "ENVOY_BIN (the envoy binary for the envoy image) is not set or not executable"
+  [ -x "${ENVOY_BIN:-}" ] || die "ENVOY_BIN (the envoy binary for the envoy image) is not set or not executable"
   mkdir -p dist/docker
   cp "$ENVOY_BIN" dist/docker/envoy
   envoy_version=$(dist/docker/envoy --version | sed -n 's/.*version: [0-9a-f]*\/\([0-9.]*\)\/.*/\1/p')
