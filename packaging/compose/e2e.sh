@@ -73,7 +73,13 @@ step "using $("${compose_cmd[@]}" version | head -n 1)"
 tmp=$(mktemp -d)
 export tmp
 passed=0
+pids=() # step 5's load clients
 finish() {
+  touch "$tmp/stop"
+  if [ ${#pids[@]} -gt 0 ]; then
+    kill "${pids[@]}" 2>/dev/null || true
+    wait "${pids[@]}" 2>/dev/null || true
+  fi
   if [ "$passed" != 1 ]; then
     compose logs --no-color --tail=100 || true
   fi
@@ -237,7 +243,6 @@ wait_routed() {
     sleep 0.2
   done
 }
-pids=()
 for c in $(seq 1 "$LOAD_CLIENTS"); do
   load_client "$c" &
   pids+=($!)
