@@ -30,9 +30,11 @@
 #     the worker for its actor, every failure is one the restart explains (no
 #     answer while Envoy has no listeners or restarts, Envoy's 503 while no
 #     router answers), and requests are routed again after it;
-#  6. drain: SIGTERM to the router turns Envoy's /ready to 503 (the router's
-#     POST /healthcheck/fail reached Envoy's admin), Envoy's HTTP listener
-#     then refuses connections (/drain_listeners), and the router exits 0.
+#  6. drain (docs/behavior.md B43, B76), with an idle keep-alive client
+#     connection open: SIGTERM to the router turns Envoy's /ready to 503 (the
+#     router's POST /healthcheck/fail reached Envoy's admin), Envoy closes
+#     the idle connection (its idle timeout) before the router exits 0, and
+#     Envoy's HTTP listener then refuses connections (/drain_listeners).
 #
 # Environment: ATENET_E2E_HTTP_PORT (18080), ATENET_E2E_HEALTH_PORT (18081),
 # ATENET_E2E_STATS_PORT (19902), ATENET_E2E_METRICS_PORT (19090),
@@ -298,10 +300,37 @@ failed_reached=$(awk '$2 != 200 { print $1 }' "$tmp/load" | while read -r id; do
   awk '{ s += $1 } END { print s + 0 }')
 step "   $failed_reached of the failed requests had reached the worker (the client got no answer)"
 
-step "6. drain: SIGTERM to the router"
+step "6. drain: SIGTERM to the router, an idle keep-alive client connection open"
+# The idle client: one request on a kept-alive connection (fd 3), then
+# nothing. Envoy's idle timeout must close it before the router stops (B76).
+exec 3<>"/dev/tcp/127.0.0.1/$ATENET_E2E_HTTP_PORT"
+printf 'GET /e2e/idle HTTP/1.1\r\nHost: e2e\r\nate-target-actor: demo/actor-0\r\nx-client-request-id: idle\r\n\r\n' >&3
+IFS= read -r -t 30 status_line <&3 || fail "no answer on the idle client's connection"
+length=0
+while IFS= read -r -t 10 line <&3; do
+  line=${line%$'\r'}
+  [ -n "$line" ] || break
+  case "${line,,}" in content-length:*) length=${line#*: } ;; esac
+done
+read -r -N "$length" -t 10 _ <&3 || fail "the idle client's answer ended early"
+case "$status_line" in "HTTP/1.1 200"*) ;; *) fail "the idle client's request: $status_line" ;; esac
 router=$(compose ps -q router)
 compose kill -s SIGTERM router >/dev/null
+signal_time=$EPOCHREALTIME
 wait_for "http://127.0.0.1:$ATENET_E2E_HEALTH_PORT/ready" 503 30
+# Envoy closes the idle connection: EOF on fd 3, within the drain's window
+# (idle timeout 5 s + 10 s, compose.yaml), while the router waits for it.
+closed_time=
+deadline=$((SECONDS + 30))
+while [ -z "$closed_time" ]; do
+  if IFS= read -r -t 1 line <&3; then
+    fail "the idle client's connection got data after the drain began: $line"
+  elif [ $? -le 128 ]; then
+    closed_time=$EPOCHREALTIME # EOF (a timeout is above 128)
+  fi
+  [ "$SECONDS" -lt "$deadline" ] || fail "Envoy did not close the idle client's connection within 30s of SIGTERM"
+done
+exec 3<&-
 deadline=$((SECONDS + 60))
 while [ "$(docker inspect -f '{{.State.Running}}' "$router")" = true ]; do
   [ "$SECONDS" -lt "$deadline" ] || fail "the router has not exited 60s after SIGTERM"
@@ -309,6 +338,12 @@ while [ "$(docker inspect -f '{{.State.Running}}' "$router")" = true ]; do
 done
 exit_code=$(docker inspect -f '{{.State.ExitCode}}' "$router")
 [ "$exit_code" = 0 ] || fail "the router exited $exit_code after its drain"
+finished=$(docker inspect -f '{{.State.FinishedAt}}' "$router")
+exited_time=$(date -d "$finished" +%s.%N)
+awk -v c="$closed_time" -v e="$exited_time" 'BEGIN { exit !(c < e) }' ||
+  fail "the router exited before Envoy closed the idle client's connection"
+awk -v s="$signal_time" -v c="$closed_time" -v e="$exited_time" \
+  'BEGIN { printf "e2e:    idle connection closed by Envoy %.1fs after SIGTERM; the router exited 0 at %.1fs\n", c - s, e - s }'
 code=$(request after-drain demo/actor-0 /e2e/after-drain)
 [ "$code" = 000 ] || fail "Envoy's HTTP listener answered $code after the drain (expected none: /drain_listeners)"
 
