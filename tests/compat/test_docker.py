@@ -1,22 +1,43 @@
-"""The container image's build context cannot drift from the crate.
+"""The container images: built for real and run, and their build context.
 
-There is no Docker engine on these machines, so the Dockerfile is checked
-the way a build would fail: its build context is rebuilt exactly (the files
-its COPY lines name, minus .dockerignore) in a temporary directory, and its
-own cargo command runs there, with the shared target directory so that only
-the crate itself compiles. `cargo metadata` would not catch a missing target
+The images are built by `packaging/docker/build.sh` (what `make docker`
+runs) under an engine from `packaging/docker/engine.sh` (a dockerd started
+here when none answers, stopped afterwards). With no registry, as on these
+machines, that is the Debian-packages path: the bases made with mmdebstrap,
+the binaries `make build` compiled. The router's container then runs the
+way an operator would run it: `--version`, a bad flag, UID 65532 on a
+read-only root with the drain marker on a volume, /healthz and /metrics
+from the host, ext_proc routed against the simulator (the tools image) on a
+bridge network, and `docker stop` draining it to exit 0. Truth is the
+checkout (version, revision), the kernel (the process's UID, the read-only
+root), the simulator's own answer log and the volume's marker.
+
+The registry path's Rust stage cannot run here, so it is checked the way a
+build would fail: its build context is rebuilt exactly (the files its COPY
+lines name, minus .dockerignore) in a temporary directory, and its own
+cargo command runs there, with the shared target directory so that only the
+crate itself compiles. `cargo metadata` would not catch a missing target
 file (a declared bench, say); `cargo build` does.
 """
 
 import fnmatch
+import json
 import os
 import pathlib
 import re
 import shlex
 import shutil
 import subprocess
+import time
+import urllib.error
+import urllib.request
 
+import grpc
 import pytest
+from envoy.service.ext_proc.v3 import external_processor_pb2_grpc
+
+from conftest import BIN
+from test_envoy_compat import check_route, route
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 DOCKERFILE = ROOT / "packaging/docker/Dockerfile"
@@ -41,18 +62,27 @@ def instructions():
 
 
 def ignored(relative):
-    patterns = [p.strip() for p in (ROOT / ".dockerignore").read_text().splitlines()
-                if p.strip() and not p.startswith("#")]
+    """.dockerignore's verdict: the last pattern that matches decides, and a
+    `!pattern` lets a path back in."""
     path = relative.as_posix()
-    return any(fnmatch.fnmatch(path, p.lstrip("/")) or path.startswith(p.lstrip("/").rstrip("/") + "/")
-               for p in patterns)
+    verdict = False
+    for line in (ROOT / ".dockerignore").read_text().splitlines():
+        pattern = line.strip()
+        if not pattern or pattern.startswith("#"):
+            continue
+        keep = pattern.startswith("!")
+        pattern = pattern.lstrip("!").lstrip("/").rstrip("/")
+        if fnmatch.fnmatch(path, pattern) or path.startswith(pattern + "/"):
+            verdict = not keep
+    return verdict
 
 
 def build_context(into):
-    """Copies what the COPY lines (not --from) name into `into`."""
+    """Copies what the `build` stage's COPY lines name into `into` (the
+    other stages copy what build.sh staged, or the echo worker)."""
     copied = []
-    for word, args, _ in instructions():
-        if word != "COPY" or args.startswith("--from"):
+    for word, args, stage in instructions():
+        if word != "COPY" or args.startswith("--from") or stage != "build":
             continue
         sources = shlex.split(args)[:-1]
         for source in sources:
@@ -91,12 +121,23 @@ def test_the_build_context_builds_with_the_dockerfiles_own_cargo_command(tmp_pat
     assert result.returncode == 0, result.stderr[-4000:]
 
 
+def arg_defaults():
+    return dict(args.split("=", 1) for word, args, _ in instructions() if word == "ARG" and "=" in args)
+
+
 def test_stages_images_and_pins():
-    froms = [args for word, args, _ in instructions() if word == "FROM"]
-    for image in froms:
-        name = image.split()[0]
-        assert re.search(r":\d+(\.\d+)+", name), f"base image pinned to an explicit release: {name}"
+    defaults = arg_defaults()
     stages = [stage for word, _, stage in instructions() if word == "FROM"]
+    for word, args, _ in instructions():
+        if word != "FROM":
+            continue
+        name = args.split()[0]
+        variable = re.fullmatch(r"\$\{(\w+)\}", name)
+        name = defaults[variable[1]] if variable else name
+        if name == "scratch" or name in stages:
+            continue
+        assert re.search(r":\d+(\.\d+)+", name), f"base image pinned to an explicit release: {name}"
+    assert defaults["BINARIES"] == "build", "with a registry, the binaries are compiled in the image"
     assert stages[-1] == "runtime", "the router image is the default target"
     assert "tools" in stages
     copies = {stage: args for word, args, stage in instructions() if word == "COPY" and args.startswith("--from")}
@@ -117,3 +158,190 @@ def test_a_context_missing_a_declared_file_fails_to_build(tmp_path, missing):
     command = cargo_command() + ["--offline"]
     result = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True)
     assert result.returncode != 0
+
+
+# -- The images, built and run ------------------------------------------------
+
+ENGINE = ROOT / "packaging/docker/engine.sh"
+BUILD = ROOT / "packaging/docker/build.sh"
+# Host ports (loopback) and a bridge network of this test's own: the compose
+# stack (make e2e) uses 172.29.47.0/24.
+METRICS_PORT = 18491
+EXTPROC_PORT = 18492
+SUBNET = "172.29.48.0/24"
+SIM_IP, ROUTER_IP = "172.29.48.30", "172.29.48.20"
+# The one worker the simulator hands out: no container has it, only the
+# simulator's flags say it.
+WORKER_IP = "10.77.0.7"
+NAME = f"atenet-test-docker-{os.getpid()}"
+
+
+def docker(*args, check=True, timeout=120):
+    result = subprocess.run(["docker", *args], capture_output=True, text=True, timeout=timeout)
+    if check and result.returncode != 0:
+        raise AssertionError(f"docker {' '.join(args)}: exit {result.returncode}: {result.stderr[-2000:]}")
+    return result
+
+
+def version_and_revision():
+    version = re.search(r'^version = "(.*)"', (ROOT / "Cargo.toml").read_text(), re.M)[1]
+    revision = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=ROOT,
+                              capture_output=True, text=True, check=True).stdout.strip()
+    return version, revision
+
+
+@pytest.fixture(scope="module")
+def engine():
+    """A Docker engine: the running one, else a dockerd of our own, stopped
+    at the end. No engine is a failure, never a skip."""
+    started = subprocess.run([str(ENGINE), "start"], capture_output=True, text=True, timeout=120)
+    assert started.returncode == 0, f"no Docker engine: {started.stderr}"
+    pid = started.stdout.strip()
+    yield
+    if pid:
+        subprocess.run([str(ENGINE), "stop", pid], check=True, timeout=120)
+
+
+@pytest.fixture(scope="module")
+def images(engine):
+    """The router and tools images, built as `make docker` builds them."""
+    version, revision = version_and_revision()
+    env = dict(os.environ, VERSION=version, REVISION=revision, ATENET_BIN_DIR=BIN)
+    result = subprocess.run([str(BUILD), "runtime", "tools"], cwd=ROOT, env=env, capture_output=True,
+                            text=True, timeout=1800)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    print(result.stdout)
+    return f"atenet-router:{version}", f"atenet-router-tools:{version}"
+
+
+@pytest.fixture(scope="module")
+def network(engine):
+    docker("network", "create", "--subnet", SUBNET, NAME)
+    yield NAME
+    docker("network", "rm", NAME, check=False)
+
+
+def get(url):
+    try:
+        with urllib.request.urlopen(url, timeout=5) as response:
+            return response.status, response.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+
+
+def poll(what, probe, timeout=60):
+    deadline = time.monotonic() + timeout
+    while True:
+        value = probe()
+        if value:
+            return value
+        assert time.monotonic() < deadline, f"{what}: not within {timeout}s"
+        time.sleep(0.2)
+
+
+def test_the_image_prints_its_version_and_revision(images):
+    router, _ = images
+    version, revision = version_and_revision()
+    out = docker("run", "--rm", router, "--version").stdout
+    assert out.strip() == f"atenet-router {version} (revision {revision})"
+
+
+def test_a_bad_flag_exits_2_with_the_message_on_the_containers_stderr(images):
+    router, _ = images
+    result = docker("run", "--rm", router, "serve", "--no-such-flag", check=False)
+    assert result.returncode == 2, (result.returncode, result.stderr)
+    assert "--no-such-flag" in result.stderr and result.stdout == ""
+
+
+def test_the_images_run_as_65532_with_the_dockerfiles_entrypoints(images):
+    router, tools = images
+    for image, entrypoint in ((router, "/usr/local/bin/atenet-router"), (tools, "/usr/local/bin/ateapi-sim")):
+        config = json.loads(docker("image", "inspect", "-f", "{{json .Config}}", image).stdout)
+        assert config["User"] == "65532:65532", image
+        assert config["Entrypoint"] == [entrypoint], image
+    assert json.loads(docker("image", "inspect", "-f", "{{json .Config}}", router).stdout)["StopSignal"] == "SIGTERM"
+
+
+@pytest.fixture(scope="module")
+def sim(images, network):
+    """ateapi-sim from the tools image on the bridge network; its answer log
+    (every ResumeActor it answered) is the truth of what it placed."""
+    _, tools = images
+    name = f"{NAME}-sim"
+    docker("run", "-d", "--name", name, "--network", network, "--ip", SIM_IP,
+           "--tmpfs", "/log:uid=65532,gid=65532", tools,
+           "--listen", "0.0.0.0:50061", "--workers", "4", "--actors", "8", "--worker-ip", WORKER_IP,
+           "--answer-log", "/log/answers.jsonl")
+    poll("the simulator's startup line", lambda: "listening on" in docker("logs", name).stderr)
+    yield name
+    docker("rm", "-f", name, check=False)
+
+
+@pytest.fixture(scope="module")
+def router(images, network, sim):
+    """The router's container as an operator runs it: read-only root, the
+    drain marker's directory a named volume, metrics and ext_proc published
+    on the host's loopback."""
+    image, _ = images
+    name, volume = f"{NAME}-router", f"{NAME}-marker"
+    docker("run", "-d", "--name", name, "--network", network, "--ip", ROUTER_IP,
+           "--read-only", "--mount", f"type=volume,src={volume},dst=/var/run/atenet", "--stop-timeout", "60",
+           "-p", f"127.0.0.1:{METRICS_PORT}:9090", "-p", f"127.0.0.1:{EXTPROC_PORT}:50051",
+           image, "serve", "--ateapi-insecure", f"--ateapi-address={SIM_IP}:50061",
+           "--extproc-address=0.0.0.0", "--envoy-admin-address=", "--drain-delay=1s", "--worker-port=8000")
+    poll("/readyz from the host", lambda: get(f"http://127.0.0.1:{METRICS_PORT}/readyz")[0] == 200)
+    yield name, volume
+    docker("rm", "-f", name, check=False)
+    docker("volume", "rm", volume, check=False)
+
+
+def test_the_router_runs_as_65532_on_a_read_only_root(router):
+    name, _ = router
+    # The kernel's view of the router process, not the image's config.
+    status = docker("exec", name, "cat", "/proc/1/status").stdout
+    uids = re.search(r"^Uid:\s+(.*)$", status, re.M)[1].split()
+    assert uids == ["65532"] * 4, uids
+    denied = docker("exec", name, "touch", "/usr/local/bin/x", check=False)
+    assert denied.returncode != 0 and "Read-only file system" in denied.stderr
+    writable = docker("exec", name, "touch", "/var/run/atenet/probe", check=False)
+    assert writable.returncode == 0, "the marker's volume is writable by 65532"
+    docker("exec", name, "rm", "/var/run/atenet/probe")
+
+
+def test_healthz_and_metrics_from_the_host(router):
+    assert get(f"http://127.0.0.1:{METRICS_PORT}/healthz")[0] == 200
+    status, text = get(f"http://127.0.0.1:{METRICS_PORT}/metrics")
+    assert status == 200
+    version, revision = version_and_revision()
+    assert f'atenet_router_build_info{{revision="{revision}",version="{version}"}} 1' in text.splitlines(), \
+        text[:2000]
+
+
+def test_ext_proc_routes_against_the_simulator_on_the_bridge(router, sim):
+    channel = grpc.insecure_channel(f"127.0.0.1:{EXTPROC_PORT}")
+    try:
+        stub = external_processor_pb2_grpc.ExternalProcessorStub(channel)
+        for actor in ("demo/actor-1", "demo/actor-2"):
+            check_route(route(stub, actor), actor, f"{WORKER_IP}:8000")
+    finally:
+        channel.close()
+    # The simulator's own record: it resumed exactly those actors, once each.
+    answers = [json.loads(line) for line in docker("exec", sim, "cat", "/log/answers.jsonl").stdout.splitlines()]
+    resumed = sorted(a["actor"] for a in answers if a["code"] == "OK")
+    assert resumed == ["demo/actor-1", "demo/actor-2"], answers
+
+
+def test_docker_stop_drains_and_exits_0_within_the_stop_timeout(images, router):
+    """Last in the module: it stops the router."""
+    image, _ = images
+    name, volume = router
+    assert docker("inspect", "-f", "{{.Config.StopTimeout}}", name).stdout.strip() == "60"
+    docker("stop", name, timeout=120)  # SIGTERM (the image's STOPSIGNAL), SIGKILL after 60 s
+    state = json.loads(docker("inspect", "-f", "{{json .State}}", name).stdout)
+    assert state["ExitCode"] == 0 and not state["OOMKilled"], state
+    assert "drain" in docker("logs", name).stderr
+    # The drain's own marker, written at its end, read from the volume by
+    # another container.
+    marker = docker("run", "--rm", "--mount", f"type=volume,src={volume},dst=/m", "--entrypoint", "cat", image,
+                    "/m/drain-complete").stdout
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?(Z|[+-]\d\d:\d\d)\n", marker), repr(marker)
