@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use atenet_router::extproc::{response_for, ClientProtocol};
-use atenet_router::load::{Distribution, LoadReport, LoadSpec, Stop};
+use atenet_router::load::{Distribution, LoadReport, LoadSpec, Stop, Target};
 use atenet_router::proto::ateapi::{ObjectRef, ResumeActorRequest};
 use atenet_router::proto::external_processor::{processing_request, ProcessingRequest, ProcessingResponse};
 use atenet_router::proto::{ATEAPI_RESUME_ACTOR, EXT_PROC_PROCESS};
@@ -298,7 +298,7 @@ pub fn baseline_server(ateapi: &str) {
 
 pub fn spec(target: SocketAddr, concurrency: usize, stop: Stop, actors: Vec<String>) -> LoadSpec {
     LoadSpec {
-        target,
+        target: Target::ExtProc(target),
         concurrency,
         rate: None,
         stop,
