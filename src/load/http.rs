@@ -327,7 +327,7 @@ fn read_head(
                 }
                 head.length = Some(n);
             }
-            "transfer-encoding" => head.chunked = tokens().last().is_some_and(|t| t == "chunked"),
+            "transfer-encoding" => head.chunked = tokens().next_back().is_some_and(|t| t == "chunked"),
             "connection" if tokens().any(|t| t == "close") => head.close = true,
             "connection" if tokens().any(|t| t == "keep-alive") => head.close = false,
             REASON => head.reason = Some(value.to_string()),
@@ -444,7 +444,7 @@ mod tests {
             Ok((503, reason("atenet_flights_full"), true))
         );
         assert_eq!(
-            parse(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3;x=y\r\nabc\r\n0\r\nT: 1\r\n\r\n"),
+            parse(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\na;x=y\r\nabcdefghij\r\n0\r\nT: 1\r\n\r\n"),
             Ok((200, None, true))
         );
         assert_eq!(
@@ -467,7 +467,7 @@ mod tests {
             b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nshort",
             b"HTTP/1.1 200 OK\r\nContent-Length: x\r\n\r\n",
             b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n",
-            b"HTTP/1.1 200 OK\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\n",
+            b"HTTP/1.1 200 OK\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\nab",
             b"HTTP/1.1 200 OK\r\n",
         ] {
             assert!(parse(bytes).is_err(), "{:?}", String::from_utf8_lossy(bytes));
