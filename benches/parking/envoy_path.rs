@@ -23,7 +23,10 @@ use std::time::{Duration, Instant};
 
 use atenet_router::load::http::{self, HttpTarget};
 
-use crate::harness::{cpu_seconds_of_pid, first_line, json_number, router_binary, Proc, Simulator};
+use crate::harness::{
+    cpu_seconds_of_pid, cpu_stall_micros, ended_children_cpu_seconds, first_line, json_number,
+    machine_busy_seconds, own_cpu_seconds, router_binary, Proc, Simulator,
+};
 use crate::report::{median, Bound, Report};
 
 /// Rounds per concurrency: each runs every configuration once.
@@ -373,6 +376,34 @@ impl Stack {
         format!("http://127.0.0.1:{}/", self.ports.front(path)[0])
     }
 
+    /// CPU seconds so far of every process this scenario runs, the ended
+    /// `parkload` runs and the bench itself included.
+    fn own_cpu_seconds(&self) -> f64 {
+        let envoys: f64 = self.fronts.iter().map(EnvoyProc::cpu_seconds).sum();
+        envoys
+            + self.worker.cpu_seconds()
+            + self.router.cpu_seconds()
+            + self.baseline.cpu_seconds()
+            + self.sim.cpu_seconds()
+            + ended_children_cpu_seconds()
+            + own_cpu_seconds()
+    }
+
+    /// The front Envoy's ext_proc counters for `path` that are not zero:
+    /// how its streams ended, which is where two servers answering the
+    /// same verdicts can still cost Envoy differently.
+    fn ext_proc_stats(&self, path: Path3) -> String {
+        let admin = self.ports.front(path)[1];
+        let text = admin_get(admin, "/stats?filter=ext_proc%5C.");
+        let counters: Vec<String> = text
+            .lines()
+            .filter_map(|l| l.split_once(": "))
+            .filter(|(name, value)| name.contains(".ext_proc.") && *value != "0")
+            .map(|(name, value)| format!("{} {value}", name.rsplit('.').next().unwrap_or(name)))
+            .collect();
+        counters.join(", ")
+    }
+
     fn extproc(&self, path: Path3) -> Option<&Proc> {
         match path {
             Path3::Direct => None,
@@ -380,6 +411,20 @@ impl Stack {
             Path3::Router => Some(&self.router),
         }
     }
+}
+
+/// The body of a GET to Envoy's admin API on `port`; empty if it fails (a
+/// report line then says nothing).
+fn admin_get(port: u16, path: &str) -> String {
+    use std::io::{Read, Write};
+    let Ok(mut stream) = std::net::TcpStream::connect(("127.0.0.1", port)) else {
+        return String::new();
+    };
+    let _ = stream.set_read_timeout(Some(Duration::from_secs(10)));
+    let _ = write!(stream, "GET {path} HTTP/1.1\r\nHost: admin\r\nConnection: close\r\n\r\n");
+    let mut text = String::new();
+    let _ = stream.read_to_string(&mut text);
+    text.split_once("\r\n\r\n").map(|(_, body)| body.to_string()).unwrap_or_default()
 }
 
 /// What one `parkload --http` run reported, and every process's CPU during it.
@@ -486,6 +531,8 @@ pub fn envoy_path(report: &mut Report) {
     report.line("| c | path | req/s | p50 ms | p99 ms | added p50 / p99 ms | CPU µs/request Envoy / ext_proc / sim | worker µs/request, busy |");
     report.line("|---|---|---|---|---|---|---|---|");
     let mut judged = Vec::new();
+    let (busy0, ours0, stall0, t0) =
+        (machine_busy_seconds(), stack.own_cpu_seconds(), cpu_stall_micros(), Instant::now());
     for concurrency in CONCURRENCIES {
         // rounds[r][path index]; the order rotates each round so that drift
         // favours no configuration.
@@ -563,6 +610,27 @@ pub fn envoy_path(report: &mut Report) {
             report.figure("envoy-path", &format!("c{concurrency}.ratio.{name}"), *value);
         }
         judged.push((concurrency, ratios));
+    }
+    let wall = t0.elapsed().as_secs_f64();
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get()) as f64;
+    let (busy, ours) = (machine_busy_seconds() - busy0, stack.own_cpu_seconds() - ours0);
+    let stall = match (stall0, cpu_stall_micros()) {
+        (Some(before), Some(after)) => format!("{:.0}%", (after - before) / 1e6 / wall * 100.0),
+        _ => String::from("unknown"),
+    };
+    report.line(&format!(
+        "\nDuring the rounds ({wall:.0} s) the machine's {cores} cores were {:.0}% busy: this scenario's processes {:.0}%, everything else {:.0}%; some task waited for a CPU {stall} of the time.",
+        busy / wall / cores * 100.0,
+        ours / wall / cores * 100.0,
+        (busy - ours).max(0.0) / wall / cores * 100.0,
+    ));
+    report.figure("envoy-path", "machine_busy_other_percent", (busy - ours).max(0.0) / wall / cores * 100.0);
+    for path in [Path3::Baseline, Path3::Router] {
+        report.line(&format!(
+            "Envoy's ext_proc counters with the {}: {}.",
+            path.name(),
+            stack.ext_proc_stats(path)
+        ));
     }
     report.line(&format!(
         "\n{ROUNDS} rounds per concurrency, each running the three paths once ({} s each, a closed loop of c connections, 64 actors in rotation), the order rotating; figures are medians over the rounds, added latency and ratios medians of the per-round differences and ratios.\n",

@@ -199,6 +199,36 @@ pub fn cpu_stall_micros() -> Option<f64> {
     some.split_whitespace().find_map(|f| f.strip_prefix("total="))?.parse().ok()
 }
 
+/// CPU seconds every core of the machine spent busy (not idle, not waiting
+/// for I/O) since boot, from `/proc/stat`: with the CPU of a scenario's own
+/// processes, what everything else on a shared machine took meanwhile.
+pub fn machine_busy_seconds() -> f64 {
+    let stat = std::fs::read_to_string("/proc/stat").unwrap_or_default();
+    let fields: Vec<f64> = stat
+        .lines()
+        .next()
+        .unwrap_or("")
+        .split_whitespace()
+        .skip(1)
+        .map(|f| f.parse().unwrap_or(0.0))
+        .collect();
+    // user nice system idle iowait irq softirq steal
+    let busy: f64 = [0, 1, 2, 5, 6, 7].iter().filter_map(|&i| fields.get(i)).sum();
+    busy / clock_ticks()
+}
+
+/// User + system CPU seconds of this process's children that have ended
+/// and been waited for (the `parkload` runs of a scenario).
+pub fn ended_children_cpu_seconds() -> f64 {
+    // SAFETY: getrusage only writes the struct it is given.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    if unsafe { libc::getrusage(libc::RUSAGE_CHILDREN, &mut usage) } != 0 {
+        return f64::NAN;
+    }
+    let seconds = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
+    seconds(usage.ru_utime) + seconds(usage.ru_stime)
+}
+
 /// User + system CPU seconds of process `pid` (all its threads) so far.
 pub fn cpu_seconds_of_pid(pid: u32) -> f64 {
     cpu_seconds_of(&format!("/proc/{pid}/stat"))
