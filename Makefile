@@ -128,8 +128,8 @@ run: build envoy ## The whole path on loopback: Envoy, the router, ateapi-sim an
 run-router: build ## ateapi-sim and the router alone on loopback, no Envoy: ext_proc for your own Envoy or make load (Ctrl-C stops both).
 	@exec packaging/demo/run.sh router
 
-load: build ## Load make run's router over ext_proc with parkload: make load ARGS="--rate 2000 --count 20000 --concurrency 10000".
-	@$(BIN)/parkload $(if $(filter --target --target=%,$(ARGS)),,--target 127.0.0.1:$(EXTPROC_PORT)) $(ARGS)
+load: build ## Load make run's router over ext_proc with parkload (ARGS="--http http://127.0.0.1:8080/": through its Envoy).
+	@$(BIN)/parkload $(if $(filter --target --target=% --http --http=%,$(ARGS)),,--target 127.0.0.1:$(EXTPROC_PORT)) $(ARGS)
 
 test: test-rust test-compat ## Run every test: unit, end-to-end, Envoy compatibility, packaging.
 
