@@ -13,7 +13,7 @@
 //! worker, a direct-response Envoy whose capacity is measured first so that
 //! it is seen not to be the bottleneck.
 //!
-//! Ports are `ATENET_BENCH_PORT_BASE` (20400) and the 30 after it; the
+//! Ports are `ATENET_BENCH_PORT_BASE` (20400) and the 21 after it; the
 //! Envoy is `ENVOY` or the venv's (`make venv`); `ATENET_BENCH_ROUTER`
 //! names a router binary to measure instead of this build's.
 
