@@ -540,6 +540,7 @@ fn http_bad_flags_exit_2_naming_the_flag() {
         (&["--http", "http://127.0.0.1/", "--target", "127.0.0.1:1"], "exclude each other"),
         (&["--http", "http://127.0.0.1/", "--concurrency", "10001"], "--concurrency"),
         (&["--http", "http://127.0.0.1/", "--hold", "10001"], "--hold"),
+        (&["--http", "http://127.0.0.1/", "--actors", "demo/a\r\nx-evil: 1"], "--actors"),
     ] {
         let ran = parkload(args, PATIENCE);
         assert_eq!(ran.code, 2, "{args:?}: {}", ran.stderr);

@@ -452,6 +452,8 @@ struct Sample {
     worker_us: f64,
     /// The worker's CPU seconds per second of the run.
     worker_busy: f64,
+    /// CPU µs per request of the load generator, which shares the cores.
+    load_us: f64,
 }
 
 /// Runs `parkload --http url`, a closed loop of `concurrency` for `length`,
@@ -495,9 +497,9 @@ fn measure(stack: &Stack, path: Path3, concurrency: usize) -> Sample {
             stack.worker.cpu_seconds(),
         ]
     };
-    let (before, began) = (cpu(), Instant::now());
+    let (before, load_before, began) = (cpu(), ended_children_cpu_seconds(), Instant::now());
     let (requests, rps, p50_ms, p99_ms) = parkload(&stack.url(path), concurrency, RUN);
-    let (after, wall) = (cpu(), began.elapsed().as_secs_f64());
+    let (after, load_after, wall) = (cpu(), ended_children_cpu_seconds(), began.elapsed().as_secs_f64());
     let per_request = |i: usize| (after[i] - before[i]) * 1e6 / requests.max(1.0);
     Sample {
         rps,
@@ -508,6 +510,7 @@ fn measure(stack: &Stack, path: Path3, concurrency: usize) -> Sample {
         sim_us: per_request(2),
         worker_us: per_request(3),
         worker_busy: (after[3] - before[3]) / wall,
+        load_us: (load_after - load_before) * 1e6 / requests.max(1.0),
     }
 }
 
@@ -539,8 +542,8 @@ pub fn envoy_path(report: &mut Report) {
         "The worker alone (parkload --http straight to it, c=64): {worker_rps:.0} req/s, {worker_alone_us:.1} CPU µs/request. Configs and Envoy logs: {}.\n",
         dir.display()
     ));
-    report.line("| c | path | req/s | p50 ms | p99 ms | added p50 / p99 ms | CPU µs/request Envoy / ext_proc / sim | worker µs/request, busy |");
-    report.line("|---|---|---|---|---|---|---|---|");
+    report.line("| c | path | req/s | p50 ms | p99 ms | added p50 / p99 ms | CPU µs/request Envoy / ext_proc / sim | worker µs/request, busy | load µs/request |");
+    report.line("|---|---|---|---|---|---|---|---|---|");
     let mut judged = Vec::new();
     let (busy0, ours0, stall0, t0) =
         (machine_busy_seconds(), stack.own_cpu_seconds(), cpu_stall_micros(), Instant::now());
@@ -580,7 +583,7 @@ pub fn envoy_path(report: &mut Report) {
                 ),
             };
             report.line(&format!(
-                "| {concurrency} | {} | {:.0} | {:.3} | {:.3} | {added_cell} | {:.1} / {extproc} / {sim} | {:.1}, {:.0}% |",
+                "| {concurrency} | {} | {:.0} | {:.3} | {:.3} | {added_cell} | {:.1} / {extproc} / {sim} | {:.1}, {:.0}% | {:.1} |",
                 path.name(),
                 side(path, &|s| s.rps),
                 side(path, &|s| s.p50_ms),
@@ -588,6 +591,7 @@ pub fn envoy_path(report: &mut Report) {
                 side(path, &|s| s.envoy_us),
                 side(path, &|s| s.worker_us),
                 side(path, &|s| s.worker_busy) * 100.0,
+                side(path, &|s| s.load_us),
             ));
             let key = path.key();
             let mut figures = vec![
@@ -597,6 +601,7 @@ pub fn envoy_path(report: &mut Report) {
                 ("envoy_cpu_us", side(path, &|s| s.envoy_us)),
                 ("worker_cpu_us", side(path, &|s| s.worker_us)),
                 ("worker_busy", side(path, &|s| s.worker_busy)),
+                ("load_cpu_us", side(path, &|s| s.load_us)),
             ];
             if path != Path3::Direct {
                 figures.extend([

@@ -99,6 +99,12 @@ fn spec(args: &Args) -> Result<LoadSpec, String> {
         Target::Http(_) => MAX_HTTP_IN_FLIGHT,
     };
     let actors = load::expand_actors(&args.actors).map_err(|e| format!("--actors: {e}"))?;
+    // Over HTTP an actor is a header value: a control character would
+    // end it (or the request head) early.
+    if let (Target::Http(_), Some(bad)) = (&target, actors.iter().find(|a| a.chars().any(|c| c.is_control())))
+    {
+        return Err(format!("--actors: {bad:?} has a control character, which an HTTP header cannot carry"));
+    }
     let distribution = match args.distribution.as_str() {
         "uniform" => Distribution::Uniform,
         "zipf" if args.zipf_s > 0.0 => Distribution::Zipf(args.zipf_s),

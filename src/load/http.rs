@@ -166,13 +166,15 @@ fn exchange(
     head: &[u8],
     deadline: Instant,
 ) -> Result<Response, Failure> {
-    if conn.is_none() {
-        let stream = TcpStream::connect_timeout(&target.addr, remaining(deadline)?)
-            .map_err(|e| failure(e, "connect", true))?;
-        let _ = stream.set_nodelay(true);
-        *conn = Some(Connection { reader: BufReader::with_capacity(16 * 1024, stream), reused: false });
-    }
-    let Some(c) = conn.as_mut() else { unreachable!("connected above") };
+    let c = match conn.take() {
+        Some(c) => conn.insert(c),
+        None => {
+            let stream = TcpStream::connect_timeout(&target.addr, remaining(deadline)?)
+                .map_err(|e| failure(e, "connect", true))?;
+            let _ = stream.set_nodelay(true);
+            conn.insert(Connection { reader: BufReader::with_capacity(16 * 1024, stream), reused: false })
+        }
+    };
     let stream = c.reader.get_mut();
     stream.set_write_timeout(Some(remaining(deadline)?)).map_err(|e| failure(e, "send", true))?;
     stream.write_all(head).map_err(|e| failure(e, "send", true))?;
