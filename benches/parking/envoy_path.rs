@@ -15,7 +15,8 @@
 //!
 //! Ports are `ATENET_BENCH_PORT_BASE` (20400) and the 21 after it; the
 //! Envoy is `ENVOY` or the venv's (`make venv`); `ATENET_BENCH_ROUTER`
-//! names a router binary to measure instead of this build's.
+//! names a router binary to measure instead of this build's, and
+//! `ATENET_BENCH_ROUTER_FLAGS` adds flags to it.
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -256,7 +257,19 @@ fn router_flags(ports: &Ports) -> Vec<String> {
     ]
     .iter()
     .map(|s| s.to_string())
+    .chain(extra_router_flags())
     .collect()
+}
+
+/// `ATENET_BENCH_ROUTER_FLAGS`, split at whitespace: flags of the router
+/// under test (`--grpc-threads 1`, say), given to `serve` and
+/// `envoy-config` alike.
+fn extra_router_flags() -> Vec<String> {
+    std::env::var("ATENET_BENCH_ROUTER_FLAGS")
+        .unwrap_or_default()
+        .split_whitespace()
+        .map(String::from)
+        .collect()
 }
 
 /// The front Envoy's bootstrap for `path`: `atenet-router envoy-config` of
