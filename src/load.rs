@@ -16,6 +16,15 @@
 //!
 //! Latencies go into HDR histograms (microseconds, 3 significant digits, up
 //! to an hour): constant memory however long the run, and runs merge.
+//!
+//! The same engine drives an HTTP endpoint instead ([`Target::Http`],
+//! `parkload --http`), such as Envoy's listener in front of the router: a
+//! GET per request with the actor in `ate-target-actor`, over keep-alive
+//! HTTP/1.1 connections ([`http`]). There each request in flight is a
+//! thread with its own connection (std's blocking sockets, no async
+//! runtime), so an HTTP run holds at most [`MAX_HTTP_IN_FLIGHT`].
+
+pub mod http;
 
 use std::collections::BTreeMap;
 use std::fmt::Write;
@@ -56,6 +65,14 @@ pub const GRPC_ERROR: &str = "grpc-error";
 /// Longer ones are recorded as an hour.
 const MAX_LATENCY_US: u64 = 3_600_000_000;
 
+/// The most requests an HTTP run keeps in flight: each is a thread with a
+/// connection of its own.
+pub const MAX_HTTP_IN_FLIGHT: usize = 10_000;
+
+/// The stack of an HTTP run's request threads: they parse a response head
+/// and discard bodies, in buffers on the heap.
+const HTTP_THREAD_STACK: usize = 128 * 1024;
+
 /// The fastest rate a timetable keeps: one request a nanosecond, the
 /// clock's resolution. Faster rates are run at this one.
 const MAX_RATE: f64 = 1e9;
@@ -82,10 +99,28 @@ pub enum Stop {
     Count(u64),
 }
 
+/// What a run sends its requests to.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Target {
+    /// The router's ext_proc port: parkload plays Envoy.
+    ExtProc(SocketAddr),
+    /// An HTTP endpoint, Envoy's listener say: parkload plays the clients.
+    Http(http::HttpTarget),
+}
+
+impl std::fmt::Display for Target {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Target::ExtProc(addr) => write!(f, "{addr}"),
+            Target::Http(target) => f.write_str(&target.url),
+        }
+    }
+}
+
 /// One run's parameters.
 #[derive(Clone, Debug)]
 pub struct LoadSpec {
-    pub target: SocketAddr,
+    pub target: Target,
     /// Requests in flight at most. A closed loop keeps exactly this many;
     /// an open loop's next request waits for one of them to end.
     pub concurrency: usize,
@@ -97,7 +132,8 @@ pub struct LoadSpec {
     pub distribution: Distribution,
     /// Print a progress line to stderr this often.
     pub progress: Option<Duration>,
-    /// A `grpc-timeout` header to send with every request (B68).
+    /// A `grpc-timeout` header to send with every request (B68); over HTTP
+    /// an HTTP header of that name, which Envoy passes on to the router.
     pub grpc_timeout: Option<CallerDeadline>,
     /// How long a request waits for its verdict before it is cancelled and
     /// counted as [`CLIENT_TIMEOUT`], so that no request can hang a run.
@@ -212,7 +248,9 @@ pub struct LoadReport {
     /// sent when it was up (every slot was still taken).
     pub unsent: u64,
     /// Counts by `200 routed`, `<status> <x-atenet-reason>`, `grpc-error
-    /// <code>`, or [`CLIENT_TIMEOUT`].
+    /// <code>`, or [`CLIENT_TIMEOUT`]; over HTTP by `<status>
+    /// <x-atenet-reason>`, `<status>` for a response without one (the
+    /// worker's), `http-error <what>`, or [`CLIENT_TIMEOUT`].
     pub verdicts: BTreeMap<String, u64>,
     /// The same counts for each atespace (the actor id's part before `/`).
     pub by_atespace: BTreeMap<String, BTreeMap<String, u64>>,
@@ -291,8 +329,8 @@ impl LoadReport {
         quantile_us(&self.service, q)
     }
 
-    /// Requests that failed at the gRPC level or timed out: what a run
-    /// against a healthy router should have none of.
+    /// Requests that failed at the gRPC (or HTTP) level or timed out: what a
+    /// run against a healthy router should have none of.
     pub fn errors(&self) -> u64 {
         self.verdicts.iter().filter(|(key, _)| is_error(key)).map(|(_, n)| n).sum()
     }
@@ -388,7 +426,11 @@ impl LoadReport {
                 ms(max_us(&self.service))
             );
         }
-        let _ = writeln!(out, "errors: {} (gRPC errors and client timeouts)", self.errors());
+        let level = match spec.target {
+            Target::ExtProc(_) => "gRPC",
+            Target::Http(_) => "HTTP",
+        };
+        let _ = writeln!(out, "errors: {} ({level} errors and client timeouts)", self.errors());
         let _ = writeln!(
             out,
             "latency ms: p50 {:.3}  p90 {:.3}  p99 {:.3}  p99.9 {:.3}  max {:.3}",
@@ -468,7 +510,7 @@ impl LoadReport {
 /// Whether a verdict key is a failure of the request itself rather than a
 /// verdict of the router.
 fn is_error(key: &str) -> bool {
-    key.starts_with(GRPC_ERROR) || key == CLIENT_TIMEOUT
+    key.starts_with(GRPC_ERROR) || key.starts_with(http::HTTP_ERROR) || key == CLIENT_TIMEOUT
 }
 
 /// An empty latency histogram; every one has the same bounds, so any two add.
@@ -774,9 +816,15 @@ fn error_key(e: &grpcio::Error) -> String {
     }
 }
 
+/// What a run's requests go over.
+enum Transport {
+    ExtProc(Envoy),
+    Http(http::HttpTarget),
+}
+
 /// What a run's generator, its requests and its progress line share.
 struct Run {
-    envoy: Envoy,
+    transport: Transport,
     picker: ActorPicker,
     grpc_timeout: Option<CallerDeadline>,
     request_timeout: Duration,
@@ -786,14 +834,40 @@ struct Run {
 }
 
 impl Run {
-    /// Sends one request and records it. Its latency counts from `due`, its
-    /// scheduled time, or without a timetable (`None`) from its send.
-    async fn request(&self, due: Option<Instant>) {
+    /// Sends one ext_proc request and records it. Its latency counts from
+    /// `due`, its scheduled time, or without a timetable (`None`) from its
+    /// send.
+    async fn request(&self, envoy: &Envoy, due: Option<Instant>) {
         self.in_flight.fetch_add(1, Ordering::AcqRel);
         let actor = self.picker.pick();
         let header = self.grpc_timeout.as_ref().map(|d| d.header.as_str());
         let sent = Instant::now();
-        let key = self.envoy.request(actor, header, self.request_timeout).await;
+        let key = envoy.request(actor, header, self.request_timeout).await;
+        self.record(actor, key, sent, due);
+    }
+
+    /// As [`Run::request`], one GET on `conn`, this thread's connection.
+    fn request_http(
+        &self,
+        target: &http::HttpTarget,
+        conn: &mut Option<http::Connection>,
+        due: Option<Instant>,
+    ) {
+        self.in_flight.fetch_add(1, Ordering::AcqRel);
+        let actor = self.picker.pick();
+        let header = self.grpc_timeout.as_ref().map(|d| d.header.as_str());
+        let sent = Instant::now();
+        // A deadline past the clock's range is no deadline: a year will do.
+        let deadline = sent
+            .checked_add(self.request_timeout)
+            .unwrap_or_else(|| sent + Duration::from_secs(365 * 24 * 3600));
+        let key = http::request(conn, target, actor, header, deadline)
+            .unwrap_or_else(|| CLIENT_TIMEOUT.to_string());
+        self.record(actor, key, sent, due);
+    }
+
+    /// Records a request sent at `sent` that just ended with `key`.
+    fn record(&self, actor: &str, key: String, sent: Instant, due: Option<Instant>) {
         let done = Instant::now();
         // A request that timed out got no verdict, late or not.
         let overdue = self
@@ -816,13 +890,21 @@ impl Run {
 
 /// Runs a load as `spec` says and reports. Blocks the calling thread.
 pub fn run(spec: &LoadSpec) -> LoadReport {
-    run_with(&Envoy::connect(spec.target), spec)
+    match &spec.target {
+        Target::ExtProc(addr) => run_with(&Envoy::connect(*addr), spec),
+        Target::Http(target) => run_over(Transport::Http(target.clone()), spec),
+    }
 }
 
-/// As [`run`], over an existing client (so benchmarks keep connections warm).
+/// As [`run`] for an ext_proc target, over an existing client (so
+/// benchmarks keep connections warm).
 pub fn run_with(envoy: &Envoy, spec: &LoadSpec) -> LoadReport {
+    run_over(Transport::ExtProc(envoy.clone()), spec)
+}
+
+fn run_over(transport: Transport, spec: &LoadSpec) -> LoadReport {
     let run = Arc::new(Run {
-        envoy: envoy.clone(),
+        transport,
         picker: ActorPicker::new(spec.actors.clone(), &spec.distribution),
         grpc_timeout: spec.grpc_timeout.clone(),
         request_timeout: spec.request_timeout,
@@ -857,6 +939,32 @@ pub fn run_with(envoy: &Envoy, spec: &LoadSpec) -> LoadReport {
     report
 }
 
+/// Starts `n` request threads for an HTTP run, each running `body` with a
+/// connection of its own and a clone of `done`. A thread the system refuses
+/// is said on stderr, and the run goes on with those that started.
+fn http_threads(
+    n: usize,
+    done: &Sender<()>,
+    body: impl Fn(&mut Option<http::Connection>) + Send + Sync + 'static,
+) {
+    let body = Arc::new(body);
+    for i in 0..n {
+        let (body, done) = (Arc::clone(&body), done.clone());
+        let started = std::thread::Builder::new()
+            .name(String::from("parkload-http"))
+            .stack_size(HTTP_THREAD_STACK)
+            .spawn(move || {
+                let mut conn = None;
+                body(&mut conn);
+                drop(done);
+            });
+        if let Err(e) = started {
+            eprintln!("parkload: started {i} of {n} request threads ({e}); going on with those");
+            return;
+        }
+    }
+}
+
 /// Keeps `concurrency` requests in flight: each sends its next as its last
 /// ends, until the count is reached or the time is up.
 fn closed_loop(run: &Arc<Run>, spec: &LoadSpec, done: Sender<()>) {
@@ -866,16 +974,32 @@ fn closed_loop(run: &Arc<Run>, spec: &LoadSpec, done: Sender<()>) {
     };
     let stop = Arc::new(AtomicBool::new(false));
     let started = Arc::new(AtomicU64::new(0));
-    for _ in 0..spec.concurrency.max(1) {
-        let (task, stop, started, done) =
-            (Arc::clone(run), Arc::clone(&stop), Arc::clone(&started), done.clone());
-        run.envoy.spawn(async move {
-            while !stop.load(Ordering::Acquire) && started.fetch_add(1, Ordering::AcqRel) < limit {
-                task.request(None).await;
+    let more = {
+        let (stop, started) = (Arc::clone(&stop), Arc::clone(&started));
+        move || !stop.load(Ordering::Acquire) && started.fetch_add(1, Ordering::AcqRel) < limit
+    };
+    match &run.transport {
+        Transport::ExtProc(envoy) => {
+            for _ in 0..spec.concurrency.max(1) {
+                let (task, more, done, own) = (Arc::clone(run), more.clone(), done.clone(), envoy.clone());
+                envoy.spawn(async move {
+                    while more() {
+                        task.request(&own, None).await;
+                    }
+                    drop(done);
+                });
             }
-            drop(done);
-        });
+        }
+        Transport::Http(target) => {
+            let (task, target) = (Arc::clone(run), target.clone());
+            http_threads(spec.concurrency.max(1), &done, move |conn| {
+                while more() {
+                    task.request_http(&target, conn, None);
+                }
+            });
+        }
     }
+    drop(done);
     if let Stop::After(d) = spec.stop {
         std::thread::sleep(d.saturating_sub(run.begin.elapsed()));
         stop.store(true, Ordering::Release);
@@ -891,17 +1015,38 @@ fn open_loop(run: &Arc<Run>, spec: &LoadSpec, rate: f64, done: Sender<()>) -> u6
         Stop::After(d) => (schedule.ticks_within(d), run.begin.checked_add(d)),
     };
     let slots = Arc::new(Slots::new(spec.concurrency.max(1)));
-    pace(&schedule, ticks, end, &slots, |tick| {
-        if tick.late {
-            run.report.lock().late += 1;
-        }
-        let (task, slots, done) = (Arc::clone(run), Arc::clone(&slots), done.clone());
-        run.envoy.spawn(async move {
-            task.request(Some(tick.due)).await;
-            slots.give();
+    match &run.transport {
+        Transport::ExtProc(envoy) => pace(&schedule, ticks, end, &slots, |tick| {
+            if tick.late {
+                run.report.lock().late += 1;
+            }
+            let (task, slots, done, own) = (Arc::clone(run), Arc::clone(&slots), done.clone(), envoy.clone());
+            envoy.spawn(async move {
+                task.request(&own, Some(tick.due)).await;
+                slots.give();
+                drop(done);
+            });
+        }),
+        Transport::Http(target) => {
+            // As many threads as slots: a tick that has its slot always
+            // finds a thread free to send it.
+            let (send, due) = crossbeam_channel::unbounded::<Tick>();
+            let (task, target, freed) = (Arc::clone(run), target.clone(), Arc::clone(&slots));
+            http_threads(spec.concurrency.max(1), &done, move |conn| {
+                for tick in due.iter() {
+                    task.request_http(&target, conn, Some(tick.due));
+                    freed.give();
+                }
+            });
             drop(done);
-        });
-    })
+            pace(&schedule, ticks, end, &slots, |tick| {
+                if tick.late {
+                    run.report.lock().late += 1;
+                }
+                let _ = send.send(tick);
+            })
+        }
+    }
 }
 
 /// The open loop's timetable: request `i` is due `i / rate` seconds after
@@ -1089,7 +1234,7 @@ mod tests {
 
     fn spec() -> LoadSpec {
         LoadSpec {
-            target: "127.0.0.1:1".parse().unwrap(),
+            target: Target::ExtProc("127.0.0.1:1".parse().unwrap()),
             concurrency: 2,
             rate: None,
             stop: Stop::Count(3),

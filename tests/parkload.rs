@@ -279,3 +279,272 @@ fn bad_flags_exit_2_naming_the_flag() {
         assert!(!ran.stderr.contains("panicked"), "{}", ran.stderr);
     }
 }
+
+// ------------------------------------------------------------------ --http
+
+/// How the test's HTTP server answers.
+#[derive(Clone, Copy, Default)]
+struct Answers {
+    /// Close the connection, without saying so, after this many responses
+    /// on it (as a server closing an idle keep-alive connection does).
+    close_after: Option<usize>,
+    /// Hold each response this long, one response at a time across every
+    /// connection.
+    serial_delay: Option<Duration>,
+    /// Never answer.
+    hang: bool,
+    /// Answer every request with this instead of a response.
+    garbage: Option<&'static str>,
+}
+
+/// A small HTTP/1.1 server standing in for Envoy's listener, and the truth
+/// of what parkload sent: every request's connection, path and
+/// `ate-target-actor`. For `demo/full` it answers as the router does for a
+/// full flight table (503, `x-atenet-reason`); for `demo/chunked` a
+/// chunked 200; for anything else a 200 with a Content-Length.
+struct HttpServer {
+    addr: std::net::SocketAddr,
+    /// (connection number, path, actor) of each request, in arrival order.
+    seen: std::sync::Arc<std::sync::Mutex<Vec<(usize, String, String)>>>,
+    connections: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl HttpServer {
+    fn start(answers: Answers) -> HttpServer {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        use std::sync::{Arc, Mutex};
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let connections = Arc::new(AtomicUsize::new(0));
+        let serial = Arc::new(Mutex::new(()));
+        let (seen2, connections2) = (Arc::clone(&seen), Arc::clone(&connections));
+        std::thread::spawn(move || {
+            for stream in listener.incoming() {
+                let Ok(stream) = stream else { continue };
+                let n = connections2.fetch_add(1, Ordering::SeqCst);
+                let (seen, serial) = (Arc::clone(&seen2), Arc::clone(&serial));
+                std::thread::spawn(move || serve_connection(stream, n, answers, &seen, &serial));
+            }
+        });
+        HttpServer { addr, seen, connections }
+    }
+
+    fn url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.addr)
+    }
+
+    fn seen(&self) -> Vec<(usize, String, String)> {
+        self.seen.lock().unwrap().clone()
+    }
+
+    fn connections(&self) -> usize {
+        self.connections.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+fn serve_connection(
+    stream: std::net::TcpStream,
+    n: usize,
+    answers: Answers,
+    seen: &std::sync::Mutex<Vec<(usize, String, String)>>,
+    serial: &std::sync::Mutex<()>,
+) {
+    use std::io::{BufRead, BufReader, Write};
+    let mut reader = BufReader::new(stream);
+    let mut answered = 0;
+    loop {
+        let mut head = Vec::new();
+        loop {
+            let mut line = String::new();
+            match reader.read_line(&mut line) {
+                Ok(0) | Err(_) => return,
+                Ok(_) if line == "\r\n" => break,
+                Ok(_) => head.push(line.trim_end().to_string()),
+            }
+        }
+        let path = head.first().and_then(|l| l.split(' ').nth(1)).unwrap_or("").to_string();
+        let actor = head.iter().find_map(|l| l.strip_prefix("ate-target-actor: ")).unwrap_or("").to_string();
+        seen.lock().unwrap().push((n, path, actor.clone()));
+        if answers.hang {
+            std::thread::sleep(Duration::from_secs(3600));
+        }
+        let response = match (answers.garbage, actor.as_str()) {
+            (Some(garbage), _) => garbage.to_string(),
+            (None, "demo/full") => "HTTP/1.1 503 Service Unavailable\r\nx-atenet-reason: atenet_flights_full\r\ncontent-length: 9\r\n\r\ntoo busy\n".to_string(),
+            (None, "demo/chunked") => "HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n3\r\nok\n\r\n0\r\n\r\n".to_string(),
+            (None, _) => "HTTP/1.1 200 OK\r\ncontent-length: 3\r\n\r\nok\n".to_string(),
+        };
+        let _turn = answers.serial_delay.map(|delay| {
+            let turn = serial.lock().unwrap();
+            std::thread::sleep(delay);
+            turn
+        });
+        if reader.get_mut().write_all(response.as_bytes()).is_err() {
+            return;
+        }
+        answered += 1;
+        if answers.close_after.is_some_and(|n| answered >= n) {
+            return;
+        }
+    }
+}
+
+/// Each request in flight keeps its connection (keep-alive), every request
+/// carries its actor and the URL's path, and each response is counted by
+/// its status and `x-atenet-reason`, checked against what the server saw.
+#[test]
+fn http_keeps_connections_alive_and_counts_each_verdict() {
+    let server = HttpServer::start(Answers::default());
+    let url = server.url("/probe?x=1");
+    let ran = parkload(
+        &[
+            "--http",
+            &url,
+            "--actors",
+            "demo/a,demo/full,demo/chunked",
+            "--distribution",
+            "round-robin",
+            "--count",
+            "300",
+            "--concurrency",
+            "4",
+            "--json",
+            "--progress",
+            "0",
+        ],
+        PATIENCE,
+    );
+    assert_eq!(ran.code, 0, "a 503 is a verdict, not a failure: {}\n{}", ran.stdout, ran.stderr);
+    let json = ran.stdout;
+    assert!(json.contains("\"verdicts\":{\"200\":200,\"503 atenet_flights_full\":100}"), "{json}");
+    assert_eq!(number(&json, "{", "errors"), 0.0, "{json}");
+    assert!(json.contains(&format!("\"params\":{{\"target\":\"{url}\",\"concurrency\":4,")), "{json}");
+    let seen = server.seen();
+    assert_eq!(seen.len(), 300);
+    for actor in ["demo/a", "demo/full", "demo/chunked"] {
+        assert_eq!(seen.iter().filter(|(_, _, a)| a == actor).count(), 100, "{actor}");
+    }
+    assert!(seen.iter().all(|(_, path, _)| path == "/probe?x=1"), "{seen:?}");
+    assert_eq!(server.connections(), 4, "one keep-alive connection per request in flight");
+}
+
+/// A server that closes each connection after two responses without a
+/// word: the request that finds its connection closed goes again on a
+/// fresh one, and no request fails.
+#[test]
+fn http_sends_again_on_a_fresh_connection_when_a_kept_one_was_closed() {
+    let server = HttpServer::start(Answers { close_after: Some(2), ..Answers::default() });
+    let ran = parkload(
+        &["--http", &server.url("/"), "--count", "100", "--concurrency", "2", "--json", "--progress", "0"],
+        PATIENCE,
+    );
+    assert_eq!(ran.code, 0, "{}\n{}", ran.stdout, ran.stderr);
+    assert!(ran.stdout.contains("\"verdicts\":{\"200\":100}"), "{}", ran.stdout);
+    assert!(server.connections() >= 50, "{} connections", server.connections());
+}
+
+/// The open-loop test above, over HTTP: a server taking 200 ms per
+/// request, one at a time, and 20 requests due over 1 s. Latency counts
+/// from each request's schedule: p50 >= 1.55 s and max >= 3.05 s by
+/// construction, while the service time stays about 200 ms.
+#[test]
+fn http_open_loop_latency_counts_from_the_schedule_not_the_send() {
+    let server =
+        HttpServer::start(Answers { serial_delay: Some(Duration::from_millis(200)), ..Answers::default() });
+    let ran = parkload(
+        &[
+            "--http",
+            &server.url("/"),
+            "--actors",
+            "demo/slow",
+            "--rate",
+            "20",
+            "--count",
+            "20",
+            "--concurrency",
+            "1",
+            "--json",
+            "--progress",
+            "0",
+        ],
+        Duration::from_secs(60),
+    );
+    assert_eq!(ran.code, 0, "{}", ran.stderr);
+    let json = ran.stdout;
+    assert!(json.contains("\"verdicts\":{\"200\":20}"), "{json}");
+    assert!(number(&json, "{", "late") >= 15.0, "{json}");
+    assert!(number(&json, "\"latency_ms\":", "max") >= 3000.0, "{json}");
+    assert!(number(&json, "\"latency_ms\":", "p50") >= 1000.0, "{json}");
+    let service = number(&json, "\"service_ms\":", "p50");
+    assert!((150.0..1000.0).contains(&service), "service time from the send: {json}");
+    assert_eq!(server.seen().len(), 20);
+}
+
+/// No answer within --request-timeout is a client-timeout; an answer that
+/// is no HTTP, or no server at all, an http-error: each fails the run.
+#[test]
+fn http_timeouts_and_failures_fail_the_run() {
+    let hung = HttpServer::start(Answers { hang: true, ..Answers::default() });
+    let args =
+        ["--request-timeout", "500ms", "--count", "3", "--concurrency", "3", "--progress", "0", "--json"];
+    let ran = parkload(&[&["--http", &hung.url("/")][..], &args].concat(), PATIENCE);
+    assert_eq!(ran.code, 1, "{}\n{}", ran.stdout, ran.stderr);
+    assert!(ran.took >= Duration::from_millis(500));
+    assert!(ran.stdout.contains("\"verdicts\":{\"client-timeout\":3}"), "{}", ran.stdout);
+    assert!(number(&ran.stdout, "\"client-timeout\":{", "p50") >= 500.0, "{}", ran.stdout);
+    assert!(
+        ran.stderr
+            .contains("parkload: 3 requests failed (HTTP errors or timeouts), more than --max-errors 0"),
+        "{}",
+        ran.stderr
+    );
+
+    let garbage =
+        HttpServer::start(Answers { garbage: Some("SSH-2.0-OpenSSH_9.6\r\n\r\n"), ..Answers::default() });
+    let ran = parkload(&[&["--http", &garbage.url("/")][..], &args].concat(), PATIENCE);
+    assert_eq!(ran.code, 1, "{}\n{}", ran.stdout, ran.stderr);
+    assert!(ran.stdout.contains("\"verdicts\":{\"http-error malformed status line\":3}"), "{}", ran.stdout);
+
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let ran = parkload(&[&["--http", &format!("http://127.0.0.1:{port}/")][..], &args].concat(), PATIENCE);
+    assert_eq!(ran.code, 1, "{}\n{}", ran.stdout, ran.stderr);
+    assert!(
+        ran.stdout.contains("\"verdicts\":{\"http-error connect: connection refused\":3}"),
+        "{}",
+        ran.stdout
+    );
+    let tolerated = parkload(
+        &[
+            "--http",
+            &format!("http://127.0.0.1:{port}/"),
+            "--count",
+            "3",
+            "--max-errors",
+            "3",
+            "--progress",
+            "0",
+        ],
+        PATIENCE,
+    );
+    assert_eq!(tolerated.code, 0, "{}", tolerated.stderr);
+    assert!(tolerated.stdout.contains("errors: 3 (HTTP errors and client timeouts)"), "{}", tolerated.stdout);
+}
+
+#[test]
+fn http_bad_flags_exit_2_naming_the_flag() {
+    for (args, says) in [
+        (&["--http", "https://127.0.0.1/"][..], "https is not supported"),
+        (&["--http", "127.0.0.1:8080"], "--http"),
+        (&["--http", "http://"], "--http"),
+        (&["--http", "http://127.0.0.1/", "--target", "127.0.0.1:1"], "exclude each other"),
+        (&["--http", "http://127.0.0.1/", "--concurrency", "10001"], "--concurrency"),
+        (&["--http", "http://127.0.0.1/", "--hold", "10001"], "--hold"),
+        (&["--http", "http://127.0.0.1/", "--actors", "demo/a\r\nx-evil: 1"], "--actors"),
+    ] {
+        let ran = parkload(args, PATIENCE);
+        assert_eq!(ran.code, 2, "{args:?}: {}", ran.stderr);
+        assert!(ran.stderr.contains(says), "{args:?}: {}", ran.stderr);
+        assert!(!ran.stderr.contains("panicked"), "{}", ran.stderr);
+    }
+}

@@ -7,7 +7,7 @@ use atenet_router::load::{self, Envoy, LoadReport, Stop};
 use atenet_router::resume::Code;
 use atenet_router::sim::Answer;
 
-use crate::harness::{actors, first_line, merged, ms, running_pool, spec, Proc};
+use crate::harness::{actors, json_number, merged, ms, running_pool, spec, Proc, Simulator};
 use crate::report::{median, Bound, Report};
 
 /// Alternating rounds per fast-path concurrency; targets use their median.
@@ -206,8 +206,6 @@ pub fn cost_growth(report: &mut Report) {
 
 /// The load generator as a process of its own.
 const PARKLOAD: &str = env!("CARGO_BIN_EXE_parkload");
-/// The simulated control plane as a process of its own.
-const SIMULATOR: &str = env!("CARGO_BIN_EXE_ateapi-sim");
 
 /// What one `parkload --json` run reported, and the server's CPU during it.
 struct External {
@@ -221,16 +219,6 @@ impl External {
     fn cpu_us(&self) -> f64 {
         self.cpu_seconds * 1e6 / self.requests.max(1.0)
     }
-}
-
-/// A number that follows `"key":` in `json`, looked for after `within`.
-fn json_number(json: &str, within: &str, key: &str) -> f64 {
-    let from = json.find(within).unwrap_or_else(|| panic!("{within} in parkload's JSON"));
-    let field = format!("\"{key}\":");
-    let at =
-        json[from..].find(&field).unwrap_or_else(|| panic!("{key} in parkload's JSON")) + from + field.len();
-    let end = json[at..].find([',', '}']).map_or(json.len(), |e| at + e);
-    json[at..end].parse().unwrap_or_else(|_| panic!("{key} in parkload's JSON is a number"))
 }
 
 /// One 2 s `parkload` run against `process`, from a process of its own.
@@ -260,7 +248,7 @@ pub fn fast_path_external(report: &mut Report) {
     report.line("\n## Fast path, load generator and simulator in processes of their own\n");
     report.line("| concurrency | baseline req/s | router req/s | throughput ratio | p99 ratio | CPU µs/request baseline / router | CPU ratio |");
     report.line("|---|---|---|---|---|---|---|");
-    let simulator = Simulator::start();
+    let simulator = Simulator::start(&["--listen", "127.0.0.1:0"]);
     let router = Proc::router(simulator.addr, &[]);
     let baseline = Proc::baseline(simulator.addr);
     // Warm up: resume every actor, start every thread.
@@ -290,34 +278,4 @@ pub fn fast_path_external(report: &mut Report) {
     report.line(&format!(
         "\n{ROUNDS} alternating 2 s `parkload` runs per concurrency; ratios are the median of the per-round ratios.\n"
     ));
-}
-
-/// `ateapi-sim` with the running pool's shape, stopped when dropped (a
-/// panicking scenario must not leave it behind).
-struct Simulator {
-    child: std::process::Child,
-    addr: std::net::SocketAddr,
-}
-
-impl Simulator {
-    fn start() -> Simulator {
-        let mut child = std::process::Command::new(SIMULATOR)
-            .args(["--listen", "127.0.0.1:0", "--workers", "64", "--actors", "64"])
-            .args(["--idle-suspend", "1h", "--restore-latency", "1ms"])
-            .stderr(std::process::Stdio::piped())
-            .stdout(std::process::Stdio::null())
-            .spawn()
-            .expect("start ateapi-sim");
-        let line = first_line(&mut child, "listening on ");
-        let addr =
-            line.split("listening on ").nth(1).and_then(|s| s.split(' ').next()).and_then(|s| s.parse().ok());
-        Simulator { child, addr: addr.expect("ateapi-sim's address") }
-    }
-}
-
-impl Drop for Simulator {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
 }

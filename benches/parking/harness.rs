@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use atenet_router::extproc::{response_for, ClientProtocol};
-use atenet_router::load::{Distribution, LoadReport, LoadSpec, Stop};
+use atenet_router::load::{Distribution, LoadReport, LoadSpec, Stop, Target};
 use atenet_router::proto::ateapi::{ObjectRef, ResumeActorRequest};
 use atenet_router::proto::external_processor::{processing_request, ProcessingRequest, ProcessingResponse};
 use atenet_router::proto::{ATEAPI_RESUME_ACTOR, EXT_PROC_PROCESS};
@@ -22,7 +22,12 @@ use grpcio::{
     ServerCredentials, ServiceBuilder, WriteFlags,
 };
 
-const ROUTER: &str = env!("CARGO_BIN_EXE_atenet-router");
+/// The router this build made; `ATENET_BENCH_ROUTER` names another binary
+/// to measure instead (a candidate built elsewhere, against the same
+/// baseline).
+pub fn router_binary() -> String {
+    std::env::var("ATENET_BENCH_ROUTER").unwrap_or_else(|_| env!("CARGO_BIN_EXE_atenet-router").to_string())
+}
 
 pub fn cpu_model() -> String {
     std::fs::read_to_string("/proc/cpuinfo")
@@ -72,7 +77,7 @@ impl Proc {
         ];
         args.extend_from_slice(flags);
         // The startup line is at info; read it at info, then nothing else is logged at warn.
-        let mut child = Command::new(ROUTER)
+        let mut child = Command::new(router_binary())
             .args(args.iter().filter(|a| **a != "--log-level" && **a != "warn"))
             .envs(env.iter().map(|(k, v)| (k, v)))
             .stderr(Stdio::piped())
@@ -86,9 +91,17 @@ impl Proc {
     }
 
     pub fn baseline(sim: SocketAddr) -> Proc {
+        Proc::baseline_at(sim, "127.0.0.1:0", BASELINE_WORKER)
+    }
+
+    /// The baseline listening on `listen`, its verdict routing to `worker`
+    /// (`envoy-path`, where a real Envoy follows it).
+    pub fn baseline_at(sim: SocketAddr, listen: &str, worker: &str) -> Proc {
         let mut child = Command::new(std::env::current_exe().unwrap())
             .env("ATENET_BENCH_ROLE", "baseline")
             .env("ATENET_BENCH_ATEAPI", sim.to_string())
+            .env("ATENET_BENCH_LISTEN", listen)
+            .env("ATENET_BENCH_WORKER", worker)
             .stderr(Stdio::piped())
             .stdout(Stdio::null())
             .spawn()
@@ -128,7 +141,7 @@ impl Proc {
 
     /// User + system CPU seconds so far.
     pub fn cpu_seconds(&self) -> f64 {
-        cpu_seconds_of(&format!("/proc/{}/stat", self.child.id()))
+        cpu_seconds_of_pid(self.child.id())
     }
 
     pub fn metric(&self, name: &str, labels: &str) -> f64 {
@@ -186,6 +199,41 @@ pub fn cpu_stall_micros() -> Option<f64> {
     some.split_whitespace().find_map(|f| f.strip_prefix("total="))?.parse().ok()
 }
 
+/// CPU seconds every core of the machine spent busy (not idle, not waiting
+/// for I/O) since boot, from `/proc/stat`: with the CPU of a scenario's own
+/// processes, what everything else on a shared machine took meanwhile.
+pub fn machine_busy_seconds() -> f64 {
+    let stat = std::fs::read_to_string("/proc/stat").unwrap_or_default();
+    let fields: Vec<f64> = stat
+        .lines()
+        .next()
+        .unwrap_or("")
+        .split_whitespace()
+        .skip(1)
+        .map(|f| f.parse().unwrap_or(0.0))
+        .collect();
+    // user nice system idle iowait irq softirq steal
+    let busy: f64 = [0, 1, 2, 5, 6, 7].iter().filter_map(|&i| fields.get(i)).sum();
+    busy / clock_ticks()
+}
+
+/// User + system CPU seconds of this process's children that have ended
+/// and been waited for (the `parkload` runs of a scenario).
+pub fn ended_children_cpu_seconds() -> f64 {
+    // SAFETY: getrusage only writes the struct it is given.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    if unsafe { libc::getrusage(libc::RUSAGE_CHILDREN, &mut usage) } != 0 {
+        return f64::NAN;
+    }
+    let seconds = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
+    seconds(usage.ru_utime) + seconds(usage.ru_stime)
+}
+
+/// User + system CPU seconds of process `pid` (all its threads) so far.
+pub fn cpu_seconds_of_pid(pid: u32) -> f64 {
+    cpu_seconds_of(&format!("/proc/{pid}/stat"))
+}
+
 /// User + system CPU seconds from a `/proc/<pid>/stat` file.
 fn cpu_seconds_of(path: &str) -> f64 {
     let stat = std::fs::read_to_string(path).unwrap();
@@ -224,11 +272,19 @@ pub fn sim(config: SimConfig) -> Sim {
 
 // ----------------------------------------------------------------- baseline
 
+/// Where the baseline's fixed verdict routes unless told otherwise: an
+/// address nothing follows, since the load generator plays Envoy.
+const BASELINE_WORKER: &str = "10.64.0.1:443";
+
 /// The irreducible job: one ResumeActor per request_headers, a fixed verdict,
 /// no flight table, lot or metrics. One completion-queue thread per core,
 /// as the router's default, or `ATENET_BENCH_GRPC_THREADS` of them to set
-/// beside a router run with `--grpc-threads` (BENCHMARKS.md).
+/// beside a router run with `--grpc-threads` (BENCHMARKS.md). It listens on
+/// `ATENET_BENCH_LISTEN` (a free port by default) and routes to
+/// `ATENET_BENCH_WORKER`.
 pub fn baseline_server(ateapi: &str) {
+    let listen = std::env::var("ATENET_BENCH_LISTEN").unwrap_or_else(|_| "127.0.0.1:0".into());
+    let worker = std::env::var("ATENET_BENCH_WORKER").unwrap_or_else(|_| BASELINE_WORKER.into());
     let threads = match std::env::var("ATENET_BENCH_GRPC_THREADS") {
         Ok(n) => n.parse().expect("ATENET_BENCH_GRPC_THREADS: a thread count"),
         Err(_) => std::thread::available_parallelism().map_or(2, |n| n.get()),
@@ -242,7 +298,7 @@ pub fn baseline_server(ateapi: &str) {
     let fixed = response_for(
         &Verdict::Route {
             actor: ActorId::parse("demo/actor-0").unwrap(),
-            worker: "10.64.0.1:443".into(),
+            worker,
             target_port: 80,
             set_actor_header: false,
         },
@@ -286,9 +342,10 @@ pub fn baseline_server(ateapi: &str) {
         )
         .build();
     let mut server = ServerBuilder::new(env).register_service(service).build().unwrap();
-    let port = server.add_listening_port("127.0.0.1:0", ServerCredentials::insecure()).unwrap();
+    let port = server.add_listening_port(&listen, ServerCredentials::insecure()).unwrap();
     server.start();
-    eprintln!("baseline listening on 127.0.0.1:{port}");
+    let host = listen.rsplit_once(':').map_or("127.0.0.1", |(host, _)| host);
+    eprintln!("baseline listening on {host}:{port}");
     loop {
         std::thread::park();
     }
@@ -298,7 +355,7 @@ pub fn baseline_server(ateapi: &str) {
 
 pub fn spec(target: SocketAddr, concurrency: usize, stop: Stop, actors: Vec<String>) -> LoadSpec {
     LoadSpec {
-        target,
+        target: Target::ExtProc(target),
         concurrency,
         rate: None,
         stop,
@@ -336,4 +393,55 @@ pub fn merged(runs: &[LoadReport]) -> LoadReport {
         all.merge(run);
     }
     all
+}
+
+/// A number that follows `"key":` in `json`, looked for after `within`.
+pub fn json_number(json: &str, within: &str, key: &str) -> f64 {
+    let from = json.find(within).unwrap_or_else(|| panic!("{within} in parkload's JSON"));
+    let field = format!("\"{key}\":");
+    let at =
+        json[from..].find(&field).unwrap_or_else(|| panic!("{key} in parkload's JSON")) + from + field.len();
+    let end = json[at..].find([',', '}']).map_or(json.len(), |e| at + e);
+    json[at..end].parse().unwrap_or_else(|_| panic!("{key} in parkload's JSON is a number"))
+}
+
+/// The simulated control plane as a process of its own.
+const SIMULATOR: &str = env!("CARGO_BIN_EXE_ateapi-sim");
+
+/// `ateapi-sim` with the running pool's shape (64 actors on 64 workers, a
+/// 1 ms restore, no idle suspension), stopped when dropped (a panicking
+/// scenario must not leave it behind).
+pub struct Simulator {
+    child: std::process::Child,
+    pub addr: std::net::SocketAddr,
+}
+
+impl Simulator {
+    /// Starts it with `args` added (`--listen` among them).
+    pub fn start(args: &[&str]) -> Simulator {
+        let mut child = std::process::Command::new(SIMULATOR)
+            .args(["--workers", "64", "--actors", "64"])
+            .args(["--idle-suspend", "1h", "--restore-latency", "1ms"])
+            .args(args)
+            .stderr(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .expect("start ateapi-sim");
+        let line = first_line(&mut child, "listening on ");
+        let addr =
+            line.split("listening on ").nth(1).and_then(|s| s.split(' ').next()).and_then(|s| s.parse().ok());
+        Simulator { child, addr: addr.expect("ateapi-sim's address") }
+    }
+
+    /// User + system CPU seconds so far.
+    pub fn cpu_seconds(&self) -> f64 {
+        cpu_seconds_of_pid(self.child.id())
+    }
+}
+
+impl Drop for Simulator {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
 }

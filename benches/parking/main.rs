@@ -10,7 +10,8 @@
 //!
 //! `cargo bench --profile release --features testkit --bench parking [-- --only NAME]`;
 //! scenarios: fast-path, park-capacity, amplification, timer, recovery,
-//! cost-growth, deadlines, fair-shares; and, only when named,
+//! cost-growth, deadlines, fair-shares, envoy-path (through a real Envoy,
+//! every component a process of its own); and, only when named,
 //! fast-path-external (the fast path with the load generator and the
 //! simulator in processes of their own) and park-memory, with the
 //! `memory-probe` feature (`make bench-memory`). The table goes to
@@ -18,6 +19,7 @@
 //! `bench-results.json` beside it (and a copy named by the run's time), which
 //! `make bench-compare A B` compares.
 
+mod envoy_path;
 mod fast_path;
 mod harness;
 mod memory;
@@ -31,7 +33,7 @@ use report::Report;
 type Scenario = (&'static str, fn(&mut Report));
 
 /// Every scenario, in the order a full run takes them.
-const SCENARIOS: [Scenario; 8] = [
+const SCENARIOS: [Scenario; 9] = [
     ("fast-path", fast_path::fast_path),
     ("park-capacity", parking::park_capacity),
     ("amplification", parking::amplification),
@@ -40,6 +42,7 @@ const SCENARIOS: [Scenario; 8] = [
     ("cost-growth", fast_path::cost_growth),
     ("deadlines", policy::deadlines),
     ("fair-shares", policy::fair_shares),
+    ("envoy-path", envoy_path::envoy_path),
 ];
 
 /// Scenarios a full run leaves out, run only when named with `--only`.

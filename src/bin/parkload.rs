@@ -6,7 +6,8 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use argh::FromArgs;
-use atenet_router::load::{self, CallerDeadline, Distribution, LoadSpec, Stop};
+use atenet_router::load::http::HttpTarget;
+use atenet_router::load::{self, CallerDeadline, Distribution, LoadSpec, Stop, Target, MAX_HTTP_IN_FLIGHT};
 use atenet_router::{godur, process};
 
 /// Requests in flight at most (`--concurrency`, `--hold`): each costs this
@@ -15,13 +16,19 @@ const MAX_IN_FLIGHT: usize = 1_000_000;
 
 #[derive(FromArgs)]
 /// Load generator for atenet-router's ext_proc port: one stream per request,
-/// like Envoy. Prints progress to stderr and a summary (or --json) to stdout.
-/// Exits 1 when more requests than --max-errors failed at the gRPC level or
-/// timed out, or none completed; 2 on a bad flag.
+/// like Envoy; or, with --http, for an HTTP endpoint such as Envoy's
+/// listener: one GET per request with the actor in ate-target-actor, over
+/// keep-alive HTTP/1.1 connections, one per request in flight (no HTTP/2,
+/// no TLS). Prints progress to stderr and a summary (or --json) to stdout.
+/// Exits 1 when more requests than --max-errors failed at the gRPC (HTTP)
+/// level or timed out, or none completed; 2 on a bad flag.
 struct Args {
-    /// router ext_proc address (host:port)
-    #[argh(option, default = "String::from(\"127.0.0.1:50051\")")]
-    target: String,
+    /// router ext_proc address (host:port; default 127.0.0.1:50051)
+    #[argh(option)]
+    target: Option<String>,
+    /// drive this HTTP endpoint instead (http://host:port/path), e.g. Envoy's listener; verdicts are the status and x-atenet-reason
+    #[argh(option)]
+    http: Option<String>,
     /// requests in flight at most (closed loop: exactly this many; open loop: a request due when all are taken waits for one, and goes late)
     #[argh(option, default = "16")]
     concurrency: usize,
@@ -66,14 +73,38 @@ struct Args {
     progress: f64,
 }
 
+fn target(args: &Args) -> Result<Target, String> {
+    match (&args.target, &args.http) {
+        (Some(_), Some(_)) => {
+            Err("--target and --http exclude each other: one drives ext_proc, the other HTTP".into())
+        }
+        (_, Some(url)) => HttpTarget::parse(url).map(Target::Http).map_err(|e| format!("--http {e}")),
+        (target, None) => {
+            let target = target.as_deref().unwrap_or("127.0.0.1:50051");
+            let addr: SocketAddr = target
+                .to_socket_addrs()
+                .map_err(|e| format!("--target {target:?}: {e}"))?
+                .next()
+                .ok_or_else(|| format!("--target {target:?} resolves to nothing"))?;
+            Ok(Target::ExtProc(addr))
+        }
+    }
+}
+
 fn spec(args: &Args) -> Result<LoadSpec, String> {
-    let target: SocketAddr = args
-        .target
-        .to_socket_addrs()
-        .map_err(|e| format!("--target {:?}: {e}", args.target))?
-        .next()
-        .ok_or_else(|| format!("--target {:?} resolves to nothing", args.target))?;
+    let target = target(args)?;
+    // Over HTTP each request in flight is a thread and a connection.
+    let max_in_flight = match target {
+        Target::ExtProc(_) => MAX_IN_FLIGHT,
+        Target::Http(_) => MAX_HTTP_IN_FLIGHT,
+    };
     let actors = load::expand_actors(&args.actors).map_err(|e| format!("--actors: {e}"))?;
+    // Over HTTP an actor is a header value: a control character would
+    // end it (or the request head) early.
+    if let (Target::Http(_), Some(bad)) = (&target, actors.iter().find(|a| a.chars().any(|c| c.is_control())))
+    {
+        return Err(format!("--actors: {bad:?} has a control character, which an HTTP header cannot carry"));
+    }
     let distribution = match args.distribution.as_str() {
         "uniform" => Distribution::Uniform,
         "zipf" if args.zipf_s > 0.0 => Distribution::Zipf(args.zipf_s),
@@ -87,8 +118,8 @@ fn spec(args: &Args) -> Result<LoadSpec, String> {
     };
     let duration = godur::parse(&args.duration).map_err(|e| format!("--duration: {e}"))?;
     let (concurrency, stop, rate) = match args.hold {
-        Some(n) if n > MAX_IN_FLIGHT as u64 => {
-            return Err(format!("--hold must be at most {MAX_IN_FLIGHT} streams, got {n}"))
+        Some(n) if n > max_in_flight as u64 => {
+            return Err(format!("--hold must be at most {max_in_flight} streams, got {n}"))
         }
         Some(n) if n > 0 => (n as usize, Stop::Count(n), None),
         Some(_) => return Err("--hold must be positive".into()),
@@ -96,9 +127,9 @@ fn spec(args: &Args) -> Result<LoadSpec, String> {
             if args.concurrency == 0 {
                 return Err("--concurrency must be positive".into());
             }
-            if args.concurrency > MAX_IN_FLIGHT {
+            if args.concurrency > max_in_flight {
                 return Err(format!(
-                    "--concurrency must be at most {MAX_IN_FLIGHT} requests in flight, got {}",
+                    "--concurrency must be at most {max_in_flight} requests in flight, got {}",
                     args.concurrency
                 ));
             }
@@ -185,7 +216,11 @@ fn main() -> ExitCode {
     let errors = report.errors();
     if errors > args.max_errors {
         eprintln!(
-            "parkload: {errors} requests failed (gRPC errors or timeouts), more than --max-errors {}",
+            "parkload: {errors} requests failed ({} errors or timeouts), more than --max-errors {}",
+            match spec.target {
+                Target::ExtProc(_) => "gRPC",
+                Target::Http(_) => "HTTP",
+            },
             args.max_errors
         );
         return ExitCode::FAILURE;
