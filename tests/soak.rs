@@ -29,7 +29,6 @@ mod common;
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
-use std::process::Child;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -209,25 +208,43 @@ fn start_router(sim: SocketAddr, envoy_admin: &str) -> (RouterProcess, SocketAdd
 /// failure says whether the process still runs and what it logged last.
 fn router_get(router: &RouterProcess, addr: SocketAddr, path: &str) -> String {
     if std::net::TcpStream::connect(addr).is_err() {
-        let pid = router.process.child.id();
-        let alive = std::path::Path::new(&format!("/proc/{pid}/status")).exists();
-        let log = router.process.log.lock();
-        let tail = &log[log.len().saturating_sub(40)..];
-        panic!(
-            "router {pid} (running: {alive}) refuses {addr}{path}; its last log lines:\n{}",
-            tail.join("\n")
-        );
+        router_gone(router, &format!("refuses {addr}{path}"));
     }
     http_get(addr, path).1
 }
 
-fn rss_kib(child: &Child) -> u64 {
-    std::fs::read_to_string(format!("/proc/{}/status", child.id()))
-        .unwrap()
+/// Fails the soak for a router that stopped serving, with its state and
+/// its last log lines: a router that exits mid-phase is a crash to explain.
+fn router_gone(router: &RouterProcess, what: &str) -> ! {
+    let pid = router.process.child.id();
+    let state = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|stat| Some(stat.rsplit_once(") ")?.1.chars().next()?.to_string()))
+        .map_or("gone".to_string(), |s| {
+            if s == "Z" {
+                "exited, not yet reaped".into()
+            } else {
+                format!("state {s}")
+            }
+        });
+    let log = router.process.log.lock();
+    let tail = &log[log.len().saturating_sub(40)..];
+    panic!("router {pid} ({state}) {what}; its last log lines:\n{}", tail.join("\n"));
+}
+
+/// The router's resident memory; a router that is no longer running fails
+/// the soak with its log.
+fn rss_kib(router: &RouterProcess) -> u64 {
+    let status =
+        std::fs::read_to_string(format!("/proc/{}/status", router.process.child.id())).unwrap_or_default();
+    match status
         .lines()
         .find(|l| l.starts_with("VmRSS:"))
         .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
-        .unwrap()
+    {
+        Some(kib) => kib,
+        None => router_gone(router, "has no resident memory to read"),
+    }
 }
 
 fn eventually(what: &str, mut check: impl FnMut() -> bool) {
@@ -462,7 +479,7 @@ fn soak() {
         // Warm-up reading for the RSS invariant (last phase), once the
         // allocator has seen the load's full mix.
         std::thread::sleep(phase / 2);
-        let warm: Vec<u64> = routers.iter().map(|(r, _)| rss_kib(&r.process.child)).collect();
+        let warm: Vec<u64> = routers.iter().map(|(r, _)| rss_kib(r)).collect();
         std::thread::sleep(phase - phase / 2);
         let in_flight: Vec<u64> = replicas.iter().map(|r| r.ledger.in_flight()).collect();
         if last {
@@ -483,7 +500,7 @@ fn soak() {
                     router_get(router, *status, "/statusz?format=json").contains("\"flights\":0,")
                 });
                 *replicas[i].envoy.scrape.lock() = Some(router_get(router, router.metrics, "/metrics"));
-                rss.push((replicas[i].name, warm[i], rss_kib(&router.process.child)));
+                rss.push((replicas[i].name, warm[i], rss_kib(router)));
             }
         }
         // SIGTERM with requests in flight (or at rest, in the last phase).
