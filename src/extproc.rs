@@ -276,26 +276,27 @@ impl ExtProc {
                         Either::Right((Either::Left(_), _)) => Woken::Gone,
                         Either::Right((Either::Right(_), _)) => Woken::Overtime,
                     };
-                match woken {
-                    Woken::Overtime => {
-                        override_pending = false;
-                        let extend = override_timeout(self.late_serve_limit);
-                        if send(sink, extend).await.is_err() {
-                            log::debug!("stream for {} ended before the late-serve override", target.actor);
-                        }
+                if let Woken::Overtime = woken {
+                    override_pending = false;
+                    let extend = override_timeout(self.late_serve_limit);
+                    if send(sink, extend).await.is_ok() {
+                        continue;
                     }
-                    Woken::Gone => {
-                        let (reason, label) = if deadline.exceeded() {
-                            (Abandon::Timeout, RouteOutcome::Timeout)
-                        } else {
-                            (Abandon::Canceled, RouteOutcome::Cancelled)
-                        };
-                        log::debug!("stream for {} ended while waiting ({})", target.actor, label.name());
-                        resolving.abandon(reason);
-                        self.observe(received, label, ResumeLabel::Unknown);
-                        return None;
-                    }
+                    // The call ended under the override (a client that left
+                    // while it was written). The sink has seen the call's
+                    // end, and grpcio panics if it is polled for it again:
+                    // the caller is gone, as below, without another look.
+                    log::debug!("stream for {} ended before the late-serve override", target.actor);
                 }
+                let (reason, label) = if deadline.exceeded() {
+                    (Abandon::Timeout, RouteOutcome::Timeout)
+                } else {
+                    (Abandon::Canceled, RouteOutcome::Cancelled)
+                };
+                log::debug!("stream for {} ended while waiting ({})", target.actor, label.name());
+                resolving.abandon(reason);
+                self.observe(received, label, ResumeLabel::Unknown);
+                return None;
             };
             let retry_after = self.resolver.lot().map_or(1, |lot| lot.retry_after());
             let (verdict, label) = verdict::for_outcome(target, &outcome, self.worker_port, retry_after);
