@@ -1,17 +1,21 @@
-//! The ateapi client: asynchronous `ResumeActor` calls over one channel,
+//! The ateapi client: asynchronous `ResumeActor` calls over one connection,
 //! with credentials that follow the files on disk.
 //!
 //! An attempt is a unary call whose completion is a future spawned on the
 //! channel's completion queue, so no thread is blocked per attempt and the
-//! thread count does not grow with the number of parked requests. Attempts
+//! thread count does not grow with the number of parked requests. There is
+//! one channel per completion queue (sharing gRPC core's one connection),
+//! and an attempt takes the channel of the thread that starts it: the
+//! answer then wakes the waiting stream on its own thread, where a channel
+//! on another queue would hand it over (a kick and a wake-up). Attempts
 //! carry no client deadline (B15): the control plane's own server-side
 //! deadline bounds them, and abandoning one would strand the worker it
 //! claimed.
 //!
 //! Credentials rotate without a restart: [`AteapiClient::refresh`] (run
 //! every second by the router) re-reads the CA file, the client bundle and
-//! the token file, and when one changed, builds a new channel for new
-//! attempts; attempts already running finish on the old one. The token is
+//! the token file, and when one changed, builds new channels for new
+//! attempts; attempts already running finish on the old ones. The token is
 //! sent as `authorization: Bearer ...` and is never logged or shown.
 
 use std::ffi::CString;
@@ -21,6 +25,7 @@ use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::thread::ThreadId;
 
 use grpcio::{
     CallOption, Channel, ChannelBuilder, ChannelCredentialsBuilder, Client, Environment, MetadataBuilder,
@@ -95,7 +100,8 @@ struct Files {
 
 /// What a new attempt uses.
 struct Live {
-    client: Arc<Client>,
+    /// One client per completion queue, with the thread that serves it.
+    clients: Vec<(ThreadId, Arc<Client>)>,
     /// `Bearer <token>`, when a token file is configured.
     authorization: Option<Arc<str>>,
     files: Files,
@@ -168,10 +174,22 @@ impl AteapiClient {
         }
     }
 
-    /// The channel's state, without triggering a connection attempt.
+    /// The channels' state, without triggering a connection attempt: the
+    /// channels share one connection, but a channel no attempt has used yet
+    /// stays IDLE, so the state shown is the most telling of theirs (READY,
+    /// then TRANSIENT_FAILURE, CONNECTING, IDLE, SHUTDOWN).
     pub fn connectivity(&self) -> &'static str {
         use grpcio::ConnectivityState as S;
-        match self.live.read().client.channel().check_connectivity_state(false) {
+        let rank = |state: &S| match state {
+            S::GRPC_CHANNEL_READY => 0,
+            S::GRPC_CHANNEL_TRANSIENT_FAILURE => 1,
+            S::GRPC_CHANNEL_CONNECTING => 2,
+            S::GRPC_CHANNEL_IDLE => 3,
+            S::GRPC_CHANNEL_SHUTDOWN => 4,
+        };
+        let live = self.live.read();
+        let states = live.clients.iter().map(|(_, client)| client.channel().check_connectivity_state(false));
+        match states.min_by_key(rank).unwrap_or(S::GRPC_CHANNEL_SHUTDOWN) {
             S::GRPC_CHANNEL_IDLE => "IDLE",
             S::GRPC_CHANNEL_CONNECTING => "CONNECTING",
             S::GRPC_CHANNEL_READY => "READY",
@@ -250,6 +268,29 @@ fn build(
         }
         None => None,
     };
+    let queues = env.completion_queues();
+    let mut clients = Vec::with_capacity(queues.len());
+    for _ in queues {
+        // pick_cq hands queues out in turn, and connecting picks the next
+        // one: the queue after the one picked here. Channels with the same
+        // arguments share gRPC core's connection, so N channels are one
+        // connection to ateapi. A guess spoilt by a concurrent pick costs a
+        // hand-off between threads, never a wrong answer.
+        let before = env.pick_cq().worker_id();
+        let at = queues.iter().position(|q| q.worker_id() == before).unwrap_or(0);
+        let thread = queues[(at + 1) % queues.len()].worker_id();
+        clients.push((thread, Arc::new(Client::new(channel(env, address, transport, &files)?))));
+    }
+    Ok(Live { clients, authorization, files })
+}
+
+/// One channel to ateapi over `transport`.
+fn channel(
+    env: &Arc<Environment>,
+    address: &str,
+    transport: &AteapiTransport,
+    files: &Files,
+) -> Result<Channel, CredentialsError> {
     let builder = ChannelBuilder::new(Arc::clone(env))
         .primary_user_agent(concat!("atenet-router/", env!("CARGO_PKG_VERSION")))
         // Room for a long status message from ateapi: gRPC core's default
@@ -260,7 +301,7 @@ fn build(
         .raw_cfg_int(CString::new("grpc.absolute_max_metadata_size").expect("no NUL"), MAX_ANSWER_METADATA)
         .keepalive_time(std::time::Duration::from_secs(30))
         .keepalive_timeout(std::time::Duration::from_secs(10));
-    let channel: Channel = match transport {
+    Ok(match transport {
         AteapiTransport::Insecure => builder.connect(address),
         AteapiTransport::Tls { ca_file, client_cert, server_name } => {
             let ca = pem::certificates(&files.ca).map_err(|source| CredentialsError::Pem {
@@ -283,8 +324,7 @@ fn build(
             }
             builder.connect(address)
         }
-    };
-    Ok(Live { client: Arc::new(Client::new(channel)), authorization, files })
+    })
 }
 
 /// The longest token accepted (B60). gRPC refuses to send request metadata
@@ -334,9 +374,15 @@ impl Resumer for AteapiClient {
         object.atespace = actor.atespace().to_string();
         object.name = actor.name().to_string();
         request.actor = Some(object).into();
+        // The client on this thread's own completion queue, so that the
+        // answer is read, and the stream waiting for it woken, on the thread
+        // that runs that stream: no hand-off to another thread (retries
+        // start on the timer thread and take the first).
         let (client, authorization) = {
             let live = self.live.read();
-            (Arc::clone(&live.client), live.authorization.clone())
+            let here = std::thread::current().id();
+            let client = live.clients.iter().find(|(thread, _)| *thread == here).unwrap_or(&live.clients[0]);
+            (Arc::clone(&client.1), live.authorization.clone())
         };
         let mut options = CallOption::default();
         if let Some(value) = authorization {

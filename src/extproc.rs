@@ -1,13 +1,19 @@
 //! The ext_proc service: one task per Envoy stream (B1-B13).
 //!
 //! Each stream is a future spawned on a grpcio completion-queue thread. It
-//! answers every message Envoy sends with exactly one reply of the matching
-//! kind (B9); a `request_headers` message is resolved to a routing verdict.
+//! answers every message Envoy sends before the verdict with exactly one
+//! reply of the matching kind (B9); a `request_headers` message is resolved
+//! to a routing verdict.
 //! While a request waits for its actor, the task also watches its own call:
 //! when the client (or Envoy) resets it or its deadline passes, dropping the
 //! wait frees the request's lot slot at once (B27, B28). A flight that runs
 //! past its budget makes the task ask Envoy, once, to keep waiting for the
 //! late verdict (`override_message_timeout`).
+//!
+//! The request_headers verdict is the stream's last message: the call's OK
+//! status goes out right behind it and the task ends (B77), rather than
+//! reading on until Envoy resets the stream. That saves a read, a wake-up
+//! and a status batch that would fail on the reset.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -143,10 +149,10 @@ impl ExtProc {
             let mut silence =
                 Some(sleep_until(Arc::clone(&self.scheduler), Instant::now() + FIRST_MESSAGE_TIMEOUT));
             loop {
-                // None ends the request stream: a half-close, owed the call's
-                // status, or a reset (what Envoy does after the exchange),
-                // which grpcio reports the same way. On a reset the status
-                // batch fails inside gRPC core, about 1 % of a request's
+                // None ends the request stream before any verdict: a
+                // half-close, owed the call's status, or a reset, which
+                // grpcio reports the same way. On a reset the status batch
+                // fails inside gRPC core, about 1 % of a request's
                 // instructions more than dropping the call (callgrind), so
                 // both get it. Err is a read gRPC could not even start.
                 let next = match silence.take() {
@@ -179,7 +185,7 @@ impl ExtProc {
                 }
                 // Two steps, so that no reply-sized value is held while a
                 // request waits: every byte here is paid per parked request.
-                let pending = match self.prepare(request) {
+                let verdict = match self.prepare(request) {
                     Prepared::Reply(reply) => {
                         if send(&mut sink, reply).await.is_err() {
                             return;
@@ -187,14 +193,15 @@ impl ExtProc {
                         continue;
                     }
                     Prepared::Ignore => continue,
-                    Prepared::Route(pending) => pending,
+                    Prepared::Verdict(verdict) => verdict,
+                    Prepared::Route(pending) => match self.route(pending, &mut sink, deadline).await {
+                        Some(verdict) => verdict,
+                        None => return,
+                    },
                 };
-                let Some(reply) = self.route(pending, &mut sink, deadline).await else {
-                    return;
-                };
-                if send(&mut sink, reply).await.is_err() {
-                    return;
-                }
+                // Nothing follows the verdict on this stream (B77).
+                let _ = verdict_then_status(sink, verdict).await;
+                return;
             }
             let _ = Box::pin(sink.close()).await;
         }
@@ -228,7 +235,7 @@ impl ExtProc {
                 self.metrics.count_invalid_target();
                 let (verdict, label) = verdict::invalid_target();
                 self.finish(&line, "", &verdict, received, label, ResumeLabel::Unknown);
-                Prepared::Reply(response_for(&verdict, protocol))
+                Prepared::Verdict(response_for(&verdict, protocol))
             }
         }
     }
@@ -269,26 +276,27 @@ impl ExtProc {
                         Either::Right((Either::Left(_), _)) => Woken::Gone,
                         Either::Right((Either::Right(_), _)) => Woken::Overtime,
                     };
-                match woken {
-                    Woken::Overtime => {
-                        override_pending = false;
-                        let extend = override_timeout(self.late_serve_limit);
-                        if send(sink, extend).await.is_err() {
-                            log::debug!("stream for {} ended before the late-serve override", target.actor);
-                        }
+                if let Woken::Overtime = woken {
+                    override_pending = false;
+                    let extend = override_timeout(self.late_serve_limit);
+                    if send(sink, extend).await.is_ok() {
+                        continue;
                     }
-                    Woken::Gone => {
-                        let (reason, label) = if deadline.exceeded() {
-                            (Abandon::Timeout, RouteOutcome::Timeout)
-                        } else {
-                            (Abandon::Canceled, RouteOutcome::Cancelled)
-                        };
-                        log::debug!("stream for {} ended while waiting ({})", target.actor, label.name());
-                        resolving.abandon(reason);
-                        self.observe(received, label, ResumeLabel::Unknown);
-                        return None;
-                    }
+                    // The call ended under the override (a client that left
+                    // while it was written). The sink has seen the call's
+                    // end, and grpcio panics if it is polled for it again:
+                    // the caller is gone, as below, without another look.
+                    log::debug!("stream for {} ended before the late-serve override", target.actor);
                 }
+                let (reason, label) = if deadline.exceeded() {
+                    (Abandon::Timeout, RouteOutcome::Timeout)
+                } else {
+                    (Abandon::Canceled, RouteOutcome::Cancelled)
+                };
+                log::debug!("stream for {} ended while waiting ({})", target.actor, label.name());
+                resolving.abandon(reason);
+                self.observe(received, label, ResumeLabel::Unknown);
+                return None;
             };
             let retry_after = self.resolver.lot().map_or(1, |lot| lot.retry_after());
             let (verdict, label) = verdict::for_outcome(target, &outcome, self.worker_port, retry_after);
@@ -378,6 +386,24 @@ fn send(
     Box::pin(sink.send((reply, WriteFlags::default())))
 }
 
+/// Sends the request_headers verdict and the call's OK status right behind
+/// it (B77): the status batch starts without waiting for the verdict's to
+/// complete, so gRPC core may write both at once, and no read is posted
+/// after the verdict. Completes once the call is closed. Boxed, like
+/// [`send`], so that the stream's task is no larger for it.
+fn verdict_then_status(
+    mut sink: DuplexSink<ProcessingResponse>,
+    verdict: ProcessingResponse,
+) -> Pin<Box<dyn Future<Output = grpcio::Result<()>> + Send>> {
+    Box::pin(async move {
+        futures::future::poll_fn(|cx| Pin::new(&mut sink).poll_ready(cx)).await?;
+        Pin::new(&mut sink).start_send((verdict, WriteFlags::default()))?;
+        // `fail` sends any status, OK included, without first awaiting the
+        // pending message as `close` would.
+        sink.fail(RpcStatus::ok()).await
+    })
+}
+
 /// What a message asks for, decided without waiting or side effects.
 #[derive(Debug)]
 pub enum Classified {
@@ -434,8 +460,11 @@ pub fn classify(request: ProcessingRequest) -> Classified {
 
 /// What [`ExtProc::prepare`] made of a message.
 enum Prepared {
+    /// The empty reply of another phase (B9); the stream goes on.
     Reply(ProcessingResponse),
     Ignore,
+    /// The request_headers verdict, known at once (B4); the stream ends.
+    Verdict(ProcessingResponse),
     Route(Pending),
 }
 

@@ -5,12 +5,15 @@
 
 mod common;
 
+use std::time::Duration;
+
 use atenet_router::proto::external_processor::{HttpBody, HttpTrailers, ProcessingRequest};
 use atenet_router::resume::Code;
 use atenet_router::sim::Answer;
 use common::*;
 use futures::executor::block_on;
-use futures::StreamExt;
+use futures::{SinkExt, StreamExt};
+use grpcio::WriteFlags;
 use protobuf::Message;
 
 /// The router still answers a normal request, and holds nothing.
@@ -103,12 +106,12 @@ fn message_with_only_unknown_fields_is_ignored_and_the_stream_goes_on() {
 }
 
 #[test]
-fn bodies_and_trailers_before_headers_and_a_second_request_headers() {
+fn bodies_and_trailers_before_headers_and_nothing_after_the_verdict() {
     let stack = Stack::start(&[]);
     stack.sim.script("demo/a", vec![Answer::ok("10.0.0.1", false)]);
     stack.sim.script("demo/b", vec![Answer::ok("10.0.0.2", false)]);
     block_on(async {
-        let mut stream = stack.envoy.open();
+        let mut stream = stack.envoy.open_within(Duration::from_secs(30));
         let mut body = ProcessingRequest::new();
         body.set_request_body(HttpBody::new());
         stream.send(body).await;
@@ -119,10 +122,13 @@ fn bodies_and_trailers_before_headers_and_a_second_request_headers() {
         assert!(stream.recv().await.has_request_trailers());
         stream.send(headers_request(&[("ate-target-actor", "demo/a")])).await;
         assert_eq!(routed(&stream.recv().await).0, None);
-        stream.send(headers_request(&[("ate-target-actor", "demo/b")])).await;
-        assert_eq!(routed(&stream.recv().await).0, None, "a second request_headers gets its own verdict");
-        stream.tx.cancel();
+        // The verdict ends the stream (B77): a second request_headers, which
+        // Envoy never sends, is not read, and resumes nothing.
+        let _ =
+            stream.tx.send((headers_request(&[("ate-target-actor", "demo/b")]), WriteFlags::default())).await;
+        assert!(stream.rx.next().await.is_none(), "the stream ended with OK after the verdict");
     });
+    assert_eq!(stack.sim.calls("demo/b"), 0);
     still_serving(&stack);
 }
 

@@ -11,6 +11,7 @@ use atenet_router::resume::Code;
 use atenet_router::sim::Answer;
 use common::*;
 use futures::executor::block_on;
+use futures::StreamExt;
 
 #[test]
 fn b6_b7_success_verdict_ipv4_and_ipv6() {
@@ -211,57 +212,60 @@ fn b11_lot_full_row_quotes_the_id() {
     stack.assert_quiescent();
 }
 
-/// B9: every message kind gets one empty reply of its own kind.
+/// How long a test waits for the router to end a stream (B77).
+const ENDS_WITHIN: Duration = Duration::from_secs(30);
+
+/// B9: every other message kind that comes before the verdict gets one
+/// empty reply of its own kind; B77: the verdict then ends the stream with
+/// OK, without the client ending it.
 #[test]
 fn b9_every_other_phase_gets_its_own_empty_reply() {
     let stack = Stack::start(&[]);
     stack.sim.script("demo/a", vec![Answer::ok("10.0.0.1", false)]);
+    let kinds: Vec<(ProcessingRequest, &str)> = vec![
+        (
+            {
+                let mut r = ProcessingRequest::new();
+                r.set_request_body(HttpBody::new());
+                r
+            },
+            "request_body",
+        ),
+        (
+            {
+                let mut r = ProcessingRequest::new();
+                r.set_request_trailers(HttpTrailers::new());
+                r
+            },
+            "request_trailers",
+        ),
+        (
+            {
+                let mut r = ProcessingRequest::new();
+                r.set_response_headers(HttpHeaders::new());
+                r
+            },
+            "response_headers",
+        ),
+        (
+            {
+                let mut r = ProcessingRequest::new();
+                r.set_response_body(HttpBody::new());
+                r
+            },
+            "response_body",
+        ),
+        (
+            {
+                let mut r = ProcessingRequest::new();
+                r.set_response_trailers(HttpTrailers::new());
+                r
+            },
+            "response_trailers",
+        ),
+    ];
     block_on(async {
-        let mut stream = stack.envoy.open();
-        stream.send(headers_request(&[("ate-target-actor", "demo/a")])).await;
-        assert!(stream.recv().await.has_request_headers());
-        let kinds: Vec<(ProcessingRequest, &str)> = vec![
-            (
-                {
-                    let mut r = ProcessingRequest::new();
-                    r.set_request_body(HttpBody::new());
-                    r
-                },
-                "request_body",
-            ),
-            (
-                {
-                    let mut r = ProcessingRequest::new();
-                    r.set_request_trailers(HttpTrailers::new());
-                    r
-                },
-                "request_trailers",
-            ),
-            (
-                {
-                    let mut r = ProcessingRequest::new();
-                    r.set_response_headers(HttpHeaders::new());
-                    r
-                },
-                "response_headers",
-            ),
-            (
-                {
-                    let mut r = ProcessingRequest::new();
-                    r.set_response_body(HttpBody::new());
-                    r
-                },
-                "response_body",
-            ),
-            (
-                {
-                    let mut r = ProcessingRequest::new();
-                    r.set_response_trailers(HttpTrailers::new());
-                    r
-                },
-                "response_trailers",
-            ),
-        ];
+        let mut stream = stack.envoy.open_within(ENDS_WITHIN);
         for (request, kind) in kinds {
             stream.send(request).await;
             let reply = stream.recv().await;
@@ -276,7 +280,26 @@ fn b9_every_other_phase_gets_its_own_empty_reply() {
             assert_eq!(got, kind, "B9");
             assert!(reply.dynamic_metadata.is_none());
         }
-        stream.tx.cancel();
+        stream.send(headers_request(&[("ate-target-actor", "demo/a")])).await;
+        assert_eq!(routed(&stream.recv().await).0, None);
+        assert!(stream.rx.next().await.is_none(), "B77: the verdict ends the stream with OK");
+    });
+}
+
+/// B77: a verdict given at once (B4's 404) ends its stream, as a route does.
+#[test]
+fn b76_every_verdict_ends_its_stream_with_ok() {
+    let stack = Stack::start(&[]);
+    stack.sim.script("demo/a", vec![Answer::ok("10.0.0.1", false)]);
+    block_on(async {
+        let mut stream = stack.envoy.open_within(ENDS_WITHIN);
+        stream.send(headers_request(&[("ate-target-actor", "Not/Valid")])).await;
+        assert_eq!(immediate(&stream.recv().await).status, 404);
+        assert!(stream.rx.next().await.is_none(), "B77: after an ImmediateResponse");
+        let mut stream = stack.envoy.open_within(ENDS_WITHIN);
+        stream.send(headers_request(&[("ate-target-actor", "demo/a")])).await;
+        assert_eq!(routed(&stream.recv().await).0, None);
+        assert!(stream.rx.next().await.is_none(), "B77: after a route");
     });
 }
 

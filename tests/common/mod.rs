@@ -147,8 +147,18 @@ impl Envoy {
     }
 
     pub fn open(&self) -> Stream {
-        let (tx, rx) =
-            self.client.duplex_streaming(&EXT_PROC_PROCESS, CallOption::default()).expect("open stream");
+        self.open_with(CallOption::default())
+    }
+
+    /// A stream whose call ends at the latest `limit` after it opened, for
+    /// a test that waits for the router to end a stream: a router that never
+    /// does then fails the test (DEADLINE_EXCEEDED) instead of hanging it.
+    pub fn open_within(&self, limit: Duration) -> Stream {
+        self.open_with(CallOption::default().timeout(limit))
+    }
+
+    fn open_with(&self, options: CallOption) -> Stream {
+        let (tx, rx) = self.client.duplex_streaming(&EXT_PROC_PROCESS, options).expect("open stream");
         Stream { tx, rx }
     }
 

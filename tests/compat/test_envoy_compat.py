@@ -3,6 +3,9 @@
 every reply must decode field by field into what behavior.md says
 (B6, B7, B9, B10, B11)."""
 
+import threading
+
+import grpc
 import pytest
 from envoy.config.core.v3 import base_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
@@ -130,6 +133,8 @@ def test_b11_rows(stack, actor, status, body, details):
 
 
 def test_b9_each_phase_gets_its_own_kind(stack):
+    """Every other phase's message before the verdict gets an empty reply of
+    its own kind (B9); the verdict then ends the stream with OK (B77)."""
     kinds = [
         ("response_headers", ep.ProcessingRequest(response_headers=ep.HttpHeaders())),
         ("request_body", ep.ProcessingRequest(request_body=ep.HttpBody(body=b"x", end_of_stream=True))),
@@ -137,12 +142,26 @@ def test_b9_each_phase_gets_its_own_kind(stack):
         ("request_trailers", ep.ProcessingRequest(request_trailers=ep.HttpTrailers())),
         ("response_trailers", ep.ProcessingRequest(response_trailers=ep.HttpTrailers())),
     ]
-    first = headers_request([("ate-target-actor", "demo/v4")])
-    replies = exchange(stack, first, *[request for _, request in kinds])
-    check_route(replies[0], "demo/v4", "10.1.2.3:443")
-    for (kind, _), reply in zip(kinds, replies[1:]):
+    last = headers_request([("ate-target-actor", "demo/v4")])
+    finished = threading.Event()
+
+    def requests():
+        yield from (request for _, request in kinds)
+        yield last
+        # Envoy does not half-close: the router must end the stream itself.
+        finished.wait(30)
+
+    call = stack.Process(requests(), timeout=10)
+    try:
+        replies = list(call)
+    finally:
+        finished.set()
+    assert call.code() == grpc.StatusCode.OK, "B77: the router ended the stream itself"
+    assert len(replies) == len(kinds) + 1
+    for (kind, _), reply in zip(kinds, replies):
         assert reply.WhichOneof("response") == kind, "B9"
         assert reply.ListFields() == [(reply.DESCRIPTOR.fields_by_name[kind], getattr(reply, kind))]
+    check_route(replies[-1], "demo/v4", "10.1.2.3:443")
 
 
 def test_late_serve_override_arrives_before_the_late_verdict(stack):

@@ -420,6 +420,60 @@ def test_a_100kb_body_reaches_the_worker_intact(stack, client):
     assert seen["body_sha256"] == hashlib.sha256(body).hexdigest()
 
 
+# -- the stream's end (B77) -------------------------------------------------
+
+def ext_proc_counters(s, *names):
+    samples = stats(s)
+    return {n: samples[f'envoy_http_ext_proc_{n}{{envoy_http_conn_manager_prefix="ingress"}}'] for n in names}
+
+
+B77_COUNTERS = ("streams_started", "server_half_closed", "streams_failed", "stream_msgs_received",
+                "spurious_msgs_received")
+
+
+def every_phase(mode):
+    """Envoy sends the router every phase of each request, bodies `mode`."""
+    def edit(config):
+        for old, new in [("response_header_mode: SKIP", "response_header_mode: SEND"),
+                         ("request_body_mode: NONE", f"request_body_mode: {mode}"),
+                         ("response_body_mode: NONE", f"response_body_mode: {mode}"),
+                         ("request_trailer_mode: SKIP", "request_trailer_mode: SEND"),
+                         ("response_trailer_mode: SKIP", "response_trailer_mode: SEND")]:
+            assert old in config, old
+            config = config.replace(old, new)
+        return config
+    return edit
+
+
+@pytest.mark.parametrize("mode", ["BUFFERED", "STREAMED"])
+def test_b76_after_the_verdict_envoy_processes_no_later_phase(mode):
+    """With every phase configured, the router's close after the verdict
+    makes Envoy 1.40 skip the rest: bodies reach the worker whole, the
+    header mutation holds, clients get the worker's answer, and Envoy
+    received one message (the verdict) per stream. (With the generated
+    configuration Envoy resets the stream itself right after the verdict,
+    and nothing it counts tells who ended it.)"""
+    script = "demo/fixed-a OK 0s 127.0.1.7 true -\n"
+    with Stack(script=script, sim_flags=["--actors", "0"], workers=1, echo_hosts=8,
+               edit_config=every_phase(mode)) as s:
+        body = os.urandom(100_000)
+        repeated = [("ate-target-actor", "demo/fixed-a")]
+        for n, client in enumerate([h1, h2]):
+            get = client(s, "demo/fixed-a", f"/phases/get/{n}", headers=repeated)
+            assert get.status == 200, get
+            assert get.json()["headers"]["ate-target-actor"] == "demo/fixed-a", "B6: the mutation held"
+            post = client(s, "demo/fixed-a", f"/phases/post/{n}", body=body)
+            assert post.status == 200, post
+            echoed = post.json()
+            assert (echoed["body_length"], echoed["body_sha256"]) == (100_000, hashlib.sha256(body).hexdigest())
+        seen = [(r["path"], r["body_length"]) for r in s.records()]
+        assert seen == [("/phases/get/0", 0), ("/phases/post/0", 100_000), ("/phases/get/1", 0),
+                        ("/phases/post/1", 100_000)]
+        counters = ext_proc_counters(s, *B77_COUNTERS)
+        assert counters == {"streams_started": 4, "server_half_closed": 4, "streams_failed": 0,
+                            "stream_msgs_received": 4, "spurious_msgs_received": 0}, counters
+
+
 def test_a_routed_grpc_request_reaches_the_worker(stack):
     grpc_call(stack, "demo/fixed-a", metadata=[("x-client-request-id", "grpc-routed")])
     [seen] = [r for r in stack.records() if r["request_id"] == "grpc-routed"]
