@@ -57,6 +57,12 @@ class Demo:
     stderr merged: the banner, Envoy's access log) collected by a thread."""
 
     def __init__(self, argv, env, tty=None):
+        # A Ctrl-C must reach the demo as at a terminal, even when the tests
+        # were started with SIGINT ignored (`make test &`), which a child
+        # would inherit and a shell could then not trap.
+        def default_sigint():
+            signal.signal(signal.SIGINT, signal.SIG_DFL)
+
         self.lines = []
         self.changed = threading.Condition()
         if tty is not None:
@@ -64,11 +70,12 @@ class Demo:
             # leader whose controlling terminal is `tty` (a pty's slave side);
             # the caller reads the master side.
             self.proc = subprocess.Popen(["setsid", "--ctty", *argv], cwd=ROOT, env=env,
-                                         stdin=tty, stdout=tty, stderr=tty)
+                                         stdin=tty, stdout=tty, stderr=tty, preexec_fn=default_sigint)
             self.pgid = self.proc.pid
             return
         self.proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                     stderr=subprocess.STDOUT, text=True, errors="replace", start_new_session=True)
+                                     stderr=subprocess.STDOUT, text=True, errors="replace", start_new_session=True,
+                                     preexec_fn=default_sigint)
         self.pgid = self.proc.pid
         self.reader = threading.Thread(target=self._read, daemon=True)
         self.reader.start()
