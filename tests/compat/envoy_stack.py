@@ -460,11 +460,17 @@ class Stack:
             time.sleep(0.02)
 
     def logs(self):
-        """The last lines of every process's output, for a failure message."""
+        """The last lines of every process's output, for a failure message,
+        and every router's drain and handover lines (the routers of a
+        restarted stack share one log, which the last one's lines fill)."""
         parts = []
         for process in (self.sim, self.echo, self.router, self.envoy):
             if process is not None:
                 parts.append(f"--- {process.name}\n{process.tail()}")
+        if self.router is not None and self.router.log_path.exists():
+            steps = [line for line in self.router.log_path.read_text(errors="replace").splitlines()
+                     if " drain" in line or "handover" in line or "signal " in line or "panic" in line]
+            parts.append("--- atenet-router: every drain, handover and signal line\n" + "\n".join(steps[-60:]))
         return "\n".join(parts)
 
 
