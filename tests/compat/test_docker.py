@@ -214,11 +214,23 @@ def images(engine):
     return f"atenet-router:{version}", f"atenet-router-tools:{version}"
 
 
+def remove_test_objects(prefix):
+    """Removes the containers, networks and volumes whose names start with
+    `prefix`: a fixture whose setup failed leaves its container behind, and
+    its network's subnet would then refuse the next run's."""
+    for kind, listing in (("container", ["ps", "-aq"]), ("network", ["network", "ls", "-q"]),
+                          ("volume", ["volume", "ls", "-q"])):
+        ids = docker(*listing, "--filter", f"name={prefix}", check=False).stdout.split()
+        if ids:
+            docker(kind, "rm", *(["-f"] if kind == "container" else []), *ids, check=False)
+
+
 @pytest.fixture(scope="module")
 def network(engine):
+    remove_test_objects("atenet-test-docker-")
     docker("network", "create", "--subnet", SUBNET, NAME)
     yield NAME
-    docker("network", "rm", NAME, check=False)
+    remove_test_objects(NAME)
 
 
 def get(url):
@@ -230,12 +242,19 @@ def get(url):
 
 
 def poll(what, probe, timeout=60):
+    """Polls until `probe` returns something true. A connection refused or
+    reset is "not yet": docker-proxy accepts on a published port before the
+    container listens, then resets the connection."""
     deadline = time.monotonic() + timeout
+    last_error = None
     while True:
-        value = probe()
+        try:
+            value = probe()
+        except OSError as e:
+            value, last_error = None, e
         if value:
             return value
-        assert time.monotonic() < deadline, f"{what}: not within {timeout}s"
+        assert time.monotonic() < deadline, f"{what}: not within {timeout}s (last error: {last_error!r})"
         time.sleep(0.2)
 
 
