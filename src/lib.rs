@@ -8,49 +8,53 @@
 //! of failing it. `docs/behavior.md` is the contract; rules are cited
 //! as B1, B2, ...; `docs/architecture.md` maps them onto the modules.
 //!
-//! The public API is what runs a router: parse a command line
-//! ([`flags`]) into a [`config::Config`], start a [`router::Router`],
-//! [`drain`] it, print its Envoy bootstrap ([`envoy`]), and the process
-//! wiring around them ([`logging`], [`process`], [`systemd`], [`version`]).
-//! Everything else is internal. The `testkit` feature makes the internals
-//! public for the integration tests and benchmarks, and adds the simulated
-//! control plane ([`sim`]) and the load generator ([`load`]) behind
-//! `ateapi-sim` and `parkload`; it adds no behaviour to the router.
+//! The crate is a few folders, each one concept, in the order a request
+//! meets them:
 //!
-//! Reading order of the internals: `target` (which actor), `flight` (one
-//! resume per actor), `resolver` and `lot` (parking), `verdict` (what the
-//! client gets), then `extproc` and `ateapi` for the gRPC edges.
+//! - [`envoy`]: the Envoy side: the ext_proc service, its streams, the
+//!   verdicts, and the bootstrap generator;
+//! - `parking`: the flight table, the lot, the caller's wait, retries and
+//!   time;
+//! - `ateapi`: the control-plane client: which actor, the `ResumeActor`
+//!   call, its credentials and what its answers mean;
+//! - [`ops`]: what an operator touches: the HTTP endpoints, metrics, logs,
+//!   systemd, the drain and the hand-over;
+//! - [`cli`]: the command line and the configuration derived from it;
+//! - `tools` (with `testkit`): the simulator and the load generator, which
+//!   ship beside the router and are no part of it.
+//!
+//! [`router`] assembles them. Each folder's module doc says what it may
+//! depend on, and `tests/architecture.rs` keeps the modules free of cycles.
+//!
+//! The public API is what runs a router: parse a command line
+//! ([`cli::command`]) into a [`cli::config::Config`], start a
+//! [`router::Router`], drain it ([`ops::drain`]), print its Envoy bootstrap
+//! ([`envoy::bootstrap`]), and the process wiring around them
+//! ([`ops::logging`], [`ops::process`], [`ops::systemd`], [`ops::version`],
+//! [`ops::handover`]). Everything else is internal. The `testkit` feature
+//! makes the internals public for the integration tests and benchmarks,
+//! and adds the tools behind `ateapi-sim` and `parkload`; it adds no
+//! behaviour to the router.
 
-pub mod config;
-pub mod drain;
-pub mod envoy;
-pub mod flags;
-pub mod godur;
-pub mod handover;
-pub mod logging;
-pub mod process;
-pub mod router;
-pub mod systemd;
-pub mod version;
-
-/// Declares modules that are internal, and public with `testkit`.
+/// Declares modules that are internal (visible in the whole crate, from
+/// whichever folder declares them), and public with `testkit`.
 macro_rules! internal {
     ($($module:ident),* $(,)?) => {
         $(
             #[cfg(feature = "testkit")]
             pub mod $module;
             #[cfg(not(feature = "testkit"))]
-            mod $module;
+            pub(crate) mod $module;
         )*
     };
 }
 
-internal!(
-    ateapi, backoff, clock, deadline, extproc, flight, http, listen, lot, metrics, pem, proto, resolver,
-    resume, status, streams, target, timer, verdict
-);
+pub mod cli;
+pub mod envoy;
+pub mod ops;
+pub mod router;
+
+internal!(ateapi, parking, proto);
 
 #[cfg(feature = "testkit")]
-pub mod load;
-#[cfg(feature = "testkit")]
-pub mod sim;
+pub mod tools;

@@ -2,13 +2,15 @@
 
 use std::process::ExitCode;
 
-use atenet_router::config::Config;
-use atenet_router::drain::{self, DrainPlan};
-use atenet_router::flags::{parse_command, Command, HELP};
-use atenet_router::handover::{self, Successor};
+use atenet_router::cli::command::{parse_command, Command, HELP};
+use atenet_router::cli::config::Config;
+use atenet_router::cli::godur;
+use atenet_router::envoy::bootstrap;
+use atenet_router::ops::drain::{self, DrainPlan};
+use atenet_router::ops::handover::{self, Successor};
+use atenet_router::ops::systemd::Notifier;
+use atenet_router::ops::{logging, process, version};
 use atenet_router::router::Router;
-use atenet_router::systemd::Notifier;
-use atenet_router::{envoy, godur, logging, process, version};
 use log::{debug, error, info, warn};
 use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
 use signal_hook::iterator::Signals;
@@ -21,7 +23,7 @@ fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     match parse_command(&args) {
         Ok(Command::Serve(config)) => serve(&config),
-        Ok(Command::EnvoyConfig(config)) => process::print(&envoy::bootstrap(&config)),
+        Ok(Command::EnvoyConfig(config)) => process::print(&bootstrap::bootstrap(&config)),
         Ok(Command::Help(text)) => process::print(&text),
         Ok(Command::Version) => process::print(&format!("{}\n", version::describe("atenet-router"))),
         Ok(Command::Usage) => {

@@ -17,18 +17,18 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::{bounded, Receiver};
 use grpcio::{ChannelBuilder, EnvBuilder, Environment, Server, ServerBuilder, ServerCredentials};
 
-use crate::ateapi::{AteapiClient, CredentialsError};
-use crate::clock::SystemClock;
-use crate::config::{AteapiTransport, Config};
-use crate::extproc::{ExtProc, ExtProcSettings};
-use crate::flight::{FlightPolicy, FlightTable};
-use crate::http::{self, BindError, HttpServer, Limits};
-use crate::lot::ParkingLot;
-use crate::metrics::Metrics;
-use crate::resolver::Resolver;
-use crate::status::{RecentRequests, StatusPage};
-use crate::streams::StreamSlots;
-use crate::timer::TimerThread;
+use crate::ateapi::client::{AteapiClient, CredentialsError};
+use crate::cli::config::{AteapiTransport, Config};
+use crate::envoy::extproc::{ExtProc, ExtProcSettings};
+use crate::envoy::streams::StreamSlots;
+use crate::ops::http::{self, BindError, HttpServer, Limits};
+use crate::ops::metrics::Metrics;
+use crate::ops::status::{RecentRequests, StatusPage};
+use crate::parking::clock::SystemClock;
+use crate::parking::flight::{FlightPolicy, FlightTable};
+use crate::parking::lot::ParkingLot;
+use crate::parking::resolver::Resolver;
+use crate::parking::timer::TimerThread;
 
 /// Whether a router binds its ports alone or beside its predecessor.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -40,12 +40,12 @@ enum Role {
 /// Every port this router would bind is free (B70, B75): listeners share
 /// ports only with a predecessor that handed over.
 fn ports_free(config: &Config) -> Result<(), StartError> {
-    crate::listen::ensure_free(config.extproc_addr)
+    crate::ops::listen::ensure_free(config.extproc_addr)
         .map_err(|source| StartError::ExtProcTaken { addr: config.extproc_addr, source })?;
     let http = [("metrics listener", Some(config.metrics_addr)), ("status page", config.status_addr)];
     for (what, addr) in http {
         if let Some(addr) = addr {
-            crate::listen::ensure_free(addr)
+            crate::ops::listen::ensure_free(addr)
                 .map_err(|source| StartError::Http { what, source: BindError { addr, source } })?;
         }
     }
@@ -233,7 +233,7 @@ impl Router {
         if role == Role::First {
             ports_free(config)?;
         }
-        let flags: Vec<String> = crate::status::effective_flags(config)
+        let flags: Vec<String> = crate::ops::status::effective_flags(config)
             .iter()
             .map(|(flag, value)| format!("{flag}={value}"))
             .collect();

@@ -12,10 +12,10 @@ use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::Duration;
 
-use atenet_router::config::parse_serve_args;
+use atenet_router::cli::config::parse_serve_args;
 
 use atenet_router::router::Router;
-use atenet_router::sim::{Answer, Sim, SimConfig, SimTls};
+use atenet_router::tools::sim::{Answer, Sim, SimConfig, SimTls};
 use common::*;
 use parking_lot::Mutex;
 
@@ -490,7 +490,10 @@ fn b54_the_token_never_appears_in_logs_metrics_or_the_status_page() {
     let pki = Pki::new("secret");
     let sim = pki.sim();
     sim.script("demo/a", vec![Answer::ok("10.0.0.1", true)]);
-    sim.script("demo/down", vec![Answer::error(atenet_router::resume::Code::Unauthenticated, "bad token")]);
+    sim.script(
+        "demo/down",
+        vec![Answer::error(atenet_router::ateapi::resume::Code::Unauthenticated, "bad token")],
+    );
     const TOKEN: &str = "s3cr3t-t0ken-Zq9";
     let token = pki.path("token");
     std::fs::write(&token, format!("{TOKEN}\n")).unwrap();

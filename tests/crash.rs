@@ -11,7 +11,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use atenet_router::sim::Answer;
+use atenet_router::tools::sim::Answer;
 use common::process::{router_args, spawn_router, wait_exit};
 use common::{headers_request, http_get, Envoy, PATIENCE};
 

@@ -11,9 +11,9 @@ mod common;
 
 use std::time::{Duration, Instant};
 
+use atenet_router::ateapi::resume::Code;
 use atenet_router::proto::external_processor::ProcessingResponse;
-use atenet_router::resume::Code;
-use atenet_router::sim::Answer;
+use atenet_router::tools::sim::Answer;
 use common::*;
 use futures::executor::block_on;
 use futures::future::join_all;

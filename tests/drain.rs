@@ -8,9 +8,9 @@ mod common;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use atenet_router::drain::{drain, DrainPlan, EnvoyDrain};
-use atenet_router::resume::Code;
-use atenet_router::sim::{Answer, Sim};
+use atenet_router::ateapi::resume::Code;
+use atenet_router::ops::drain::{drain, DrainPlan, EnvoyDrain};
+use atenet_router::tools::sim::{Answer, Sim};
 use common::process::{eventually_within, router_args, signal, spawn_router, wait_exit};
 use common::*;
 use futures::executor::block_on;

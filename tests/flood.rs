@@ -10,9 +10,9 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use atenet_router::load::{request_for, verdict_key};
 use atenet_router::proto::EXT_PROC_PROCESS;
-use atenet_router::sim::{Answer, Sim};
+use atenet_router::tools::load::{request_for, verdict_key};
+use atenet_router::tools::sim::{Answer, Sim};
 use common::process::{router_args, spawn_router, terminate, RouterProcess};
 use common::{http_get, Envoy, Metrics};
 use futures::executor::block_on;

@@ -8,12 +8,16 @@
 
 use std::collections::HashMap;
 
-use atenet_router::config::parse_serve_args;
-use atenet_router::extproc::{classify, Classified};
+use atenet_router::ateapi::pem;
+use atenet_router::ateapi::target::{self, ActorId};
+use atenet_router::cli::config::parse_serve_args;
+use atenet_router::cli::godur;
+use atenet_router::envoy::bootstrap;
+use atenet_router::envoy::extproc::{classify, Classified};
+use atenet_router::ops::drain;
+use atenet_router::parking::deadline;
 use atenet_router::proto::base::{HeaderMap, HeaderValue};
 use atenet_router::proto::external_processor::ProcessingRequest;
-use atenet_router::target::{self, ActorId};
-use atenet_router::{deadline, drain, envoy, godur, pem};
 use proptest::prelude::*;
 use protobuf::well_known_types::struct_::{Struct, Value};
 use protobuf::Message;
@@ -314,7 +318,7 @@ proptest! {
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
         match parse_serve_args(&args) {
             Ok(config) => {
-                let yaml = envoy::bootstrap(&config);
+                let yaml = bootstrap::bootstrap(&config);
                 prop_assert!(yaml.contains("static_resources"));
             }
             Err(e) => {

@@ -11,9 +11,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use atenet_router::ateapi::resume::Code;
 use atenet_router::proto::external_processor::{ProcessingRequest, ProcessingResponse};
-use atenet_router::resume::Code;
-use atenet_router::sim::{Answer, Sim};
+use atenet_router::tools::sim::{Answer, Sim};
 use common::process::{
     eventually_within, router_args, signal, spawn_router, wait_exit, word_after, RouterProcess,
 };

@@ -7,9 +7,9 @@ mod common;
 
 use std::time::Duration;
 
+use atenet_router::ateapi::resume::Code;
 use atenet_router::proto::external_processor::{HttpBody, HttpTrailers, ProcessingRequest};
-use atenet_router::resume::Code;
-use atenet_router::sim::Answer;
+use atenet_router::tools::sim::Answer;
 use common::*;
 use futures::executor::block_on;
 use futures::{SinkExt, StreamExt};

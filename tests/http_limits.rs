@@ -14,7 +14,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use atenet_router::sim::Sim;
+use atenet_router::tools::sim::Sim;
 use common::process::{router_args, spawn_router, spawn_until, word_after, ROUTER_BIN};
 use common::{http_get, Metrics};
 

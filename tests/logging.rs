@@ -6,8 +6,8 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use atenet_router::resume::Code;
-use atenet_router::sim::{Answer, Sim};
+use atenet_router::ateapi::resume::Code;
+use atenet_router::tools::sim::{Answer, Sim};
 use common::process::{router_args, spawn_router, terminate, RouterProcess};
 use common::{immediate, Envoy, PATIENCE};
 use futures::executor::block_on;
@@ -52,7 +52,7 @@ fn b62_request_path_failures_are_logged_with_a_rate_limit_and_the_bad_worker_ip(
     assert_eq!(errors.len(), 1, "{errors:#?}");
     assert!(errors[0].contains("database on fire"), "{errors:?}");
     // After the interval, the next failure is logged with what was left out.
-    std::thread::sleep(atenet_router::extproc::ERROR_LOG_INTERVAL);
+    std::thread::sleep(atenet_router::envoy::extproc::ERROR_LOG_INTERVAL);
     let _ = envoy.route_now("demo/noip");
     let deadline = Instant::now() + PATIENCE;
     while lines_with(&router, "routing failed").len() < 2 {

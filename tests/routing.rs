@@ -6,9 +6,9 @@ mod common;
 
 use std::time::Duration;
 
+use atenet_router::ateapi::resume::Code;
 use atenet_router::proto::external_processor::{HttpBody, HttpHeaders, HttpTrailers, ProcessingRequest};
-use atenet_router::resume::Code;
-use atenet_router::sim::Answer;
+use atenet_router::tools::sim::Answer;
 use common::*;
 use futures::executor::block_on;
 use futures::StreamExt;

@@ -33,11 +33,11 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use atenet_router::load::{request_for, verdict_key};
+use atenet_router::ateapi::resume::Code;
+use atenet_router::parking::timer::{sleep_until, Scheduler, TimerThread};
 use atenet_router::proto::EXT_PROC_PROCESS;
-use atenet_router::resume::Code;
-use atenet_router::sim::{Sim, SimConfig};
-use atenet_router::timer::{sleep_until, Scheduler, TimerThread};
+use atenet_router::tools::load::{request_for, verdict_key};
+use atenet_router::tools::sim::{Sim, SimConfig};
 use common::process::{router_args, signal, spawn_router, wait_exit, RouterProcess};
 use common::{http_get, Metrics};
 use futures::future::{select, Either};

@@ -12,7 +12,7 @@ use std::os::unix::net::UnixDatagram;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use atenet_router::sim::Sim;
+use atenet_router::tools::sim::Sim;
 use common::process::{router_args, signal, wait_exit, ROUTER_BIN};
 use common::PATIENCE;
 

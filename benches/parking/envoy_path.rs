@@ -22,7 +22,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use atenet_router::load::http::{self, HttpTarget};
+use atenet_router::tools::load::http::{self, HttpTarget};
 
 use crate::harness::{
     cpu_seconds_of_pid, cpu_stall_micros, ended_children_cpu_seconds, first_line, json_number,

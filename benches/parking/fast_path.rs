@@ -3,9 +3,9 @@
 
 use std::time::Duration;
 
-use atenet_router::load::{self, Envoy, LoadReport, Stop};
-use atenet_router::resume::Code;
-use atenet_router::sim::Answer;
+use atenet_router::ateapi::resume::Code;
+use atenet_router::tools::load::{self, Envoy, LoadReport, Stop};
+use atenet_router::tools::sim::Answer;
 
 use crate::harness::{actors, json_number, merged, ms, running_pool, spec, Proc, Simulator};
 use crate::report::{median, Bound, Report};

@@ -8,14 +8,14 @@ use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use atenet_router::extproc::{response_for, ClientProtocol};
-use atenet_router::load::{Distribution, LoadReport, LoadSpec, Stop, Target};
+use atenet_router::ateapi::target::ActorId;
+use atenet_router::envoy::extproc::{response_for, ClientProtocol};
+use atenet_router::envoy::verdict::Verdict;
 use atenet_router::proto::ateapi::{ObjectRef, ResumeActorRequest};
 use atenet_router::proto::external_processor::{processing_request, ProcessingRequest, ProcessingResponse};
 use atenet_router::proto::{ATEAPI_RESUME_ACTOR, EXT_PROC_PROCESS};
-use atenet_router::sim::{Sim, SimConfig};
-use atenet_router::target::ActorId;
-use atenet_router::verdict::Verdict;
+use atenet_router::tools::load::{Distribution, LoadReport, LoadSpec, Stop, Target};
+use atenet_router::tools::sim::{Sim, SimConfig};
 use futures::{SinkExt, StreamExt};
 use grpcio::{
     CallOption, ChannelBuilder, Client, DuplexSink, EnvBuilder, RequestStream, RpcContext, ServerBuilder,

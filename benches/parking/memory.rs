@@ -6,9 +6,9 @@
 
 use std::time::Duration;
 
-use atenet_router::load::{self, Envoy, Stop};
-use atenet_router::resume::Code;
-use atenet_router::sim::{Answer, SimConfig};
+use atenet_router::ateapi::resume::Code;
+use atenet_router::tools::load::{self, Envoy, Stop};
+use atenet_router::tools::sim::{Answer, SimConfig};
 
 use crate::harness::{actors, sim, spec, Proc};
 use crate::report::{median, Report};

@@ -6,10 +6,10 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use atenet_router::load::{self, Distribution, Envoy, Stop};
-use atenet_router::resume::Code;
-use atenet_router::sim::{Answer, Sim, SimConfig};
-use atenet_router::timer::{sleep_until, Scheduler, TimerThread};
+use atenet_router::ateapi::resume::Code;
+use atenet_router::parking::timer::{sleep_until, Scheduler, TimerThread};
+use atenet_router::tools::load::{self, Distribution, Envoy, Stop};
+use atenet_router::tools::sim::{Answer, Sim, SimConfig};
 use futures::executor::block_on;
 use futures::future::join_all;
 

@@ -3,9 +3,9 @@
 
 use std::time::Duration;
 
-use atenet_router::load::{self, CallerDeadline, Envoy, LoadReport, Stop};
-use atenet_router::resume::Code;
-use atenet_router::sim::{Answer, Sim, SimConfig};
+use atenet_router::ateapi::resume::Code;
+use atenet_router::tools::load::{self, CallerDeadline, Envoy, LoadReport, Stop};
+use atenet_router::tools::sim::{Answer, Sim, SimConfig};
 
 use crate::harness::{actors, sim, spec, Proc};
 use crate::report::{median, Bound, Report};

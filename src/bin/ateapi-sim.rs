@@ -1,13 +1,14 @@
 //! `ateapi-sim`: a simulated ateapi control plane for development, demos and
-//! tests. See `atenet_router::sim` for the model.
+//! tests. See `atenet_router::tools::sim` for the model.
 
 use std::net::SocketAddr;
 use std::process::ExitCode;
 use std::time::Duration;
 
 use argh::FromArgs;
-use atenet_router::sim::{Ipv4Net, Sim, SimConfig, SimTls, WorkerIps};
-use atenet_router::{godur, process};
+use atenet_router::cli::godur;
+use atenet_router::ops::process;
+use atenet_router::tools::sim::{Ipv4Net, Sim, SimConfig, SimTls, WorkerIps};
 use signal_hook::consts::{SIGINT, SIGTERM};
 use signal_hook::iterator::Signals;
 
@@ -48,7 +49,7 @@ struct Args {
     /// how long each simulated restart answers Unavailable
     #[argh(option, default = "String::from(\"2s\")")]
     outage_duration: String,
-    /// file of scripted answers per actor (see atenet_router::sim::parse_script)
+    /// file of scripted answers per actor (see atenet_router::tools::sim::parse_script)
     #[argh(option)]
     script: Option<String>,
     /// fraction of restores that take --slow-restore-latency instead
@@ -171,9 +172,9 @@ fn open_log(path: &str) -> Result<std::fs::File, String> {
     std::fs::OpenOptions::new().create(true).append(true).open(path).map_err(|e| format!("{path}: {e}"))
 }
 
-fn read_script(path: &str) -> Result<Vec<(String, atenet_router::sim::Answer)>, String> {
+fn read_script(path: &str) -> Result<Vec<(String, atenet_router::tools::sim::Answer)>, String> {
     let text = std::fs::read_to_string(path).map_err(|e| format!("{path}: {e}"))?;
-    atenet_router::sim::parse_script(&text).map_err(|e| e.to_string())
+    atenet_router::tools::sim::parse_script(&text).map_err(|e| e.to_string())
 }
 
 /// The flags, or how to exit: 0 after `--help`, 2 on a bad flag, like every

@@ -1,14 +1,17 @@
 //! `parkload`: an ext_proc load generator playing Envoy's part against a
-//! running atenet-router. See `parkload --help` and `atenet_router::load`.
+//! running atenet-router. See `parkload --help` and `atenet_router::tools::load`.
 
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::process::ExitCode;
 use std::time::Duration;
 
 use argh::FromArgs;
-use atenet_router::load::http::HttpTarget;
-use atenet_router::load::{self, CallerDeadline, Distribution, LoadSpec, Stop, Target, MAX_HTTP_IN_FLIGHT};
-use atenet_router::{godur, process};
+use atenet_router::cli::godur;
+use atenet_router::ops::process;
+use atenet_router::tools::load::http::HttpTarget;
+use atenet_router::tools::load::{
+    self, CallerDeadline, Distribution, LoadSpec, Stop, Target, MAX_HTTP_IN_FLIGHT,
+};
 
 /// Requests in flight at most (`--concurrency`, `--hold`): each costs this
 /// process about 10 KiB, so a million is already 10 GiB; more is a typo.

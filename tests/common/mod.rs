@@ -14,11 +14,11 @@ use std::net::{SocketAddr, TcpStream};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use atenet_router::config::parse_serve_args;
+use atenet_router::cli::config::parse_serve_args;
 use atenet_router::proto::external_processor::{ProcessingRequest, ProcessingResponse};
 use atenet_router::proto::EXT_PROC_PROCESS;
 use atenet_router::router::Router;
-use atenet_router::sim::{Sim, SimConfig};
+use atenet_router::tools::sim::{Sim, SimConfig};
 use futures::{SinkExt, StreamExt};
 use grpcio::{
     CallOption, ChannelBuilder, Client, ClientDuplexReceiver, ClientDuplexSender, EnvBuilder, WriteFlags,
@@ -198,7 +198,7 @@ impl Envoy {
     }
 }
 
-pub use atenet_router::load::headers_request;
+pub use atenet_router::tools::load::headers_request;
 
 /// A simulated ateapi on loopback with no pool: it answers only the actors
 /// a test scripts (any other is NotFound).

@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use parking_lot::Mutex;
 use prometheus::{Histogram, IntCounter, IntGauge};
 
-use crate::clock::Clock;
+use crate::parking::clock::Clock;
 
 /// How a parked caller's wait ended (B33); the `outcome` label of
 /// `atenet_router_parking_wait_duration_seconds`.
@@ -447,8 +447,8 @@ impl Shares {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::clock::ManualClock;
-    use crate::metrics::Metrics;
+    use crate::parking::clock::ManualClock;
+    use crate::ops::metrics::Metrics;
 
     fn lot(max: usize, per_atespace: usize, clock: Arc<dyn Clock>) -> Arc<ParkingLot> {
         ParkingLot::new(max, per_atespace, clock, Metrics::new().lot_instruments())
@@ -601,7 +601,7 @@ mod tests {
 
     #[test]
     fn b29_b69_exact_admission_under_concurrency() {
-        let lot = lot(100, 7, Arc::new(crate::clock::SystemClock));
+        let lot = lot(100, 7, Arc::new(crate::parking::clock::SystemClock));
         let barrier = Arc::new(std::sync::Barrier::new(8));
         let handles: Vec<_> = (0..8)
             .map(|t| {
@@ -629,7 +629,7 @@ mod tests {
 
     #[test]
     fn b29_exact_admission_under_concurrency_without_a_cap() {
-        let lot = lot(100, 0, Arc::new(crate::clock::SystemClock));
+        let lot = lot(100, 0, Arc::new(crate::parking::clock::SystemClock));
         let barrier = Arc::new(std::sync::Barrier::new(8));
         let handles: Vec<_> = (0..8)
             .map(|_| {

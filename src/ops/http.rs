@@ -38,8 +38,8 @@ use std::time::{Duration, Instant};
 
 use tiny_http::{HTTPVersion, Header, Method, Response};
 
-use crate::logging::Throttle;
-use crate::metrics::Metrics;
+use crate::ops::logging::Throttle;
+use crate::ops::metrics::Metrics;
 
 /// What a handler answers: status, content type, body.
 pub struct Reply {
@@ -132,7 +132,7 @@ impl HttpServer {
         handler: Handler,
     ) -> Result<HttpServer, BindError> {
         let bind_error = |source| BindError { addr, source };
-        let listener = crate::listen::shared(addr).map_err(bind_error)?;
+        let listener = crate::ops::listen::shared(addr).map_err(bind_error)?;
         listener.set_nonblocking(true).map_err(bind_error)?;
         let addr = listener.local_addr().map_err(bind_error)?;
         let (wake, woken) = UnixStream::pair().map_err(bind_error)?;

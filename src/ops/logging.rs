@@ -305,7 +305,7 @@ mod tests {
         let args = format_args!("routing failed");
         let record = Record::builder()
             .level(Level::Warn)
-            .target("atenet_router::extproc")
+            .target("atenet_router::envoy::extproc")
             .args(args)
             .key_values(&kvs)
             .build();

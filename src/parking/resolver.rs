@@ -21,12 +21,12 @@ use std::task::{Context, Poll};
 
 use std::time::Instant;
 
-use crate::clock::Clock;
-use crate::flight::{Flight, FlightEvent, FlightOutcome, FlightTable, FlightWait, FlightsFull, Role, Until};
-use crate::lot::{LotDecision, ParkingLot, Refusal, Slot, WaitOutcome};
-use crate::resume::{ResumeError, Resumed};
-use crate::target::ActorId;
-use crate::timer::{sleep_until, Scheduler, Sleep};
+use crate::parking::clock::Clock;
+use crate::parking::flight::{Flight, FlightEvent, FlightOutcome, FlightTable, FlightWait, FlightsFull, Role, Until};
+use crate::parking::lot::{LotDecision, ParkingLot, Refusal, Slot, WaitOutcome};
+use crate::ateapi::resume::{ResumeError, Resumed};
+use crate::ateapi::target::ActorId;
+use crate::parking::timer::{sleep_until, Scheduler, Sleep};
 
 /// B21's per-caller `resume` label.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -417,9 +417,9 @@ fn wait_outcome(outcome: &FlightOutcome) -> WaitOutcome {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::flight::tests::{actor, err, harness, ok, Harness};
-    use crate::metrics::Metrics;
-    use crate::resume::Code;
+    use crate::parking::flight::tests::{actor, err, harness, ok, Harness};
+    use crate::ops::metrics::Metrics;
+    use crate::ateapi::resume::Code;
     use futures::task::noop_waker;
     use parking_lot::Mutex;
     use std::time::Duration;

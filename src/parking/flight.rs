@@ -28,11 +28,11 @@ use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 
-use crate::backoff::{Backoff, BackoffPolicy};
-use crate::clock::Clock;
-use crate::resume::{AttemptResult, Code, ResumeError, Resumed};
-use crate::target::ActorId;
-use crate::timer::{Scheduler, TimerId};
+use crate::parking::backoff::{Backoff, BackoffPolicy};
+use crate::parking::clock::Clock;
+use crate::ateapi::resume::{AttemptResult, Code, ResumeError, Resumed};
+use crate::ateapi::target::ActorId;
+use crate::parking::timer::{Scheduler, TimerId};
 
 /// Starts `ResumeActor` attempts without waiting for them: the seam between
 /// the flights and the control plane, so that the parking logic runs in
@@ -513,8 +513,8 @@ impl Inner {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
-    use crate::clock::ManualClock;
-    use crate::timer::ManualScheduler;
+    use crate::parking::clock::ManualClock;
+    use crate::parking::timer::ManualScheduler;
     use futures::task::noop_waker;
 
     /// A control plane that records attempts and lets the test answer them.

@@ -1,6 +1,6 @@
 //! Validation and the values derived from the flags (B37-B40, B46, B58).
 //!
-//! Every flag ([`crate::flags`]) is validated and normalised here, once,
+//! Every flag ([`crate::cli::flags`]) is validated and normalised here, once,
 //! before any socket opens; the rest of the router reads only the effective
 //! [`Config`]. A bad value is an error naming the flag, printed as
 //! `invalid router configuration: ...`, never a panic.
@@ -10,9 +10,9 @@ use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
 use std::path::PathBuf;
 use std::time::Duration;
 
-use crate::backoff::BackoffPolicy;
-use crate::flags::ServeArgs;
-use crate::godur;
+use crate::cli::flags::ServeArgs;
+use crate::cli::godur;
+use crate::parking::backoff::BackoffPolicy;
 
 /// The resume budget when parking is disabled: long enough to ride out
 /// concurrent-resume conflicts (B18, B22).
@@ -99,7 +99,7 @@ pub struct Config {
     pub envoy_idle_timeout: Duration,
     pub route_timeout: Duration,
     pub log_level: log::LevelFilter,
-    pub log_format: crate::logging::Format,
+    pub log_format: crate::ops::logging::Format,
     /// How long past the budget a late verdict may still arrive; zero when
     /// late serve is disabled.
     pub late_serve_limit: Duration,
@@ -171,7 +171,7 @@ impl Config {
             ("--metrics-listen-addr", Some(metrics_addr)),
             ("--status-address/--status-port", status_addr),
         ])?;
-        let log_level = crate::logging::parse_level(&args.log_level).ok_or_else(|| {
+        let log_level = crate::ops::logging::parse_level(&args.log_level).ok_or_else(|| {
             invalid(format!(
                 "--log-level must be error, warn, info, debug or trace, got {:?}",
                 args.log_level
@@ -668,10 +668,10 @@ fn transport(args: &ServeArgs) -> Result<AteapiTransport, ConfigError> {
 /// Parses `serve`'s flags from an argument list (without the program name
 /// and subcommand), for tests and tools that build a config from strings.
 pub fn parse_serve_args(args: &[&str]) -> Result<Config, ConfigError> {
-    match crate::flags::parse_flags("serve", args) {
+    match crate::cli::flags::parse_flags("serve", args) {
         Ok(flags) => Config::from_args(&flags),
-        Err(crate::flags::FlagsError::Help(_)) => Err(invalid("--help is not a configuration")),
-        Err(crate::flags::FlagsError::Invalid(e)) => Err(e),
+        Err(crate::cli::flags::FlagsError::Help(_)) => Err(invalid("--help is not a configuration")),
+        Err(crate::cli::flags::FlagsError::Invalid(e)) => Err(invalid(e)),
     }
 }
 

@@ -32,14 +32,14 @@ use grpcio::{
 };
 use parking_lot::{Mutex, RwLock};
 
-use crate::config::AteapiTransport;
-use crate::metrics::Metrics;
-use crate::pem::{self, PemError};
+use crate::cli::config::AteapiTransport;
+use crate::ops::metrics::Metrics;
+use crate::ateapi::pem::{self, PemError};
 use crate::proto::ateapi::{ObjectRef, ResumeActorRequest, ResumeActorResponse};
 use crate::proto::ATEAPI_RESUME_ACTOR;
-use crate::flight::{AttemptDone, Resumer};
-use crate::resume::{AttemptResult, Code, ResumeError, Resumed};
-use crate::target::ActorId;
+use crate::parking::flight::{AttemptDone, Resumer};
+use crate::ateapi::resume::{AttemptResult, Code, ResumeError, Resumed};
+use crate::ateapi::target::ActorId;
 
 /// Why a credential file cannot be used (B60): which flag, which file, and
 /// the cause.

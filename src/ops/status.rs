@@ -11,15 +11,15 @@ use std::time::{Duration, Instant, SystemTime};
 
 use parking_lot::Mutex;
 
-use crate::ateapi::AteapiClient;
-use crate::config::{AteapiTransport, Config};
-use crate::godur;
-use crate::http::{Handler, Reply, Request};
-use crate::lot::AtespaceView;
-use crate::logging::json_string;
-use crate::metrics::Metrics;
-use crate::resolver::Resolver;
-use crate::resume::Code;
+use crate::ateapi::client::AteapiClient;
+use crate::cli::config::{AteapiTransport, Config};
+use crate::cli::godur;
+use crate::ops::http::{Handler, Reply, Request};
+use crate::parking::lot::AtespaceView;
+use crate::ops::logging::json_string;
+use crate::ops::metrics::Metrics;
+use crate::parking::resolver::Resolver;
+use crate::ateapi::resume::Code;
 
 /// How many atespaces the page lists (B69).
 const TOP_ATESPACES: usize = 20;
@@ -304,7 +304,7 @@ fn json(s: &Snapshot) -> String {
             j,
             "{}{{\"time\":{},\"method\":{},\"path\":{},\"actor\":{},\"verdict\":{},\"target\":{},\"duration_seconds\":{:.6}}}",
             if i > 0 { "," } else { "" },
-            json_string(&crate::logging::rfc3339(r.at)),
+            json_string(&crate::ops::logging::rfc3339(r.at)),
             json_string(&r.method),
             json_string(&r.path),
             json_string(&r.actor),
@@ -402,7 +402,7 @@ fn html(s: &Snapshot) -> String {
         let _ = write!(
             h,
             "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{:.1}ms</td></tr>",
-            escape(&crate::logging::rfc3339(r.at)),
+            escape(&crate::ops::logging::rfc3339(r.at)),
             escape(&r.method),
             escape(&r.path),
             escape(&r.actor),

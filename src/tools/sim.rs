@@ -31,14 +31,14 @@ use grpcio::{
 use parking_lot::{Condvar, Mutex};
 use protobuf::MessageField;
 
-use crate::logging::json_string;
+use crate::ateapi::resume::Code;
+use crate::ops::logging::json_string;
+use crate::parking::timer::{sleep_until, Scheduler, TimerThread};
 use crate::proto::ateapi::{
     Actor, ActorState, ActorStatus, ResourceMetadata, ResumeActorRequest, ResumeActorResponse,
     WorkerAssignment,
 };
 use crate::proto::ATEAPI_RESUME_ACTOR;
-use crate::resume::Code;
-use crate::timer::{sleep_until, Scheduler, TimerThread};
 
 /// The pool model's parameters.
 #[derive(Clone, Debug)]
@@ -698,7 +698,7 @@ pub fn parse_script(text: &str) -> Result<Vec<(String, Answer)>, ScriptError> {
         let mut next = |what: &str| parts.next().ok_or_else(|| fail(&format!("missing {what}")));
         let actor = next("actor")?.to_string();
         let code = code_named(next("code")?).ok_or_else(|| fail("unknown code"))?;
-        let delay = crate::godur::parse(next("delay")?).map_err(|e| fail(&e.to_string()))?.magnitude;
+        let delay = crate::cli::godur::parse(next("delay")?).map_err(|e| fail(&e.to_string()))?.magnitude;
         let ips = match next("ips")? {
             "-" => Vec::new(),
             list => list.split(',').map(str::to_string).collect(),

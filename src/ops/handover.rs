@@ -68,7 +68,7 @@ impl Successor {
                 Ok(status) => format!("the successor exited ({status}) before it served"),
                 Err(e) => format!("the successor ended its pipe before it served ({e})"),
             },
-            Err(_) => format!("the successor did not serve within {}", crate::godur::format(patience)),
+            Err(_) => format!("the successor did not serve within {}", crate::cli::godur::format(patience)),
         };
         let _ = self.child.kill();
         let _ = self.child.wait();

@@ -8,9 +8,9 @@
 
 use std::net::IpAddr;
 
-use crate::resolver::{ResolveError, ResumeOutcome};
-use crate::resume::{Code, ResumeError};
-use crate::target::{ActorId, Target};
+use crate::parking::resolver::{ResolveError, ResumeOutcome};
+use crate::ateapi::resume::{Code, ResumeError};
+use crate::ateapi::target::{ActorId, Target};
 
 /// The answer to one request_headers message.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -240,8 +240,8 @@ fn reject(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::resolver::ResumeLabel;
-    use crate::resume::Resumed;
+    use crate::parking::resolver::ResumeLabel;
+    use crate::ateapi::resume::Resumed;
 
     fn target() -> Target {
         Target { actor: ActorId::parse("demo/a").unwrap(), port: 8080, carries_actor_header: false }

@@ -293,7 +293,7 @@ mod testing {
     use parking_lot::Mutex;
 
     use super::{Queue, Scheduler, Task, TimerId};
-    use crate::clock::{Clock, ManualClock};
+    use crate::parking::clock::{Clock, ManualClock};
 
     /// A scheduler driven by a [`ManualClock`]: tasks run only inside
     /// [`ManualScheduler::advance`], on the caller's thread, in deadline order.
@@ -349,7 +349,7 @@ mod testing {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::clock::{Clock, ManualClock};
+    use crate::parking::clock::{Clock, ManualClock};
     use crossbeam_channel::unbounded;
     use std::time::Duration;
 

@@ -7,7 +7,7 @@
 use std::time::Duration;
 
 use crate::proto::base::HeaderMap;
-use crate::target;
+use crate::ateapi::target;
 
 /// The gRPC deadline header.
 pub const GRPC_TIMEOUT: &str = "grpc-timeout";
@@ -71,7 +71,7 @@ mod tests {
 
     fn headers(pairs: &[(&str, &str)]) -> HeaderMap {
         let raw: Vec<(&str, &[u8])> = pairs.iter().map(|(k, v)| (*k, v.as_bytes())).collect();
-        crate::target::test_headers(&raw)
+        crate::ateapi::target::test_headers(&raw)
     }
 
     #[test]

@@ -44,11 +44,11 @@ use grpcio::{
 use hdrhistogram::Histogram;
 use parking_lot::{Condvar, Mutex};
 
-use crate::logging::json_string;
+use crate::ops::logging::json_string;
+use crate::parking::timer::{sleep_until, Scheduler, TimerThread};
 use crate::proto::base::{HeaderMap, HeaderValue};
 use crate::proto::external_processor::{HttpHeaders, ProcessingRequest, ProcessingResponse};
 use crate::proto::EXT_PROC_PROCESS;
-use crate::timer::{sleep_until, Scheduler, TimerThread};
 
 /// An open-loop request sent later than this after its scheduled time is
 /// late: every slot was taken when it was due, or the generator itself fell
@@ -152,7 +152,7 @@ impl CallerDeadline {
     /// Parses gRPC's `TimeoutValue TimeoutUnit` (e.g. `300m`); `None` if the
     /// router would ignore it as malformed.
     pub fn parse(value: &str) -> Option<CallerDeadline> {
-        crate::deadline::grpc_timeout(value.as_bytes())
+        crate::parking::deadline::grpc_timeout(value.as_bytes())
             .map(|timeout| CallerDeadline { header: value.to_string(), timeout })
     }
 }
@@ -187,7 +187,7 @@ impl LoadSpec {
         }
         match self.stop {
             Stop::After(d) => {
-                let _ = write!(out, ", for {}", crate::godur::format(d));
+                let _ = write!(out, ", for {}", crate::cli::godur::format(d));
             }
             Stop::Count(n) => {
                 let _ = write!(out, ", {n} requests");
@@ -199,7 +199,7 @@ impl LoadSpec {
             self.actors.len(),
             if self.actors.len() == 1 { "" } else { "s" },
             self.distribution,
-            crate::godur::format(self.request_timeout)
+            crate::cli::godur::format(self.request_timeout)
         );
         if let Some(deadline) = &self.grpc_timeout {
             let _ = write!(out, "; grpc-timeout {}", deadline.header);

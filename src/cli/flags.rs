@@ -1,68 +1,9 @@
-//! The command line as an operator types it: the commands, every flag with
-//! its default (B65), and the `--flag=value` form. What the values mean and
-//! whether they are acceptable is [`crate::config`]'s business.
+//! The flags as an operator types them: every flag with its default (B65),
+//! and the `--flag=value` form. Only the syntax is checked here: what the
+//! values mean and whether they are acceptable is [`crate::cli::config`]'s
+//! business, which reads [`ServeArgs`].
 
 use argh::FromArgs;
-
-use crate::config::{Config, ConfigError};
-
-/// The top-level help.
-pub const HELP: &str = "Usage: atenet-router <command> [<flags>]
-
-Envoy ext_proc router that resumes actors through ateapi and parks requests
-through transient worker-pool saturation.
-
-Commands:
-  serve         Run the router: the ext_proc server Envoy calls for every request.
-  envoy-config  Print the Envoy v3 bootstrap (YAML) matching the same flags.
-  version       Print the version and the git revision it was built from.
-
-Both serve and envoy-config take the same flags; see `atenet-router serve --help`.
-";
-
-/// What the command line asks for.
-#[derive(Debug)]
-pub enum Command {
-    /// Run the router.
-    Serve(Box<Config>),
-    /// Print the Envoy bootstrap for this configuration.
-    EnvoyConfig(Box<Config>),
-    /// Print this text (on stdout, exit 0).
-    Help(String),
-    /// Print the version.
-    Version,
-    /// No command: print the help on stderr and exit 2.
-    Usage,
-}
-
-/// Reads the command line (without the program name).
-pub fn parse_command(args: &[String]) -> Result<Command, ConfigError> {
-    let command = args.first().map(String::as_str).unwrap_or("");
-    let rest: Vec<&str> = args.iter().skip(1).map(String::as_str).collect();
-    let config = |command| match parse_flags(command, &rest) {
-        Ok(flags) => Config::from_args(&flags).map(Box::new).map(Ok),
-        Err(FlagsError::Help(text)) => Ok(Err(text)),
-        Err(FlagsError::Invalid(e)) => Err(e),
-    };
-    match command {
-        "serve" => Ok(config(command)?.map_or_else(Command::Help, Command::Serve)),
-        "envoy-config" => match config(command)? {
-            // `serve --port-extproc 0` takes any free port, which a
-            // bootstrap written beforehand cannot name (B70).
-            Ok(config) if config.extproc_addr.port() == 0 => Err(ConfigError::new(
-                "envoy-config needs the ext_proc port Envoy connects to: \
-                 --port-extproc 0 (any free port) cannot be written into a bootstrap",
-            )),
-            parsed => Ok(parsed.map_or_else(Command::Help, Command::EnvoyConfig)),
-        },
-        "help" | "--help" | "-h" => Ok(Command::Help(HELP.to_string())),
-        "version" | "--version" | "-V" => Ok(Command::Version),
-        "" => Ok(Command::Usage),
-        other => Err(ConfigError::new(format!(
-            "unknown command {other:?} (expected serve, envoy-config or version)"
-        ))),
-    }
-}
 
 /// The router's flags, as typed by an operator. `serve` and `envoy-config`
 /// take the same set, so the Envoy configuration is always derived from
@@ -192,8 +133,8 @@ pub const DEFAULT_TRUSTED_RANGES: &str =
 pub enum FlagsError {
     /// `--help` was asked for; the text to print.
     Help(String),
-    /// A flag is unknown or its value malformed.
-    Invalid(ConfigError),
+    /// A flag is unknown or its value malformed: argh's message.
+    Invalid(String),
 }
 
 /// Parses the flags of subcommand `command` (`serve` or `envoy-config`).
@@ -211,7 +152,7 @@ pub fn parse_flags(command: &str, args: &[&str]) -> Result<ServeArgs, FlagsError
         if exit.status.is_ok() {
             FlagsError::Help(exit.output)
         } else {
-            FlagsError::Invalid(ConfigError::new(exit.output.trim().to_string()))
+            FlagsError::Invalid(exit.output.trim().to_string())
         }
     })
 }

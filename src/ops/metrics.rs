@@ -20,10 +20,10 @@ use prometheus::{
     Registry, TextEncoder,
 };
 
-use crate::lot::{LotDecision, LotInstruments, WaitOutcome};
-use crate::resolver::ResumeLabel;
-use crate::resume::Code;
-use crate::verdict::RouteOutcome;
+use crate::parking::lot::{LotDecision, LotInstruments, WaitOutcome};
+use crate::parking::resolver::ResumeLabel;
+use crate::ateapi::resume::Code;
+use crate::envoy::verdict::RouteOutcome;
 
 /// B32's buckets: from a millisecond up to the longest plausible park.
 const WAIT_BUCKETS: &[f64] =
@@ -117,7 +117,7 @@ impl Metrics {
             &["version", "revision"],
         )
         .expect("a valid metric");
-        build_info.with_label_values(&[crate::version::VERSION, crate::version::REVISION]).set(1);
+        build_info.with_label_values(&[crate::ops::version::VERSION, crate::ops::version::REVISION]).set(1);
         let timer_lateness = Histogram::with_opts(
             HistogramOpts::new(
                 "atenet_router_timer_lateness_seconds",
@@ -209,7 +209,7 @@ impl Metrics {
         Metrics { inner: Arc::new(instruments) }
     }
 
-    /// The lot's instruments, for [`crate::lot::ParkingLot::new`].
+    /// The lot's instruments, for [`crate::parking::lot::ParkingLot::new`].
     pub fn lot_instruments(&self) -> LotInstruments {
         self.inner.lot.clone()
     }

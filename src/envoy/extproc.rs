@@ -31,10 +31,10 @@ use protobuf::well_known_types::struct_::{Struct, Value};
 use protobuf::well_known_types::wrappers::BoolValue;
 use protobuf::MessageField;
 
-use crate::deadline::{self, CallerTimeout};
-use crate::flight::{FlightEvent, FlightWait};
-use crate::logging::Throttle;
-use crate::metrics::Metrics;
+use crate::parking::deadline::{self, CallerTimeout};
+use crate::parking::flight::{FlightEvent, FlightWait};
+use crate::ops::logging::Throttle;
+use crate::ops::metrics::Metrics;
 use crate::proto::base::{
     header_value_option::HeaderAppendAction, HeaderMap, HeaderValue, HeaderValueOption,
 };
@@ -44,13 +44,13 @@ use crate::proto::external_processor::{
 };
 use crate::proto::http_status::HttpStatus;
 use crate::proto::EXT_PROC_PROCESS;
-use crate::resolver::{Abandon, ResolveError, Resolver, ResumeLabel};
-use crate::resume::{BadWorkerIp, Resumed};
-use crate::status::{Answered, RecentRequests, RecentVerdict};
-use crate::streams::{StreamSlots, FIRST_MESSAGE_TIMEOUT};
-use crate::target::{self, ActorId, Target, ACTOR_HEADER};
-use crate::timer::{sleep_until, Scheduler};
-use crate::verdict::{self, Rejection, RouteOutcome, Verdict};
+use crate::parking::resolver::{Abandon, ResolveError, Resolver, ResumeLabel};
+use crate::ateapi::resume::{BadWorkerIp, Resumed};
+use crate::ops::status::{Answered, RecentRequests, RecentVerdict};
+use crate::envoy::streams::{StreamSlots, FIRST_MESSAGE_TIMEOUT};
+use crate::ateapi::target::{self, ActorId, Target, ACTOR_HEADER};
+use crate::parking::timer::{sleep_until, Scheduler};
+use crate::envoy::verdict::{self, Rejection, RouteOutcome, Verdict};
 
 /// The dynamic-metadata namespace Envoy's ORIGINAL_DST cluster reads (B7).
 pub const ORIGINAL_DST_NAMESPACE: &str = "envoy.filters.listener.original_dst";
@@ -163,7 +163,7 @@ impl ExtProc {
                             self.metrics.count_stream_silent_closed();
                             let why = format!(
                                 "atenet-router: no message within {} of opening the stream",
-                                crate::godur::format(FIRST_MESSAGE_TIMEOUT)
+                                crate::cli::godur::format(FIRST_MESSAGE_TIMEOUT)
                             );
                             let silent = RpcStatus::with_message(RpcStatusCode::DEADLINE_EXCEEDED, why);
                             let _ = sink.fail(silent).await;
@@ -690,7 +690,7 @@ fn string_value(s: &str) -> Value {
 mod tests {
     use super::*;
     use crate::proto::external_processor::HttpHeaders;
-    use crate::resume::Code;
+    use crate::ateapi::resume::Code;
     use protobuf::Message;
 
     fn hex(bytes: &[u8]) -> String {
@@ -739,7 +739,7 @@ mod tests {
 
     fn headers(pairs: &[(&str, &str)]) -> HeaderMap {
         let raw: Vec<(&str, &[u8])> = pairs.iter().map(|(k, v)| (*k, v.as_bytes())).collect();
-        crate::target::test_headers(&raw)
+        crate::ateapi::target::test_headers(&raw)
     }
 
     #[test]

@@ -20,7 +20,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use crossbeam_channel::Receiver;
 
-use crate::config::Config;
+use crate::cli::config::Config;
 use crate::router::Router;
 
 /// What the drain does, from the effective configuration.
@@ -146,7 +146,7 @@ pub fn drain_reporting(
     // `connection: close`, HTTP/2 GOAWAY), while its listeners still accept.
     let envoy_gone =
         plan.envoy_admin.as_deref().is_some_and(|admin| post(admin, "/healthcheck/fail").is_err());
-    log::info!("drain: not ready; waiting {} before draining Envoy", crate::godur::format(plan.delay));
+    log::info!("drain: not ready; waiting {} before draining Envoy", crate::cli::godur::format(plan.delay));
     let mut skipping = interrupt.recv_timeout(plan.delay).is_ok();
     progress(plan.envoy_bound() + plan.stop_bound());
     let envoy = match (&plan.envoy_admin, envoy_gone, skipping) {
@@ -157,7 +157,7 @@ pub fn drain_reporting(
     };
     skipping |= envoy == EnvoyDrain::Skipped;
     progress(plan.stop_bound());
-    log::info!("drain: Envoy {envoy}; stopping ext_proc (up to {})", crate::godur::format(plan.timeout));
+    log::info!("drain: Envoy {envoy}; stopping ext_proc (up to {})", crate::cli::godur::format(plan.timeout));
     let timeout = if skipping { Duration::ZERO } else { plan.timeout };
     let started = std::time::Instant::now();
     let (streams_finished, cancelled) = router.stop(timeout, interrupt);
@@ -247,7 +247,8 @@ enum AdminError {
 /// poll) and the generated health-check and metrics listeners' (a kubelet
 /// probe or a scrape must not hold the drain open).
 pub fn active_connections(stats: &str) -> u64 {
-    let ignored = ["admin", crate::envoy::HEALTH_STAT_PREFIX, crate::envoy::STATS_STAT_PREFIX];
+    let ignored =
+        ["admin", crate::envoy::bootstrap::HEALTH_STAT_PREFIX, crate::envoy::bootstrap::STATS_STAT_PREFIX];
     stats
         .lines()
         .filter_map(|line| line.split_once(':'))
@@ -302,7 +303,7 @@ fn write_marker(path: &Path) -> io::Result<()> {
     if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
         fs::create_dir_all(parent)?;
     }
-    fs::write(path, format!("{}\n", crate::logging::rfc3339(SystemTime::now())))
+    fs::write(path, format!("{}\n", crate::ops::logging::rfc3339(SystemTime::now())))
 }
 
 #[cfg(test)]

@@ -1,0 +1,64 @@
+//! The commands: what `atenet-router <command> [<flags>]` asks for. The
+//! flags parse in [`crate::cli::flags`]; their values are validated into a
+//! [`Config`] here, before anything else runs.
+
+use crate::cli::config::{Config, ConfigError};
+use crate::cli::flags::{parse_flags, FlagsError};
+
+/// The top-level help.
+pub const HELP: &str = "Usage: atenet-router <command> [<flags>]
+
+Envoy ext_proc router that resumes actors through ateapi and parks requests
+through transient worker-pool saturation.
+
+Commands:
+  serve         Run the router: the ext_proc server Envoy calls for every request.
+  envoy-config  Print the Envoy v3 bootstrap (YAML) matching the same flags.
+  version       Print the version and the git revision it was built from.
+
+Both serve and envoy-config take the same flags; see `atenet-router serve --help`.
+";
+
+/// What the command line asks for.
+#[derive(Debug)]
+pub enum Command {
+    /// Run the router.
+    Serve(Box<Config>),
+    /// Print the Envoy bootstrap for this configuration.
+    EnvoyConfig(Box<Config>),
+    /// Print this text (on stdout, exit 0).
+    Help(String),
+    /// Print the version.
+    Version,
+    /// No command: print the help on stderr and exit 2.
+    Usage,
+}
+
+/// Reads the command line (without the program name).
+pub fn parse_command(args: &[String]) -> Result<Command, ConfigError> {
+    let command = args.first().map(String::as_str).unwrap_or("");
+    let rest: Vec<&str> = args.iter().skip(1).map(String::as_str).collect();
+    let config = |command| match parse_flags(command, &rest) {
+        Ok(flags) => Config::from_args(&flags).map(Box::new).map(Ok),
+        Err(FlagsError::Help(text)) => Ok(Err(text)),
+        Err(FlagsError::Invalid(e)) => Err(ConfigError::new(e)),
+    };
+    match command {
+        "serve" => Ok(config(command)?.map_or_else(Command::Help, Command::Serve)),
+        "envoy-config" => match config(command)? {
+            // `serve --port-extproc 0` takes any free port, which a
+            // bootstrap written beforehand cannot name (B70).
+            Ok(config) if config.extproc_addr.port() == 0 => Err(ConfigError::new(
+                "envoy-config needs the ext_proc port Envoy connects to: \
+                 --port-extproc 0 (any free port) cannot be written into a bootstrap",
+            )),
+            parsed => Ok(parsed.map_or_else(Command::Help, Command::EnvoyConfig)),
+        },
+        "help" | "--help" | "-h" => Ok(Command::Help(HELP.to_string())),
+        "version" | "--version" | "-V" => Ok(Command::Version),
+        "" => Ok(Command::Usage),
+        other => Err(ConfigError::new(format!(
+            "unknown command {other:?} (expected serve, envoy-config or version)"
+        ))),
+    }
+}

@@ -1,0 +1,15 @@
+//! The command line and the configuration derived from it.
+//!
+//! One direction only: [`flags`] parses what the operator typed into
+//! [`flags::ServeArgs`] and knows nothing else; [`config`] validates those
+//! values and derives every setting the router runs with; [`command`]
+//! joins the two into what `main` does. [`godur`] is the duration syntax
+//! every flag and log line uses.
+//!
+//! May depend on: `parking::backoff` (the retry policy it derives) and
+//! `ops::logging` (the log level and format it parses); nothing that runs.
+
+pub mod command;
+pub mod config;
+pub mod flags;
+pub mod godur;

@@ -1,0 +1,17 @@
+//! The Envoy side: the ext_proc gRPC service Envoy calls for every request,
+//! its streams, the verdicts it answers with, and the Envoy bootstrap that
+//! matches the router's flags.
+//!
+//! - `extproc`: the service and one task per stream, from the first message
+//!   to the verdict that ends it;
+//! - `streams`: the bound on open streams;
+//! - `verdict`: what a caller's outcome becomes on the wire;
+//! - [`bootstrap`]: the Envoy configuration, generated from the same flags.
+//!
+//! May depend on: `parking` (a stream's wait), `ateapi` (which actor, what
+//! a resume returned), `ops` (metrics, logs, the status page's recent
+//! requests), `cli` (the bootstrap reads the configuration), `proto`.
+
+pub mod bootstrap;
+
+internal!(extproc, streams, verdict);

@@ -1,0 +1,23 @@
+//! Operations: what an operator runs, scrapes and signals.
+//!
+//! - `http`, `status`, `metrics`: the bounded HTTP listeners, the
+//!   `/statusz` page, and the Prometheus registry;
+//! - [`logging`], [`process`], [`version`]: the log sink, the process
+//!   wiring (panic policy, open files), the build's identity;
+//! - [`systemd`], [`drain`], [`handover`], `listen`: the notify protocol,
+//!   the drain sequence, the SIGHUP hand-over, and listeners a successor
+//!   can share.
+//!
+//! May depend on everything below the assembly: `metrics` names the label
+//! sets of `parking`, `ateapi` and `envoy`; `status` reads their state;
+//! `drain` drives a running `router::Router`. `logging`, `process`,
+//! `version`, `systemd` and `listen` depend on nothing of the crate.
+
+pub mod drain;
+pub mod handover;
+pub mod logging;
+pub mod process;
+pub mod systemd;
+pub mod version;
+
+internal!(http, listen, metrics, status);

@@ -1,0 +1,18 @@
+//! Parking: one resume per actor however many requests wait for it, and
+//! a bounded wait for the requests while that resume retries.
+//!
+//! - `flight`: the flight table, and each flight's attempts, retries and
+//!   outcome;
+//! - `resolver`: a caller's two-phase wait on a flight, and its account;
+//! - `lot`: the slots parked callers hold, and each atespace's share;
+//! - `backoff`, `timer`, `clock`, `deadline`: retry delays, the one timer
+//!   thread, time as a seam, and a caller's own deadline.
+//!
+//! Nothing here touches a network: the control plane is the `Resumer`
+//! seam, time the `Clock` and `Scheduler` seams, so the unit tests script
+//! all three.
+//!
+//! May depend on: `ateapi`'s vocabulary only (`target`, `resume`), and
+//! `proto` (headers, for a caller's deadline).
+
+internal!(backoff, clock, deadline, flight, lot, resolver, timer);

@@ -1,0 +1,15 @@
+//! The two tools that ship beside the router and are no part of it, built
+//! only with the `testkit` feature:
+//!
+//! - [`sim`]: a simulated ateapi control plane (`ateapi-sim`), with a
+//!   saturating worker pool and scripted answers;
+//! - [`load`]: a load generator (`parkload`) that plays Envoy over ext_proc,
+//!   or a client over HTTP.
+//!
+//! May depend on: `proto`, the router's time and duration helpers
+//! (`parking::timer`, `cli::godur`, `ops::logging`'s JSON strings) and the
+//! shared vocabulary (`ateapi::resume::Code`, `parking::deadline`). The
+//! router never depends on them.
+
+pub mod load;
+pub mod sim;
