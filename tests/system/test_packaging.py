@@ -101,7 +101,7 @@ def base_name(name):
 
 def test_dashboard_and_alerts_only_use_metrics_the_router_exports(stack):
     # Make every labelled family appear at least once.
-    from test_envoy_compat import route
+    from test_envoy_messages import route
     route(stack, "demo/parks")
     names = exported_metric_names(stack)
     dashboard = json.loads((PACKAGING / "grafana/atenet-router-dashboard.json").read_text())

