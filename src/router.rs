@@ -260,13 +260,21 @@ impl Router {
             parking_enabled: config.parking.enabled,
             late_serve: !config.late_serve_limit.is_zero(),
             max_flights: config.flight_max,
+            max_flights_per_atespace: config.flight_max_per_atespace,
         };
-        let flights = FlightTable::new(policy, Arc::new(SystemClock), timer.clone(), ateapi.clone());
+        let flights =
+            FlightTable::new(policy, Arc::new(SystemClock), timer.clone(), ateapi.clone(), metrics.flights_abandoned());
         let lot = config.parking.enabled.then(|| {
             let (max, per_atespace) = (config.parking.max, config.parking.max_per_atespace);
             ParkingLot::new(max, per_atespace, Arc::new(SystemClock), metrics.lot_instruments())
         });
-        let resolver = Resolver::new(flights, lot, Arc::new(SystemClock), timer.clone());
+        let resolver = Resolver::new(
+            flights,
+            lot,
+            config.extproc_max_requests_per_atespace,
+            Arc::new(SystemClock),
+            timer.clone(),
+        );
         let ready = Arc::new(AtomicBool::new(true));
         let recent = Arc::new(RecentRequests::default());
         let streams = StreamSlots::new(config.extproc_max_streams, metrics.clone());

@@ -87,6 +87,10 @@ pub struct Config {
     pub extproc_max_streams: usize,
     /// Effective cap on flights in progress (B58).
     pub flight_max: usize,
+    /// Flights one atespace may have in progress (B79).
+    pub flight_max_per_atespace: usize,
+    /// Requests one atespace may hold at once, on any attempt (B80).
+    pub extproc_max_requests_per_atespace: usize,
     /// Effective count of gRPC completion-queue threads (B72).
     pub grpc_threads: usize,
     pub worker_port: u16,
@@ -193,6 +197,13 @@ impl Config {
             extproc_max_requests,
             extproc_max_streams: stream_cap(args.extproc_max_streams, extproc_max_requests)?,
             flight_max,
+            flight_max_per_atespace: share("--flight-max-per-atespace", args.flight_max_per_atespace, "--flight-max", flight_max as u64)?,
+            extproc_max_requests_per_atespace: share(
+                "--extproc-max-requests-per-atespace",
+                args.extproc_max_requests_per_atespace,
+                "--extproc-max-requests",
+                extproc_max_requests,
+            )?,
             grpc_threads: grpc_threads(args.grpc_threads)?,
             worker_port: port("--worker-port", args.worker_port)?,
             drain_delay,
@@ -360,6 +371,18 @@ fn capacities(args: &ServeArgs, parking: &Parking) -> Result<(u64, usize), Confi
         n => return Err(invalid(format!("--flight-max must not be negative, got {n}"))),
     };
     Ok((breaker, flight_max))
+}
+
+/// One atespace's share of `whole` (B79, B80): 0 is half of it (at least
+/// one), so that no atespace can take all of it; an explicit value is 1 up to
+/// the whole.
+fn share(flag: &str, value: i64, whole_flag: &str, whole: u64) -> Result<usize, ConfigError> {
+    let n = match value {
+        0 => (whole / 2).max(1),
+        n if n > 0 && n as u64 <= whole => n as u64,
+        n => return Err(invalid(format!("{flag} must be 0 (half of {whole_flag}) or in 1..={whole} ({whole_flag}), got {n}"))),
+    };
+    Ok(usize::try_from(n).unwrap_or(usize::MAX))
 }
 
 /// `--extproc-max-streams` (B74): 0 is twice the breaker, room for a second

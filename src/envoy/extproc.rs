@@ -34,7 +34,7 @@ use protobuf::MessageField;
 use crate::parking::deadline::{self, CallerTimeout};
 use crate::parking::flight::{FlightEvent, FlightWait};
 use crate::ops::logging::Throttle;
-use crate::ops::metrics::Metrics;
+use crate::ops::metrics::{AtespaceShare, Metrics};
 use crate::proto::base::{
     header_value_option::HeaderAppendAction, HeaderMap, HeaderValue, HeaderValueOption,
 };
@@ -314,8 +314,11 @@ impl ExtProc {
     /// fails the same way, and one line per request would flood the log
     /// from the completion-queue threads. Everything else is debug.
     fn log_rejection(&self, actor: &ActorId, rejection: &Rejection, result: &Result<Resumed, ResolveError>) {
-        if matches!(result, Err(ResolveError::FlightsFull)) {
-            self.metrics.count_flight_rejected();
+        match result {
+            Err(ResolveError::FlightsFull) => self.metrics.count_flight_rejected(),
+            Err(ResolveError::AtespaceFlightsFull) => self.metrics.count_atespace_refused(AtespaceShare::Flights),
+            Err(ResolveError::AtespaceRequestsFull) => self.metrics.count_atespace_refused(AtespaceShare::Requests),
+            _ => {}
         }
         let now = Instant::now();
         match result {

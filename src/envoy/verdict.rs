@@ -154,7 +154,9 @@ pub fn for_outcome(
             ),
             retry_after,
         ),
-        Err(ResolveError::AtespaceFull) => with_retry_after(
+        // The tenant's quota, whichever share it hit (B69, B79, B80): the
+        // client's answer is the same, the metrics say which.
+        Err(ResolveError::AtespaceFull | ResolveError::AtespaceFlightsFull | ResolveError::AtespaceRequestsFull) => with_retry_after(
             reject(
                 503,
                 format!("actor \"{id}\" unavailable: atespace at capacity"),
@@ -310,6 +312,8 @@ mod tests {
             (Err(ResolveError::LotFull), 503, "actor \"demo/a\" unavailable: router at capacity"),
             (Err(ResolveError::FlightsFull), 503, "actor \"demo/a\" unavailable: router at capacity"),
             (Err(ResolveError::AtespaceFull), 503, "actor \"demo/a\" unavailable: atespace at capacity"),
+            (Err(ResolveError::AtespaceFlightsFull), 503, "actor \"demo/a\" unavailable: atespace at capacity"),
+            (Err(ResolveError::AtespaceRequestsFull), 503, "actor \"demo/a\" unavailable: atespace at capacity"),
             (Err(ResolveError::CallerDeadline), 504, "actor demo/a request timed out"),
             (
                 Err(ResolveError::DeadlineTooShort(ResumeError::new(Code::ResourceExhausted, "no free workers available"))),
@@ -334,6 +338,8 @@ mod tests {
         assert_eq!(retry(Err(ResolveError::LotFull)), Some(7));
         assert_eq!(retry(Err(ResolveError::FlightsFull)), Some(7));
         assert_eq!(retry(Err(ResolveError::AtespaceFull)), Some(7));
+        assert_eq!(retry(Err(ResolveError::AtespaceFlightsFull)), Some(7));
+        assert_eq!(retry(Err(ResolveError::AtespaceRequestsFull)), Some(7));
         let short = ResolveError::DeadlineTooShort(ResumeError::new(Code::ResourceExhausted, "full"));
         assert_eq!(retry(Err(short)), Some(7));
         assert_eq!(retry(Err(ResolveError::CallerDeadline)), None, "a 504 is not a capacity answer");
@@ -365,6 +371,8 @@ mod tests {
             (Err(ResolveError::BudgetExhausted(wrapped())), Code::Unavailable),
             (Err(ResolveError::DeadlineTooShort(wrapped())), Code::Unavailable),
             (Err(ResolveError::AtespaceFull), Code::ResourceExhausted),
+            (Err(ResolveError::AtespaceFlightsFull), Code::ResourceExhausted),
+            (Err(ResolveError::AtespaceRequestsFull), Code::ResourceExhausted),
             (Ok(Resumed::from_pod_ips(true, &[])), Code::Internal),
             (failed(Code::Internal, "boom"), Code::Internal),
             (failed(Code::Unknown, "transport"), Code::Internal),

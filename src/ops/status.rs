@@ -453,6 +453,8 @@ pub fn effective_flags(config: &Config) -> Vec<(&'static str, String)> {
         ("--extproc-max-requests", config.extproc_max_requests.to_string()),
         ("--extproc-max-streams", config.extproc_max_streams.to_string()),
         ("--flight-max", config.flight_max.to_string()),
+        ("--flight-max-per-atespace", config.flight_max_per_atespace.to_string()),
+        ("--extproc-max-requests-per-atespace", config.extproc_max_requests_per_atespace.to_string()),
         ("--grpc-threads", config.grpc_threads.to_string()),
         ("--worker-port", config.worker_port.to_string()),
         ("--drain-delay", godur::format(config.drain_delay)),
