@@ -86,6 +86,9 @@ pub struct ServeArgs {
     /// port the workers serve on (default: 443)
     #[argh(option, default = "443")]
     pub worker_port: i64,
+    /// CIDRs (comma-separated) a worker's address must be in; any other is a routing failure (default: empty = any unicast address that is not link-local)
+    #[argh(option, default = "String::new()")]
+    pub worker_networks: String,
     /// drain: wait this long after readiness flips (Go duration) (default: 13s)
     #[argh(option, default = "String::from(\"13s\")")]
     pub drain_delay: String,

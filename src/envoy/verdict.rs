@@ -113,6 +113,18 @@ pub fn invalid_target() -> (Verdict, RouteOutcome) {
     (Verdict::Reject(rejection), RouteOutcome::NotFound)
 }
 
+/// The 504 for a caller whose flight's attempt is still running when Envoy
+/// would give up on it (B81): the control plane has not answered.
+pub fn resume_timeout(id: &ActorId) -> (Verdict, RouteOutcome) {
+    let rejection = Rejection {
+        status: 504,
+        body: format!("actor {id} request timed out: ateapi has not answered the resume"),
+        reason: "atenet_resume_timeout",
+        retry_after: None,
+    };
+    (Verdict::Reject(rejection), RouteOutcome::Timeout)
+}
+
 /// The verdict for a caller's resolution. `retry_after` is the seconds a
 /// capacity 503 (lot full, budget exhausted) tells the client to wait.
 pub fn for_outcome(
@@ -284,7 +296,21 @@ mod tests {
 
     #[test]
     fn b8_missing_or_bad_worker_ip() {
-        let not_a_host = ["0.0.0.0", "::", "255.255.255.255", "224.0.0.1", "239.1.2.3", "ff02::1", "::ffff:0.0.0.0"];
+        let not_a_host = [
+            "0.0.0.0",
+            "::",
+            "255.255.255.255",
+            "224.0.0.1",
+            "239.1.2.3",
+            "ff02::1",
+            "::ffff:0.0.0.0",
+            // B83: link-local, the cloud's metadata address among them.
+            "169.254.169.254",
+            "169.254.0.1",
+            "::ffff:169.254.169.254",
+            "fe80::1",
+            "febf::1",
+        ];
         let cases = [vec![], vec!["not-an-ip".to_string()], vec!["".to_string(), "10.0.0.1".to_string()]]
             .into_iter()
             .chain(not_a_host.iter().map(|ip| vec![ip.to_string(), "10.0.0.1".to_string()]));

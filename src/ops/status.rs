@@ -457,6 +457,10 @@ pub fn effective_flags(config: &Config) -> Vec<(&'static str, String)> {
         ("--extproc-max-requests-per-atespace", config.extproc_max_requests_per_atespace.to_string()),
         ("--grpc-threads", config.grpc_threads.to_string()),
         ("--worker-port", config.worker_port.to_string()),
+        (
+            "--worker-networks",
+            config.worker_networks.iter().map(|r| format!("{}/{}", r.ip, r.prefix)).collect::<Vec<_>>().join(","),
+        ),
         ("--drain-delay", godur::format(config.drain_delay)),
         ("--drain-timeout", godur::format(config.drain_timeout)),
         ("--envoy-admin-address", opt(&config.envoy_admin_address)),

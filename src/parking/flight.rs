@@ -66,6 +66,12 @@ pub struct AttemptDone {
 }
 
 impl AttemptDone {
+    /// When the flight's budget ends: an attempt that has not reached the
+    /// control plane by then (no connection) need not be awaited (B82).
+    pub fn budget_deadline(&self) -> Instant {
+        self.flight.deadline
+    }
+
     /// Reports the attempt's result to its flight.
     pub fn complete(self, result: AttemptResult) {
         Inner::on_attempt(&self.table, &self.flight, result);
@@ -80,9 +86,6 @@ pub struct FlightPolicy {
     pub backoff: BackoffPolicy,
     /// Whether the capacity and availability codes are retried (B16).
     pub parking_enabled: bool,
-    /// Whether callers are told when the budget passes with an attempt
-    /// still running (late serve).
-    pub late_serve: bool,
     /// Flights (and so ResumeActor calls) in progress at most (B58).
     pub max_flights: usize,
     /// Flights one atespace may have in progress at once (B79).
@@ -279,6 +282,7 @@ impl Flight {
             budget_left: self.deadline.saturating_duration_since(now),
             attempts: state.attempts,
             parked_callers: state.parked_callers,
+            #[cfg(feature = "testkit")]
             callers: state.callers,
             last_code: state.last_code,
         }
@@ -294,6 +298,7 @@ pub struct FlightSnapshot {
     pub attempts: u32,
     pub parked_callers: usize,
     /// Callers currently waiting on this flight, parked or not.
+    #[cfg(feature = "testkit")]
     pub callers: usize,
     pub last_code: Option<Code>,
 }
@@ -420,12 +425,12 @@ impl FlightTable {
             shard.insert(actor.clone(), Arc::clone(&flight));
             flight
         };
-        if self.inner.policy.late_serve {
-            let (inner, flight) = (Arc::clone(&self.inner), Arc::clone(&created));
-            let timer =
-                self.inner.scheduler.schedule(created.deadline, Box::new(move || inner.on_deadline(&flight)));
-            created.state.lock().deadline_timer = Some(timer);
-        }
+        // Callers learn when the budget passes with an attempt still running
+        // (B19): late serve asks Envoy for more time (B49), and every caller
+        // gets its own answer before Envoy's ceiling (B81).
+        let (inner, flight) = (Arc::clone(&self.inner), Arc::clone(&created));
+        let timer = self.inner.scheduler.schedule(created.deadline, Box::new(move || inner.on_deadline(&flight)));
+        created.state.lock().deadline_timer = Some(timer);
         Inner::start_attempt(&self.inner, &created);
         Ok((Caller::new(&self.inner, &created), Role::Leader))
     }
@@ -686,7 +691,6 @@ pub(crate) mod tests {
             budget: Duration::from_millis(budget_ms),
             backoff: BackoffPolicy { interval: Duration::from_millis(interval_ms), factor: 2.0, jitter: 0.0 },
             parking_enabled,
-            late_serve: true,
             max_flights: 3,
             max_flights_per_atespace: share,
         };

@@ -23,10 +23,13 @@ use crate::ateapi::target::ActorId;
 
 const SHARDS: usize = 16;
 
+/// Held counts by atespace, one map per shard.
+type Shard = Mutex<HashMap<Box<str>, usize>>;
+
 /// What each atespace holds of one resource.
 pub struct AtespaceShares {
     cap: usize,
-    shards: Box<[Mutex<HashMap<Box<str>, usize>>]>,
+    shards: Box<[Shard]>,
 }
 
 impl AtespaceShares {
@@ -38,12 +41,7 @@ impl AtespaceShares {
         })
     }
 
-    /// One atespace's most.
-    pub fn cap(&self) -> usize {
-        self.cap
-    }
-
-    fn shard(&self, atespace: &str) -> &Mutex<HashMap<Box<str>, usize>> {
+    fn shard(&self, atespace: &str) -> &Shard {
         // FNV-1a: stable and cheap; the shard only spreads lock contention.
         let hash = atespace
             .bytes()
@@ -67,6 +65,7 @@ impl AtespaceShares {
     }
 
     /// What `atespace` holds now.
+    #[cfg(any(test, feature = "testkit"))]
     pub fn held(&self, atespace: &str) -> usize {
         self.shard(atespace).lock().get(atespace).copied().unwrap_or(0)
     }
