@@ -74,12 +74,21 @@ pub struct ServeArgs {
     /// max actors resumed at once: flights and ResumeActor calls in progress (default: 0 = max(4 x lot, 4096))
     #[argh(option, default = "0")]
     pub flight_max: i64,
+    /// flights one atespace may have in progress at once, 1..=--flight-max (default: 0 = half of --flight-max)
+    #[argh(option, default = "0")]
+    pub flight_max_per_atespace: i64,
+    /// requests one atespace may hold at once, on any attempt or parked, 1..=--extproc-max-requests; more are refused at once (default: 0 = half of --extproc-max-requests)
+    #[argh(option, default = "0")]
+    pub extproc_max_requests_per_atespace: i64,
     /// gRPC completion-queue threads, shared by ext_proc streams and ateapi calls, 1..=256 (default: 0 = one per core available)
     #[argh(option, default = "0")]
     pub grpc_threads: i64,
     /// port the workers serve on (default: 443)
     #[argh(option, default = "443")]
     pub worker_port: i64,
+    /// CIDRs (comma-separated) a worker's address must be in; any other is a routing failure (default: empty = any unicast address that is not link-local)
+    #[argh(option, default = "String::new()")]
+    pub worker_networks: String,
     /// drain: wait this long after readiness flips (Go duration) (default: 13s)
     #[argh(option, default = "String::from(\"13s\")")]
     pub drain_delay: String,
