@@ -111,7 +111,7 @@ pub struct Config {
     /// headers, for `envoy-config` (B67).
     pub envoy_trusted_ranges: Vec<CidrRange>,
     /// The heap bound of Envoy's overload manager, in bytes, for
-    /// `envoy-config` (B80).
+    /// `envoy-config` (B92).
     pub envoy_max_heap: u64,
     /// Envoy's HTTP listener port, for `envoy-config`.
     pub port_http: u16,
@@ -286,7 +286,7 @@ pub const MIN_ENVOY_MAX_HEAP: u64 = 64 << 20;
 /// which the minimum catches; an extra digit or unit, this).
 pub const MAX_ENVOY_MAX_HEAP: u64 = 1 << 40;
 
-/// `--envoy-max-heap` (B80).
+/// `--envoy-max-heap` (B92).
 fn envoy_max_heap(args: &ServeArgs) -> Result<u64, ConfigError> {
     let bad = |why: String| {
         invalid(format!(
@@ -766,7 +766,7 @@ mod tests {
     }
 
     #[test]
-    fn b80_envoy_max_heap_takes_64mi_to_1ti() {
+    fn b92_envoy_max_heap_takes_64mi_to_1ti() {
         assert_eq!(parse(&[]).unwrap().envoy_max_heap, 1 << 30, "default 1Gi");
         assert_eq!(parse(&["--envoy-max-heap", "64Mi"]).unwrap().envoy_max_heap, 64 << 20);
         assert_eq!(parse(&["--envoy-max-heap=1Ti"]).unwrap().envoy_max_heap, 1 << 40);

@@ -51,7 +51,7 @@ ENVOY_WINDOW_SLACK = 10
 GRACE_SLACK = 10
 DRAIN_TIMEOUT_FLOOR = 15
 # Envoy's container memory limit is the router's --envoy-max-heap (the
-# overload manager's bound, B80) plus this, for what is not Envoy's heap.
+# overload manager's bound, B92) plus this, for what is not Envoy's heap.
 ENVOY_MEMORY_HEADROOM = 256 * 2**20
 ENVOY_MAX_HEAP_DEFAULT = "1Gi"
 
@@ -377,7 +377,7 @@ def wiring_problems(docs):
         p.append("envoy.readinessProbe must be GET /ready on the health listener (port envoy-health)")
 
     # Envoy's memory: the limit is sized from the heap bound the bootstrap
-    # gives its overload manager, both from --envoy-max-heap (B80).
+    # gives its overload manager, both from --envoy-max-heap (B92).
     heap = quantity(flag(flags, "--envoy-max-heap", ENVOY_MAX_HEAP_DEFAULT))
     monitors = {m["name"]: m for m in bootstrap.get("overload_manager", {}).get("resource_monitors", [])}
     bound = monitors.get("envoy.resource_monitors.fixed_heap", {}).get("typed_config", {}).get("max_heap_size_bytes")
