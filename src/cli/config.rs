@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use crate::cli::flags::ServeArgs;
 use crate::cli::godur;
+use crate::cli::size;
 use crate::parking::backoff::BackoffPolicy;
 
 /// The resume budget when parking is disabled: long enough to ride out
@@ -115,6 +116,9 @@ pub struct Config {
     pub envoy_trusted_ranges: Vec<CidrRange>,
     /// The networks a worker's address must be in; empty: any (B83).
     pub worker_networks: Vec<CidrRange>,
+    /// The heap bound of Envoy's overload manager, in bytes, for
+    /// `envoy-config` (B92).
+    pub envoy_max_heap: u64,
     /// Envoy's HTTP listener port, for `envoy-config`.
     pub port_http: u16,
     /// Envoy's health-check listener port, for `envoy-config`.
@@ -225,6 +229,7 @@ impl Config {
             envoy_listen_ip: envoy.listen_ip,
             envoy_trusted_ranges: trusted_ranges(&args.envoy_trusted_ranges)?,
             worker_networks: cidr_list("--worker-networks", &args.worker_networks)?,
+            envoy_max_heap: envoy_max_heap(args)?,
             port_http: envoy.http,
             port_health: envoy.health,
             port_stats: envoy.stats,
@@ -296,6 +301,33 @@ fn envoy_idle_timeout(args: &ServeArgs) -> Result<Duration, ConfigError> {
         )));
     }
     Ok(timeout)
+}
+
+/// The smallest `--envoy-max-heap`: an idle Envoy already uses about 10 MiB
+/// of heap (measured on 1.40), so a smaller bound would refuse requests
+/// from the start, or soon after.
+pub const MIN_ENVOY_MAX_HEAP: u64 = 64 << 20;
+
+/// The largest `--envoy-max-heap`: more than any machine this runs on has,
+/// so a larger value can only be a typo (a missing unit reads as bytes,
+/// which the minimum catches; an extra digit or unit, this).
+pub const MAX_ENVOY_MAX_HEAP: u64 = 1 << 40;
+
+/// `--envoy-max-heap` (B92).
+fn envoy_max_heap(args: &ServeArgs) -> Result<u64, ConfigError> {
+    let bad = |why: String| {
+        invalid(format!(
+            "--envoy-max-heap must be a size from {} to {}, such as 512Mi or 2Gi (Ki, Mi, Gi, Ti are powers of \
+             1024; a bare number is bytes): {why}",
+            size::format(MIN_ENVOY_MAX_HEAP),
+            size::format(MAX_ENVOY_MAX_HEAP)
+        ))
+    };
+    let bytes = size::parse(&args.envoy_max_heap).map_err(|e| bad(e.to_string()))?;
+    if !(MIN_ENVOY_MAX_HEAP..=MAX_ENVOY_MAX_HEAP).contains(&bytes) {
+        return Err(bad(format!("got {:?}", args.envoy_max_heap.trim())));
+    }
+    Ok(bytes)
 }
 
 /// The lot, the budget and the retry schedule (B17, B18, B22, B37, B38).
@@ -794,6 +826,30 @@ mod tests {
         );
         for bad in ["0", "999ms", "1h0m0.001s", "-1s", "soon", ""] {
             assert!(error(&["--envoy-idle-timeout", bad]).contains("--envoy-idle-timeout"), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn b92_envoy_max_heap_takes_64mi_to_1ti() {
+        assert_eq!(parse(&[]).unwrap().envoy_max_heap, 1 << 30, "default 1Gi");
+        assert_eq!(parse(&["--envoy-max-heap", "64Mi"]).unwrap().envoy_max_heap, 64 << 20);
+        assert_eq!(parse(&["--envoy-max-heap=1Ti"]).unwrap().envoy_max_heap, 1 << 40);
+        assert_eq!(parse(&["--envoy-max-heap", "3221225472"]).unwrap().envoy_max_heap, 3 << 30);
+        for bad in [
+            "63Mi",
+            "1024",
+            "1025Gi",
+            "2Ti",
+            "0",
+            "",
+            "1.5Gi",
+            "1G",
+            "lots",
+            "-1Gi",
+            "99999999999999999999Ti",
+        ] {
+            let e = error(&["--envoy-max-heap", bad]);
+            assert!(e.contains("--envoy-max-heap must be a size from 64Mi to 1Ti"), "{bad:?}: {e}");
         }
     }
 

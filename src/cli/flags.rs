@@ -119,9 +119,12 @@ pub struct ServeArgs {
     /// IP address the generated Envoy config's HTTP, health and metrics listeners bind (default: 0.0.0.0)
     #[argh(option, default = "String::from(\"0.0.0.0\")")]
     pub envoy_listen_address: String,
-    /// source ranges (CIDRs, comma-separated; empty: none) from which the generated Envoy keeps a client's x-envoy-* headers, such as a gateway's deadline (default: loopback and the private ranges)
+    /// source ranges (CIDRs, comma-separated; empty: none) from which the generated Envoy keeps a gateway's deadline header x-envoy-expected-rq-timeout-ms; every other x-envoy-* control header is removed from every client (default: loopback)
     #[argh(option, default = "String::from(DEFAULT_TRUSTED_RANGES)")]
     pub envoy_trusted_ranges: String,
+    /// heap bound of the generated Envoy's overload manager: new requests are refused at 98% of it (64Mi to 1Ti; Ki, Mi, Gi, Ti or bytes) (default: 1Gi)
+    #[argh(option, default = "String::from(\"1Gi\")")]
+    pub envoy_max_heap: String,
     /// port of the HTTP listener in the generated Envoy config (default: 8080)
     #[argh(option, default = "8080")]
     pub port_http: i64,
@@ -133,9 +136,11 @@ pub struct ServeArgs {
     pub port_stats: i64,
 }
 
-/// Loopback and the private ranges an in-cluster gateway sends from (B67).
-pub const DEFAULT_TRUSTED_RANGES: &str =
-    "127.0.0.0/8,::1/128,10.0.0.0/8,172.16.0.0/12,192.168.0.0/16,fc00::/7";
+/// Loopback only (B90): a peer on Envoy's own host (or in its pod) is the
+/// one source an address vouches for. A private address is not: behind
+/// docker-proxy, kube-proxy's SNAT or an internal L4 load balancer every
+/// external client has one.
+pub const DEFAULT_TRUSTED_RANGES: &str = "127.0.0.0/8,::1/128";
 
 /// Why flags did not parse.
 #[derive(Debug)]

@@ -13,7 +13,7 @@ use parking_lot::Mutex;
 
 use crate::ateapi::client::AteapiClient;
 use crate::cli::config::{AteapiTransport, Config};
-use crate::cli::godur;
+use crate::cli::{godur, size};
 use crate::ops::http::{Handler, Reply, Request};
 use crate::parking::lot::AtespaceView;
 use crate::ops::logging::json_string;
@@ -473,6 +473,7 @@ pub fn effective_flags(config: &Config) -> Vec<(&'static str, String)> {
             "--envoy-trusted-ranges",
             config.envoy_trusted_ranges.iter().map(|r| format!("{}/{}", r.ip, r.prefix)).collect::<Vec<_>>().join(","),
         ),
+        ("--envoy-max-heap", size::format(config.envoy_max_heap)),
         ("--port-http", config.port_http.to_string()),
         ("--port-health", config.port_health.to_string()),
         ("--port-stats", config.port_stats.to_string()),
