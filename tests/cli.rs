@@ -225,6 +225,35 @@ fn b70_envoy_config_at_the_bounds() {
     assert!(err.contains("while parking is off") && !err.contains("1..=0"), "{err}");
 }
 
+/// B78: `envoy-config` prints its bootstrap without ateapi credentials, the
+/// same as with `--ateapi-insecure`; it still refuses contradictory ateapi
+/// flags, and `serve` still requires a CA or `--ateapi-insecure`.
+#[test]
+fn b78_envoy_config_needs_no_ateapi_credentials() {
+    let (code, bare, err) = run(&["envoy-config"]);
+    assert_eq!(code, 0, "{err}");
+    let (code, insecure, err) = run(&["envoy-config", "--ateapi-insecure"]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(bare, insecure, "the bootstrap names no ateapi setting");
+    assert!(bare.contains("envoy.filters.http.ext_proc"), "{bare}");
+    let (code, _, err) = run(&["envoy-config", "--ateapi-token-file", "/etc/token"]);
+    assert_eq!(code, 0, "a token needs TLS only to be sent: {err}");
+    for (args, flag) in [
+        (&["envoy-config", "--ateapi-insecure", "--ateapi-ca-file", "/etc/ca.pem"][..], "--ateapi-insecure"),
+        (&["envoy-config", "--ateapi-client-cert", "/etc/client.pem"][..], "--ateapi-client-cert"),
+        (&["envoy-config", "--ateapi-address", " "][..], "--ateapi-address"),
+        (
+            &["envoy-config", "--ateapi-insecure", "--ateapi-token-file", "/etc/token"][..],
+            "--ateapi-token-file",
+        ),
+        (&["serve"][..], "--ateapi-ca-file is required"),
+    ] {
+        let (code, out, err) = run(args);
+        assert_eq!(code, 2, "{args:?}: {out}");
+        assert!(err.contains(flag), "{args:?}: {err}");
+    }
+}
+
 /// B70: `envoy-config` cannot write the free port `serve --port-extproc 0`
 /// would take; B37: a retry interval below 1 ms is a busy loop, refused.
 #[test]
