@@ -84,6 +84,49 @@ fn help_lists_the_serve_subcommand_and_its_flags() {
     }
 }
 
+/// The `--help` of a command, each flag with its whole description (argh
+/// wraps a long one onto lines of its own): `(flag, text)`, `--help` left out.
+fn help_flags(program: &str, args: &[&str]) -> Vec<(String, String)> {
+    let out = Command::new(program).args(args).output().expect("runs");
+    assert_eq!(out.status.code(), Some(0), "{program} {args:?}");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let options = text.split_once("\nOptions:\n").map_or("", |(_, rest)| rest);
+    let mut flags: Vec<(String, String)> = Vec::new();
+    for line in options.lines() {
+        if let Some(entry) = line.strip_prefix("  --") {
+            let (name, rest) = entry.split_once(' ').unwrap_or((entry, ""));
+            flags.push((format!("--{}", name.trim_end_matches(',')), rest.trim().to_string()));
+        } else if let Some((_, text)) = flags.last_mut().filter(|_| line.starts_with("    ")) {
+            text.push(' ');
+            text.push_str(line.trim());
+        } else {
+            break;
+        }
+    }
+    flags.retain(|(name, _)| name != "--help");
+    flags
+}
+
+/// B65: every flag of every command's `--help` says its default, the tools'
+/// as the router's.
+#[test]
+fn b65_every_flag_of_every_help_names_its_default() {
+    let parkload = env!("CARGO_BIN_EXE_parkload");
+    let commands: [(&str, &[&str], usize); 4] = [
+        (ROUTER, &["serve", "--help"], 37),
+        (ROUTER, &["envoy-config", "--help"], 37),
+        (SIM, &["--help"], 20),
+        (parkload, &["--help"], 16),
+    ];
+    for (program, args, count) in commands {
+        let flags = help_flags(program, args);
+        assert_eq!(flags.len(), count, "{program} {args:?}: {flags:?}");
+        for (flag, text) in flags {
+            assert!(text.contains("(default: "), "{program} {args:?}: {flag} names no default: {text:?}");
+        }
+    }
+}
+
 #[test]
 fn b65_version_and_revision() {
     let revision = Command::new("git").args(["rev-parse", "--short=12", "HEAD"]).output().unwrap();
