@@ -172,13 +172,36 @@ def test_the_demo_script_passes_shellcheck():
     assert result.returncode == 0, result.stdout + result.stderr
 
 
-def test_make_help_and_the_readme_list_the_same_targets():
-    makefile = (ROOT / "Makefile").read_text()
-    documented = set(re.findall(r"^([a-z0-9-]+):.*## ", makefile, re.M))
+def make_help():
+    """`make help`'s targets and their texts, each text's wrapped lines joined."""
+    out = subprocess.run(["make", "-s", "--no-print-directory", "help"], cwd=ROOT, env=demo_env(pathlib.Path("/tmp")),
+                         capture_output=True, text=True, check=True).stdout
+    targets = {}
+    for line in out.splitlines():
+        name, text = line[2:23].strip(), line[23:].strip()
+        if name:
+            targets[name] = text
+        else:
+            targets[last] += " " + text
+        last = name or last
+    return targets
+
+
+def readme_targets():
+    """The README's table of targets, each text without its markdown."""
     readme = (ROOT / "README.md").read_text()
     table = readme.split("| target | what it does |", 1)[1].split("\n\n", 1)[0]
-    listed = set(re.findall(r"^\| `make ([a-z0-9-]+)", table, re.M))
-    assert documented == listed, f"only in make help: {documented - listed}; only in the README: {listed - documented}"
+    rows = re.findall(r"^\| `make ([a-z0-9-]+)[^`]*` \| (.*) \|$", table, re.M)
+    return {name: re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", text).replace("`", "") for name, text in rows}
+
+
+def test_make_help_and_the_readme_describe_the_same_targets_alike():
+    helped, documented = make_help(), readme_targets()
+    assert set(helped) == set(documented), \
+        f"only in make help: {set(helped) - set(documented)}; only in the README: {set(documented) - set(helped)}"
+    differ = {name: (helped[name], documented[name]) for name in helped if helped[name] != documented[name]}
+    assert not differ, "make help (first) and the README (second) disagree:\n" + "\n".join(
+        f"{name}:\n  {a}\n  {b}" for name, (a, b) in differ.items())
 
 
 def test_make_run_end_to_end_and_ctrl_c_stops_everything(tmp_path, demos):
