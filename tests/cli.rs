@@ -526,7 +526,12 @@ fn b65_metrics_name_the_build_and_watch_the_process() {
 /// Runs `args` and returns (exit code, stderr), killing the process if it
 /// has not ended within `limit` (then the code is -1).
 fn run_within(args: &[String], limit: std::time::Duration) -> (i32, String) {
-    let mut child = Command::new(ROUTER)
+    run_as_within(Command::new(ROUTER), args, limit)
+}
+
+/// As [`run_within`], the router started by `command` (`setpriv … ROUTER`).
+fn run_as_within(mut command: Command, args: &[String], limit: std::time::Duration) -> (i32, String) {
+    let mut child = command
         .args(args)
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::piped())
@@ -570,5 +575,40 @@ fn b70_b71_a_bad_credential_file_exits_2_at_once() {
         assert!(err.contains("--ateapi-ca-file") && err.contains(&path.display().to_string()), "{err}");
         assert!(err.contains(why), "{why}: {err}");
     }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// B70: a credential file the router may not read names the file and the
+/// user and group the router runs as (a container's UID 65532, say), so the
+/// operator knows whose read permission is missing. Run as root, the test
+/// starts the router as 65532:65532 on a root-only file, as `docker run`
+/// of the image does; otherwise on a file of its own with mode 000.
+#[test]
+fn b70_an_unreadable_credential_file_names_the_routers_user() {
+    let dir = std::env::temp_dir().join(format!("atenet-cli-denied-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::set_permissions(&dir, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let ca = dir.join("ca.pem");
+    std::fs::write(&ca, "not read\n").unwrap();
+    // SAFETY: geteuid and getegid cannot fail.
+    let (uid, gid) = unsafe { (libc::geteuid(), libc::getegid()) };
+    let (command, expected) = if uid == 0 {
+        std::fs::set_permissions(&ca, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
+        let mut setpriv = Command::new("setpriv");
+        setpriv.args(["--reuid=65532", "--regid=65532", "--clear-groups", ROUTER]);
+        (setpriv, "uid 65532, gid 65532".to_string())
+    } else {
+        std::fs::set_permissions(&ca, std::os::unix::fs::PermissionsExt::from_mode(0o000)).unwrap();
+        (Command::new(ROUTER), format!("uid {uid}, gid {gid}"))
+    };
+    let mut args = router_args("127.0.0.1:1", &[]);
+    args.retain(|a| a != "--ateapi-insecure");
+    args.extend(["--ateapi-ca-file".to_string(), ca.display().to_string()]);
+    let (code, err) = run_as_within(command, &args, std::time::Duration::from_secs(10));
+    assert_eq!(code, 2, "{err}");
+    let line =
+        format!("--ateapi-ca-file {}: permission denied (the router runs as {expected})", ca.display());
+    assert!(err.contains(&line), "expected {line:?} in: {err}");
     std::fs::remove_dir_all(&dir).unwrap();
 }
