@@ -18,9 +18,10 @@
 # to the Envoy config alike, so coupled values (the budget, the lot) agree.
 # DEMO_LOG_DIR: where the logs go (default: a new directory under /tmp, kept).
 #
-# Ctrl-C, SIGTERM or SIGHUP stops every process it started: SIGTERM to each,
-# SIGKILL to any still running 10 s later. If any of them exits on its own,
-# the others are stopped too.
+# Two listeners on one port, or a port already taken, stop it before
+# anything starts. Ctrl-C, SIGTERM or SIGHUP stops every process it started:
+# SIGTERM to each, SIGKILL to any still running 10 s later. If any of them
+# exits on its own, the others are stopped too.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
@@ -183,6 +184,72 @@ case ${#worker_ips[@]} in
   1) workers_at="${worker_ips[0]}:$worker_port" ;;
   *) workers_at="${worker_ips[0]} .. ${worker_ips[-1]}, port $worker_port" ;;
 esac
+
+# names_flag NAME WORD...: the words name flag NAME (--name value or --name=value).
+names_flag() {
+  local name=$1 word
+  shift
+  for word in "$@"; do
+    [ "$(flag_name "$word")" = "$name" ] && return 0
+  done
+  return 1
+}
+
+# set_by VARIABLE FLAG FLAGS: what chose FLAG's value: the make variable
+# VARIABLE, or FLAG itself in FLAGS (RUN_FLAGS, SIM_FLAGS) when those name it.
+set_by() {
+  local words
+  read -ra words <<<"${!3:-}"
+  if names_flag "$2" "${words[@]}"; then
+    printf '%s in %s' "$2" "$3"
+  else
+    printf '%s' "$1"
+  fi
+}
+
+# The demo's listeners, one "ip port what set-by" line each, before anything
+# starts: two on one port would have the second fail once the first runs.
+# A wildcard address (0.0.0.0, ::, empty) clashes with every address.
+listeners=()
+# listener IP PORT WHAT SET_BY: one more (port 0, any free port, never clashes).
+listener() {
+  [ "$2" = 0 ] && return 0
+  local ip=${1#[}
+  ip=${ip%]}
+  case $ip in
+    "" | 0.0.0.0 | ::) ip='*' ;;
+    localhost) ip=$host ;;
+  esac
+  listeners+=("$ip|$2|$3|$4")
+}
+listener "${sim_addr%:*}" "${sim_addr##*:}" "ateapi-sim" "$(set_by SIM_PORT --listen SIM_FLAGS)"
+listener "$(flag_value --extproc-address "${router_flags[@]}")" "$extproc_port" "the router's ext_proc" \
+  "$(set_by EXTPROC_PORT --port-extproc RUN_FLAGS)"
+listener "${metrics_addr%:*}" "${metrics_addr##*:}" "the router's metrics" \
+  "$(set_by METRICS_PORT --metrics-listen-addr RUN_FLAGS)"
+if [ "$status_port" -gt 0 ]; then
+  status_ip=$(flag_value --status-address "${router_flags[@]}")
+  listener "${status_ip:-$host}" "$status_port" "the router's status page" "$(set_by STATUS_PORT --status-port RUN_FLAGS)"
+fi
+if [ "$mode" = run ]; then
+  envoy_ip=$(flag_value --envoy-listen-address "${router_flags[@]}")
+  listener "$envoy_ip" "$http_port" "Envoy's HTTP listener" "$(set_by HTTP_PORT --port-http RUN_FLAGS)"
+  listener "$envoy_ip" "$health_port" "Envoy's /ready" "$(set_by HEALTH_PORT --port-health RUN_FLAGS)"
+  listener "$envoy_ip" "$stats_port" "Envoy's stats" "$(set_by STATS_PORT --port-stats RUN_FLAGS)"
+  listener "${admin_addr%:*}" "${admin_addr##*:}" "Envoy's admin" "$(set_by ADMIN_PORT --envoy-admin-address RUN_FLAGS)"
+  for ip in "${worker_ips[@]}"; do
+    listener "$ip" "$worker_port" "the echo worker" "$(set_by WORKER_PORT --worker-port RUN_FLAGS)"
+  done
+fi
+for ((i = 0; i < ${#listeners[@]}; i++)); do
+  IFS='|' read -r ip_a port_a what_a by_a <<<"${listeners[$i]}"
+  for ((j = i + 1; j < ${#listeners[@]}; j++)); do
+    IFS='|' read -r ip_b port_b what_b by_b <<<"${listeners[$j]}"
+    if [ "$port_a" = "$port_b" ] && { [ "$ip_a" = "$ip_b" ] || [ "$ip_a" = '*' ] || [ "$ip_b" = '*' ]; }; then
+      die "$by_a and $by_b are both $port_a ($what_a and $what_b): give one of them another port; nothing was started"
+    fi
+  done
+done
 
 # Before anything starts: the router's flags (envoy-config validates them as
 # serve does), Envoy, and the ports.

@@ -249,8 +249,8 @@ def test_make_run_end_to_end_and_ctrl_c_stops_everything(tmp_path, demos):
         s.bind(("127.0.0.1", int(ports["HTTP_PORT"])))  # Envoy's port is free again
 
 
-def start_script(demos, tmp_path, ports, envoy=None, mode="run"):
-    env = demo_env(tmp_path, ENVOY=envoy or envoy_binary(), **ports)
+def start_script(demos, tmp_path, ports, envoy=None, mode="run", **extra):
+    env = demo_env(tmp_path, ENVOY=envoy or envoy_binary(), **ports, **extra)
     return demos([str(SCRIPT), mode], env)
 
 
@@ -283,6 +283,26 @@ def test_a_taken_port_stops_the_demo_before_anything_starts(tmp_path, demos):
     output = demo.output()
     assert f"port {ports['HTTP_PORT']} on 127.0.0.1 (Envoy's HTTP listener) is already in use" in output
     assert "make run HTTP_PORT=<another port>" in output
+    assert "logs in" not in output, "something was started"
+
+
+def test_two_listeners_on_one_port_stop_the_demo_before_anything_starts(tmp_path, demos):
+    # `make run SIM_PORT=9090 METRICS_PORT=9090`: both ports are free, so
+    # only comparing them finds the clash before the simulator takes it.
+    ports = free_ports()
+    ports["METRICS_PORT"] = ports["SIM_PORT"]
+    demo = start_script(demos, tmp_path, ports)
+    assert demo.wait_exit() == 1
+    output = demo.output()
+    assert (f"SIM_PORT and METRICS_PORT are both {ports['SIM_PORT']} (ateapi-sim and the router's metrics)"
+            in output), output
+    assert "logs in" not in output, "something was started"
+    # A port a flag in RUN_FLAGS chose is named by that flag.
+    ports = free_ports()
+    demo = start_script(demos, tmp_path, ports, RUN_FLAGS=f"--port-http={ports['EXTPROC_PORT']}")
+    assert demo.wait_exit() == 1
+    output = demo.output()
+    assert f"EXTPROC_PORT and --port-http in RUN_FLAGS are both {ports['EXTPROC_PORT']}" in output, output
     assert "logs in" not in output, "something was started"
 
 
