@@ -20,8 +20,10 @@
 #
 # Two listeners on one port, or a port already taken, stop it before
 # anything starts. Ctrl-C, SIGTERM or SIGHUP stops every process it started:
-# SIGTERM to each, SIGKILL to any still running 10 s later. If any of them
-# exits on its own, the others are stopped too.
+# SIGTERM to each, SIGKILL to any still running 10 s later. That is the
+# demo's normal end: exit status 0 (so make reports no error), or 1 if a
+# process had to be killed. If any of them exits on its own, the others are
+# stopped too, and the status is 1.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
@@ -304,6 +306,7 @@ printf '%s\n' "$envoy_yaml" >"$log_dir/envoy.yaml"
 pids=()
 names=()
 cleaned=0
+killed=0
 
 # running PID: the process is alive (a zombie, exited but not yet reaped, is not).
 running() {
@@ -344,6 +347,7 @@ stop_all() {
       for i in "${left[@]}"; do
         say "${names[$i]} still running 10 s after SIGTERM: killed"
         kill -KILL "${pids[$i]}" 2>/dev/null || true
+        killed=1
       done
       break
     fi
@@ -352,10 +356,17 @@ stop_all() {
   wait 2>/dev/null || true
   say "stopped; logs in $log_dir"
 }
+# stop_on_signal SIGNAL: the stop someone asked for (Ctrl-C, kill, a closed
+# terminal): exit 0 once everything stopped on its SIGTERM, 1 if not.
+stop_on_signal() {
+  say "$1 received"
+  stop_all
+  exit "$killed"
+}
 trap stop_all EXIT
-trap 'exit 130' INT
-trap 'exit 143' TERM
-trap 'exit 129' HUP
+trap 'stop_on_signal SIGINT' INT
+trap 'stop_on_signal SIGTERM' TERM
+trap 'stop_on_signal SIGHUP' HUP
 
 # start NAME CMD...: runs CMD in the background, stdout and stderr to
 # $log_dir/NAME.log; Envoy's stdout (its access log) stays the demo's own output.
