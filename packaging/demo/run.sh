@@ -23,7 +23,9 @@
 # SIGTERM to each, SIGKILL to any still running 10 s later. That is the
 # demo's normal end: exit status 0 (so make reports no error), or 1 if a
 # process had to be killed. If any of them exits on its own, the others are
-# stopped too, and the status is 1.
+# stopped too, and the status is 1; but a router that exits after handing
+# over (kill -HUP <router pid>) is followed by its successor, which is then
+# the demo's router.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
@@ -307,6 +309,13 @@ pids=()
 names=()
 cleaned=0
 killed=0
+# The demo's routers, oldest first: the first one it started, then each
+# successor a hand-over (kill -HUP <router pid>, README "Drain and
+# shutdown") started. The last one serves; an earlier one that exits has
+# handed over, and is no failure. Successors are not the demo's children:
+# their predecessor started them, and the kernel reaps them.
+routers=()
+handovers=0
 
 # running PID: the process is alive (a zombie, exited but not yet reaped, is not).
 running() {
@@ -314,6 +323,61 @@ running() {
   stat=$(cat "/proc/$1/stat" 2>/dev/null) || return 1
   stat=${stat##*) }
   [ "${stat%% *}" != Z ]
+}
+
+# follow_handovers: takes on each successor the routers' log names since the
+# last call. A router that hands over logs "handover: successor PID serves"
+# once its successor serves, before it exits; successors share its log.
+follow_handovers() {
+  local line pid said found=()
+  [ "${#routers[@]}" -gt 0 ] || return 0
+  # A command substitution, not a process substitution, which would change
+  # $!, which stop_all reads.
+  said=$(grep -o 'handover: successor [0-9]* serves' "$log_dir/atenet-router.log" 2>/dev/null) || return 0
+  mapfile -t found <<<"$said"
+  for line in "${found[@]:handovers}"; do
+    pid=${line#handover: successor }
+    pid=${pid% serves}
+    handovers=$((handovers + 1))
+    routers+=("$pid")
+    say "the router handed over to its successor, pid $pid; following it"
+    # Already stopped, if it was caught starting.
+    [[ " ${pids[*]} " == *" $pid "* ]] && continue
+    pids+=("$pid")
+    names+=(atenet-router)
+  done
+}
+
+# handed_over PID: PID is a router that has a successor.
+handed_over() {
+  local i
+  for ((i = 0; i < ${#routers[@]} - 1; i++)); do
+    [ "${routers[$i]}" = "$1" ] && return 0
+  done
+  return 1
+}
+
+# adopted PID: PID is a successor router, which the demo did not start, and
+# so cannot wait for.
+adopted() {
+  local router
+  for router in "${routers[@]:1}"; do
+    [ "$router" = "$1" ] && return 0
+  done
+  return 1
+}
+
+# successors_starting: the processes a router of the demo is starting as
+# its successor and has not yet named (its children).
+successors_starting() {
+  local stat line ppid router
+  for stat in /proc/[0-9]*/stat; do
+    read -r line <"$stat" 2>/dev/null || continue
+    read -r _ ppid _ <<<"${line##*) }"
+    for router in "${routers[@]}"; do
+      [ "$ppid" = "$router" ] && printf '%s\n' "${stat//[^0-9]/}"
+    done
+  done
 }
 
 stop_all() {
@@ -332,17 +396,36 @@ stop_all() {
     names+=("the process being started")
   fi
   [ "${#pids[@]}" -gt 0 ] || return 0
+  follow_handovers
   say "stopping ${names[*]}"
-  local i deadline=$((SECONDS + 10)) left
-  for i in "${!pids[@]}"; do
-    kill -TERM "${pids[$i]}" 2>/dev/null || true
-  done
+  local i deadline=$((SECONDS + 10)) left pid tracked signalled=()
   while :; do
+    # A hand-over may be under way (a hangup reaches the router too):
+    # its successor is stopped as well, named or still starting.
+    follow_handovers
+    for pid in $(successors_starting); do
+      if [[ " ${pids[*]} " != *" $pid "* ]]; then
+        pids+=("$pid")
+        names+=("atenet-router (a successor starting)")
+      fi
+    done
+    for i in "${!pids[@]}"; do
+      if [ -z "${signalled[$i]:-}" ]; then
+        kill -TERM "${pids[$i]}" 2>/dev/null || true
+        signalled[i]=1
+      fi
+    done
     left=()
     for i in "${!pids[@]}"; do
       running "${pids[$i]}" && left+=("$i")
     done
-    [ "${#left[@]}" -eq 0 ] && break
+    if [ "${#left[@]}" -eq 0 ]; then
+      # The last router may have named its successor just before it exited.
+      tracked=${#pids[@]}
+      follow_handovers
+      [ "${#pids[@]}" -gt "$tracked" ] || break
+      continue
+    fi
     if [ "$SECONDS" -ge "$deadline" ]; then
       for i in "${left[@]}"; do
         say "${names[$i]} still running 10 s after SIGTERM: killed"
@@ -418,6 +501,7 @@ if [ "$mode" = run ]; then
 fi
 
 start atenet-router "$bin/atenet-router" serve "${router_flags[@]}"
+routers=("${pids[-1]}")
 await atenet-router "/readyz" http_ok "http://$metrics_addr/readyz"
 
 if [ "$mode" = run ]; then
@@ -475,12 +559,26 @@ status_line="disabled (--status-port $status_port)"
   echo "Ctrl-C stops everything."
 } >&2
 
-# Until a signal, or until any process exits on its own.
+# Until a signal, or until any process exits on its own. Polled, not
+# `wait -n`: a successor router is no child of the demo's.
 while :; do
-  wait -n "${pids[@]}" && status=0 || status=$?
+  follow_handovers
   for i in "${!pids[@]}"; do
-    if ! running "${pids[$i]}"; then
-      die "${names[$i]} exited (status $status); the end of $log_dir/${names[$i]}.log: $(tail -n 5 "$log_dir/${names[$i]}.log")"
+    pid=${pids[$i]}
+    running "$pid" && continue
+    # Its hand-over line was written before it exited.
+    follow_handovers
+    if handed_over "$pid"; then
+      adopted "$pid" || wait "$pid" 2>/dev/null || true
+      unset "pids[$i]" "names[$i]"
+      continue
     fi
+    if adopted "$pid"; then
+      status="its status unknown: the demo did not start it"
+    else
+      wait "$pid" && status="status 0" || status="status $?"
+    fi
+    die "${names[$i]} exited ($status); the end of $log_dir/${names[$i]}.log: $(tail -n 5 "$log_dir/${names[$i]}.log")"
   done
+  sleep 0.5 || true
 done

@@ -266,6 +266,93 @@ def test_sigterm_to_the_script_alone_stops_everything(tmp_path, demos):
     assert "demo: stopped" in demo.output()
 
 
+def nth_match(demo, pattern, n, timeout):
+    """The n-th (1-based) output line matching `pattern`, waited for."""
+    deadline = time.monotonic() + timeout
+    while True:
+        found = [line for line in demo.output().splitlines() if re.search(pattern, line)]
+        if len(found) >= n:
+            return found[n - 1]
+        assert demo.proc.poll() is None, f"the demo exited before {pattern!r}:\n{demo.output()}"
+        assert time.monotonic() < deadline, f"no {pattern!r} #{n} within {timeout}s:\n{demo.output()}"
+        time.sleep(0.1)
+
+
+def assert_ports_free(ports):
+    """No process listens on any of the demo's ports (a connection of its
+    own in TIME_WAIT does not count: SO_REUSEADDR)."""
+    for name, port in ports.items():
+        with socket.socket() as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                s.bind(("127.0.0.1", int(port)))
+                s.listen()
+            except OSError as e:
+                pytest.fail(f"{name} {port} is still held: {e}")
+
+
+def router_pids(demo):
+    return sorted(pid for pid, cmd in demo.group().items() if "atenet-router serve" in cmd)
+
+
+def parent_of(pid):
+    return int(pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+
+
+def test_the_demo_follows_a_router_hand_over_and_ctrl_c_still_stops_everything(tmp_path, demos):
+    # `kill -HUP <router pid>` (README, "Drain and shutdown"): the router
+    # hands over to a successor, which its predecessor starts, so the demo
+    # must take the old router's exit for what it is and follow the new one.
+    ports = free_ports()
+    demo = start_script(demos, tmp_path, ports)
+    output = demo.wait_for(re.escape(BANNER_END), READY_TIMEOUT) and demo.output()
+    routed = printed_commands(output)[0]
+    (first,) = router_pids(demo)
+    for n in (1, 2):  # the successor hands over in turn
+        before = router_pids(demo)
+        os.kill(before[-1], signal.SIGHUP)
+        line = nth_match(demo, r"demo: the router handed over to its successor, pid \d+", n, 60)
+        successor = int(re.search(r"pid (\d+)", line)[1])
+        assert successor not in before and parent_of(successor) != demo.proc.pid, "no child of the demo's"
+        deadline = time.monotonic() + 60
+        while router_pids(demo) != [successor]:  # the predecessor finishes and exits
+            assert time.monotonic() < deadline, demo.group()
+            assert demo.proc.poll() is None, demo.output()
+            time.sleep(0.1)
+        # Requests still go client -> Envoy -> the successor -> the worker.
+        answer = run_printed(routed)
+        assert answer.startswith("HTTP/1.1 200") and '"ate-target-actor": "demo/actor-0"' in answer, answer
+    assert demo.proc.poll() is None, demo.output()
+    assert "exited" not in demo.output(), demo.output()
+    log = (tmp_path / "logs" / "atenet-router.log").read_text()
+    assert log.count("handover complete") == 2, log
+    os.killpg(demo.pgid, signal.SIGINT)
+    assert demo.wait_exit() == 0, demo.output()
+    assert first not in demo.group()
+    assert_ports_free(ports)
+
+
+def test_a_hangup_of_the_whole_job_stops_a_hand_over_too(tmp_path, demos):
+    # A terminal closed under an interactive shell: the shell sends SIGHUP to
+    # the whole job, so the router starts a hand-over while the demo stops.
+    # Its successor must not outlive the demo with the ports.
+    ports = free_ports()
+    demo = start_script(demos, tmp_path, ports)
+    demo.wait_for(re.escape(BANNER_END), READY_TIMEOUT)
+    # The router's hangup first, so that a hand-over is surely under way
+    # (starting its successor, or just done) when the job's comes.
+    (router,) = router_pids(demo)
+    os.kill(router, signal.SIGHUP)
+    log = tmp_path / "logs" / "atenet-router.log"
+    deadline = time.monotonic() + 60
+    while "handover: starting" not in log.read_text():
+        assert time.monotonic() < deadline, log.read_text()
+        time.sleep(0.01)
+    os.killpg(demo.pgid, signal.SIGHUP)
+    assert demo.wait_exit() == 0, demo.output()
+    assert_ports_free(ports)
+
+
 def test_run_router_is_the_router_and_the_simulator_only_and_kill_stops_it(tmp_path, demos):
     # As the README's walkthrough runs it: `make run-router … & router=$!`,
     # later `kill $router`, a SIGTERM to make alone, which make passes on.
