@@ -484,6 +484,75 @@ await() {
   done
 }
 
+# seconds DURATION: a Go duration (5s, 1m30s, 250ms, -1s) in seconds; empty
+# for an empty or malformed one.
+seconds() {
+  [ -n "$1" ] || return 0
+  awk -v d="$1" 'BEGIN {
+    sign = 1; if (substr(d, 1, 1) == "-") { sign = -1; d = substr(d, 2) } else if (substr(d, 1, 1) == "+") d = substr(d, 2)
+    split("h m s ms us µs ns", names, " "); split("3600 60 1 0.001 0.000001 0.000001 0.000000001", scale, " ")
+    total = 0
+    while (match(d, /^[0-9.]+(h|ms|m|s|us|µs|ns)/)) {
+      part = substr(d, 1, RLENGTH); d = substr(d, RLENGTH + 1)
+      match(part, /^[0-9.]+/); number = substr(part, 1, RLENGTH); unit = substr(part, RLENGTH + 1)
+      for (i in names) if (names[i] == unit) total += number * scale[i]
+    }
+    if (d == "0") d = ""
+    print (d == "" ? sign * total : "")
+  }'
+}
+
+# parking_promise N WORKERS EXTRA: what the printed parking command will
+# see, from the effective flags: N actors at once, WORKERS of them routed
+# after a restore, EXTRA parked until an actor idle for --idle-suspend
+# frees its worker, which must happen before the budget ends (no attempt
+# starts after it, B19). Retries come every (interval + (factor - 1) x
+# elapsed) x (1 + jitter) at most; a restore takes latency x (1 +- jitter).
+parking_promise() {
+  local max budget interval factor jitter latency spread faults=""
+  max=$(flag_value --parked-request-max "${router_flags[@]}")
+  budget=$(seconds "$(flag_value --parked-request-budget "${router_flags[@]}")")
+  interval=$(seconds "$(flag_value --parked-request-retry-interval "${router_flags[@]}")")
+  factor=$(flag_value --parked-request-retry-factor "${router_flags[@]}")
+  jitter=$(flag_value --parked-request-retry-jitter "${router_flags[@]}")
+  latency=$(seconds "$(flag_value --restore-latency "${sim_flags[@]}")")
+  spread=$(flag_value --restore-jitter "${sim_flags[@]}")
+  for flag in --unavailable-rate --aborted-rate --outage-every --slow-restore-rate --script; do
+    names_flag "$flag" "${sim_flags[@]}" && faults+=" $flag"
+  done
+  awk -v n="$1" -v w="$2" -v e="$3" -v max="${max:-1024}" -v budget="${budget:-5}" -v interval="${interval:-0.1}" \
+    -v factor="${factor:-1.1}" -v jitter="${jitter:-0.1}" -v latency="${latency:-0.3}" -v spread="${spread:-0.2}" \
+    -v idle="$(seconds "$idle")" -v idle_text="$idle" -v faults="$faults" 'function s(x) { return sprintf("%.1f s", x) }
+  BEGIN {
+    if (budget <= 0) budget = 5; if (interval <= 0) interval = 0.1; if (factor == 0) factor = 1.1
+    budget_text = sprintf("%g s", budget)
+    head = sprintf("parking: %d actors at once on %d workers: %d routed after a restore (about %s)", n, w, w, s(latency))
+    free_early = latency * (1 - spread) + idle; free_late = latency * (1 + spread) + idle
+    start_late = free_late + (interval + (factor - 1) * free_late) * (1 + jitter)
+    if (max <= 0)
+      tail = sprintf("the other %d get 503 atenet_no_capacity at once: parking is off (--parked-request-max %s)", e, max)
+    else if (start_late < budget)
+      tail = sprintf("the other %d park until an actor has been idle %s and frees its worker, then are routed: 200 within about %s", \
+        e, idle_text, s(start_late + latency * (1 + spread)))
+    else if (free_early >= budget)
+      tail = sprintf("the other %d park, but no worker frees (an actor idle %s, after %s) within the %s budget: 503 atenet_budget_exhausted after %s", \
+        e, idle_text, s(free_early), budget_text, budget_text)
+    else
+      tail = sprintf("the other %d park; a worker frees (an actor idle %s) after %s to %s, about when the %s budget ends: each is routed or gets 503 atenet_budget_exhausted, as the moment falls", \
+        e, idle_text, s(free_early), s(free_late), budget_text)
+    if (max > 0 && max < e) tail = tail sprintf("; the lot holds %d, so the rest get 503 atenet_lot_full", max)
+    if (faults != "") tail = tail sprintf("; SIM_FLAGS inject faults (%s), so expect other answers too", substr(faults, 2))
+    text = head "; " tail
+    # Comment lines of at most 100 columns.
+    line = "  #"; count = split(text, words, " ")
+    for (i = 1; i <= count; i++) {
+      if (length(line) + 1 + length(words[i]) > 100) { print line; line = "  #" }
+      line = line " " words[i]
+    }
+    print line
+  }'
+}
+
 # http_ok URL: URL answers 200.
 http_ok() { [ "$(curl -s -o /dev/null -m 1 -w '%{http_code}' "$1" 2>/dev/null)" = 200 ]; }
 
@@ -539,9 +608,12 @@ status_line="disabled (--status-port $status_port)"
     echo "  # routed to the actor's worker, which echoes the request; \"worker\" is the address it reached"
     echo "  curl -i -H 'ate-target-actor: $atespace/actor-0' $url/hello"
     if [ "$workers" -lt "$actors" ]; then
-      n=$((workers + 4 > actors ? actors : workers + 4))
-      echo "  # parking: $n actors at once on $workers workers; those without one wait (parked) until"
-      echo "  # an actor has been idle ${idle}, then are routed: a few take about ${idle} longer"
+      # At most as many extra actors as workers (run has at least one): one
+      # idle round frees them all.
+      extra=$((actors - workers < 4 ? actors - workers : 4))
+      extra=$((extra < workers ? extra : workers))
+      n=$((workers + extra))
+      parking_promise "$n" "$workers" "$extra"
       printf '  %s\n' "seq 0 $((n - 1)) | xargs -P $n -I{} curl -s -o /dev/null -w '%{http_code} $atespace/actor-{} %{time_total}s\\n' -H 'ate-target-actor: $atespace/actor-{}' $url/"
     fi
     echo "  # an unknown actor: 404, x-atenet-reason: atenet_not_found"

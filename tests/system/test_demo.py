@@ -224,7 +224,9 @@ def test_make_run_end_to_end_and_ctrl_c_stops_everything(tmp_path, demos):
     assert worker and worker.group(1).startswith("127.0.1.") and worker.group(2) == ports["WORKER_PORT"], answer
 
     # 20 actors on 16 workers: all routed, and some only after parking
-    # until an actor's 2 s idle suspension freed a worker.
+    # until an actor's 2 s idle suspension freed a worker, as the banner says.
+    promise = banner_comment(output, "parking:")
+    assert "the other 4 park until an actor has been idle 2s and frees its worker, then are routed" in promise, promise
     lines = run_printed(parking, timeout=60).split()
     codes, times = lines[0::3], [float(t.rstrip("s")) for t in lines[2::3]]
     assert codes == ["200"] * 20, lines
@@ -255,6 +257,41 @@ def test_make_run_end_to_end_and_ctrl_c_stops_everything(tmp_path, demos):
 def start_script(demos, tmp_path, ports, envoy=None, mode="run", **extra):
     env = demo_env(tmp_path, ENVOY=envoy or envoy_binary(), **ports, **extra)
     return demos([str(SCRIPT), mode], env)
+
+
+def banner_comment(output, start):
+    """The banner's comment that begins with `start`, its lines joined."""
+    lines = output.splitlines()
+    first = next(i for i, line in enumerate(lines) if line.startswith(f"  # {start}"))
+    text = [lines[first][4:]]
+    for line in lines[first + 1:]:
+        if not line.startswith("  # ") or line.startswith("  # an unknown"):
+            break
+        text.append(line[4:])
+    return " ".join(text)
+
+
+def test_the_banners_parking_promise_follows_the_flags(tmp_path, demos):
+    # The README's own example: a 2 s budget and 4 workers. An actor frees
+    # its worker 2 s after its 0.3 s restore, after the budget: the banner
+    # must not promise that the extra actors are routed, and what it says
+    # is what the printed command gets.
+    demo = start_script(demos, tmp_path, free_ports(), RUN_FLAGS="--parked-request-budget 2s",
+                        SIM_FLAGS="--workers 4")
+    output = demo.wait_for(re.escape(BANNER_END), READY_TIMEOUT) and demo.output()
+    promise = banner_comment(output, "parking:")
+    assert "8 actors at once on 4 workers: 4 routed" in promise, promise
+    assert "the other 4 park, but no worker frees" in promise and "503 atenet_budget_exhausted" in promise, promise
+    assert "then are routed" not in promise, promise
+    parking = printed_commands(output)[1]
+    assert parking.startswith("seq 0 7 "), parking
+    codes = sorted(run_printed(parking, timeout=60).split()[0::3])
+    assert codes == ["200"] * 4 + ["503"] * 4, codes
+    # And the reason is the budget's: four exhaustions in Envoy's access
+    # log, which follows in the demo's own output.
+    nth_match(demo, r'"atenet_reason":"atenet_budget_exhausted"', 4, 10)
+    os.killpg(demo.pgid, signal.SIGINT)
+    assert demo.wait_exit() == 0
 
 
 def test_sigterm_to_the_script_alone_stops_everything(tmp_path, demos):
