@@ -188,7 +188,8 @@ impl CredentialWatcher {
     fn start(ateapi: Arc<AteapiClient>) -> CredentialWatcher {
         let (stop, stopped) = bounded::<()>(0);
         let thread = std::thread::Builder::new()
-            .name("atenet-credentials".into())
+            // Linux keeps 15 bytes of a thread's name (`top -H`, /proc/PID/task).
+            .name("atenet-creds".into())
             .spawn(move || {
                 while let Err(crossbeam_channel::RecvTimeoutError::Timeout) =
                     stopped.recv_timeout(CREDENTIALS_CHECK)

@@ -413,6 +413,79 @@ fn b72_grpc_threads_default_to_the_cores_the_process_may_use() {
     assert_eq!(terminate(&mut process.child), 0);
 }
 
+/// The router's own threads in a running process, by the name Linux keeps
+/// (15 bytes at most): gRPC core's threads are the ones whose names do not
+/// start with `atenet-`.
+fn own_threads(pid: u32) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(format!("/proc/{pid}/task"))
+        .unwrap()
+        .filter_map(|task| std::fs::read_to_string(task.ok()?.path().join("comm")).ok())
+        .map(|name| name.trim().to_string())
+        .filter(|name| name.starts_with("atenet-"))
+        .collect();
+    names.sort();
+    names
+}
+
+/// The README's "Threads": the router's own threads are the main thread, one
+/// per completion queue, the timer, one per HTTP listener, the signal thread,
+/// and the credentials watcher with TLS; nothing else of its own. Counted in
+/// /proc with and without the status page and with TLS.
+#[test]
+fn b72_the_routers_own_threads_are_the_readmes() {
+    let dir = std::env::temp_dir().join(format!("atenet-cli-threads-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let ca = dir.join("ca.pem").display().to_string();
+    let made = Command::new("openssl")
+        .args(["req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"])
+        .args(["-keyout", &dir.join("ca.key").display().to_string(), "-out", &ca])
+        .args(["-days", "2", "-subj", "/CN=ca"])
+        .output()
+        .expect("openssl is installed");
+    assert!(made.status.success(), "{}", String::from_utf8_lossy(&made.stderr));
+    let status_port = free_port().to_string();
+    let status = ["--status-port", status_port.as_str(), "--status-address", "127.0.0.1"];
+    let base = [
+        "atenet-grpc-0",
+        "atenet-grpc-1",
+        "atenet-metrics",
+        "atenet-router",
+        "atenet-signals",
+        "atenet-timer",
+    ];
+    let cases: [(&[&str], bool, &[&str]); 3] = [
+        (&[], false, &[]),
+        (&status, false, &["atenet-status"]),
+        (&["--ateapi-ca-file", &ca], true, &["atenet-creds"]),
+    ];
+    for (extra, tls, more) in cases {
+        let mut flags = vec!["--grpc-threads", "2"];
+        flags.extend_from_slice(extra);
+        let mut args = router_args("127.0.0.1:1", &flags);
+        if tls {
+            args.retain(|a| a != "--ateapi-insecure");
+        }
+        let mut router = spawn_router(&args);
+        let mut expected: Vec<String> = base.iter().chain(more).map(|s| s.to_string()).collect();
+        expected.sort();
+        let pid = router.process.child.id();
+        // The threads start as the router comes up: a bounded poll.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while own_threads(pid) != expected && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        assert_eq!(own_threads(pid), expected, "{extra:?}");
+        assert_eq!(terminate(&mut router.process.child), 0);
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// A free loopback port (bound and released).
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
 /// B72: `--grpc-threads` is the number of completion-queue threads the
 /// process runs (counted in /proc, not asked of the router), and one thread
 /// serves both the ext_proc streams and the ateapi calls.
