@@ -62,7 +62,7 @@ const SILENT_GRACE: Duration = Duration::from_secs(1);
 #[derive(Debug)]
 pub enum StartError {
     /// The configuration names no way to reach ateapi: one made for a
-    /// bootstrap only (B78).
+    /// bootstrap only (B102).
     NoAteapiTransport,
     /// ateapi's credentials are unusable.
     Ateapi(CredentialsError),

@@ -268,11 +268,11 @@ fn b70_envoy_config_at_the_bounds() {
     assert!(err.contains("while parking is off") && !err.contains("1..=0"), "{err}");
 }
 
-/// B78: `envoy-config` prints its bootstrap without ateapi credentials, the
+/// B102: `envoy-config` prints its bootstrap without ateapi credentials, the
 /// same as with `--ateapi-insecure`; it still refuses contradictory ateapi
 /// flags, and `serve` still requires a CA or `--ateapi-insecure`.
 #[test]
-fn b78_envoy_config_needs_no_ateapi_credentials() {
+fn b102_envoy_config_needs_no_ateapi_credentials() {
     let (code, bare, err) = run(&["envoy-config"]);
     assert_eq!(code, 0, "{err}");
     let (code, insecure, err) = run(&["envoy-config", "--ateapi-insecure"]);

@@ -68,7 +68,7 @@ pub struct Parking {
     pub backoff: BackoffPolicy,
 }
 
-/// What the flags are validated for (B78): `serve` reaches ateapi and
+/// What the flags are validated for (B102): `serve` reaches ateapi and
 /// needs its transport; `envoy-config` prints a bootstrap, which names no
 /// ateapi setting, and so needs none.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -83,7 +83,7 @@ pub struct Config {
     pub ateapi_address: String,
     /// How ateapi is reached: always set for [`Purpose::Serve`]; `None` only
     /// for a bootstrap given neither `--ateapi-ca-file` nor
-    /// `--ateapi-insecure` (B78), which no router can start with.
+    /// `--ateapi-insecure` (B102), which no router can start with.
     pub ateapi_transport: Option<AteapiTransport>,
     /// A bearer token file, sent as `authorization: Bearer ...` (TLS only).
     pub ateapi_token_file: Option<PathBuf>,
@@ -169,7 +169,7 @@ impl Config {
 
     /// As [`Config::from_args`], for `purpose`: a bootstrap needs no ateapi
     /// transport, but every ateapi flag given is checked as `serve` checks
-    /// it (B78).
+    /// it (B102).
     pub fn from_args_for(args: &ServeArgs, purpose: Purpose) -> Result<Config, ConfigError> {
         let parking = parking(args)?;
         let (extproc_max_requests, flight_max) = capacities(args, &parking)?;
@@ -579,7 +579,7 @@ fn distinct_listeners(listeners: &[(&str, Option<SocketAddr>)]) -> Result<(), Co
 }
 
 /// How ateapi is reached and authenticated (B53); for a bootstrap, no
-/// transport at all is fine (B78).
+/// transport at all is fine (B102).
 fn ateapi(
     args: &ServeArgs,
     purpose: Purpose,
