@@ -522,10 +522,12 @@ parking_promise() {
   done
   awk -v n="$1" -v w="$2" -v e="$3" -v max="${max:-1024}" -v budget="${budget:-5}" -v interval="${interval:-0.1}" \
     -v factor="${factor:-1.1}" -v jitter="${jitter:-0.1}" -v latency="${latency:-0.3}" -v spread="${spread:-0.2}" \
-    -v idle="$(seconds "$idle")" -v idle_text="$idle" -v faults="$faults" 'function s(x) { return sprintf("%.1f s", x) }
+    -v idle="$(seconds "$idle")" -v idle_text="$idle" -v faults="$faults" 'function s(x) { return sprintf("%.1fs", x) }
   BEGIN {
     if (budget <= 0) budget = 5; if (interval <= 0) interval = 0.1; if (factor == 0) factor = 1.1
-    budget_text = sprintf("%g s", budget)
+    # A duration is one word ("3.1s"), so that the wrap below never puts
+    # its unit alone on the next line.
+    budget_text = sprintf("%gs", budget)
     head = sprintf("parking: %d actors at once on %d workers: %d routed after a restore (about %s)", n, w, w, s(latency))
     free_early = latency * (1 - spread) + idle; free_late = latency * (1 + spread) + idle
     start_late = free_late + (interval + (factor - 1) * free_late) * (1 + jitter)

@@ -227,6 +227,8 @@ def test_make_run_end_to_end_and_ctrl_c_stops_everything(tmp_path, demos):
     # until an actor's 2 s idle suspension freed a worker, as the banner says.
     promise = banner_comment(output, "parking:")
     assert "the other 4 park until an actor has been idle 2s and frees its worker, then are routed" in promise, promise
+    # A duration keeps its unit on its line: "within about 3.1s", not "3.1" then "# s".
+    assert re.search(r"200 within about \d+\.\ds$", promise), promise
     lines = run_printed(parking, timeout=60).split()
     codes, times = lines[0::3], [float(t.rstrip("s")) for t in lines[2::3]]
     assert codes == ["200"] * 20, lines
