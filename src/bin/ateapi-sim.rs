@@ -16,67 +16,69 @@ use signal_hook::iterator::Signals;
 /// Simulated ateapi control plane: serves /ateapi.Control/ResumeActor over a
 /// worker-pool model, with fault injection.
 struct Args {
-    /// listen address
+    /// listen address, ip:port (default: 127.0.0.1:50061)
     #[argh(option, default = "String::from(\"127.0.0.1:50061\")")]
     listen: String,
-    /// number of workers in the pool
+    /// number of workers in the pool (default: 4)
     #[argh(option, default = "4")]
     workers: usize,
-    /// number of actors (named <atespace>/actor-0 ...)
+    /// number of actors, named <atespace>/actor-0 ... (default: 64)
     #[argh(option, default = "64")]
     actors: usize,
-    /// atespace of the simulated actors
+    /// atespace of the simulated actors (default: demo)
     #[argh(option, default = "String::from(\"demo\")")]
     atespace: String,
-    /// time a restore takes (Go duration)
+    /// time a restore takes (Go duration) (default: 300ms)
     #[argh(option, default = "String::from(\"300ms\")")]
     restore_latency: String,
-    /// restore latency varies by up to this fraction either way
+    /// restore latency varies by up to this fraction either way, in [0, 1) (default: 0.2)
     #[argh(option, default = "0.2")]
     restore_jitter: f64,
-    /// a running actor is suspended this long after its last resume
+    /// a running actor is suspended this long after its last resume (Go duration) (default: 30s)
     #[argh(option, default = "String::from(\"30s\")")]
     idle_suspend: String,
-    /// fraction of calls answered Unavailable
+    /// fraction of calls answered Unavailable (default: 0)
     #[argh(option, default = "0.0")]
     unavailable_rate: f64,
-    /// fraction of calls answered Aborted
+    /// fraction of calls answered Aborted (default: 0)
     #[argh(option, default = "0.0")]
     aborted_rate: f64,
-    /// period of simulated rolling restarts (0 disables)
+    /// period of simulated rolling restarts (0 disables) (default: 0)
     #[argh(option, default = "String::from(\"0\")")]
     outage_every: String,
-    /// how long each simulated restart answers Unavailable
+    /// how long each simulated restart answers Unavailable (default: 2s)
     #[argh(option, default = "String::from(\"2s\")")]
     outage_duration: String,
-    /// file of scripted answers per actor (see atenet_router::tools::sim::parse_script)
+    /// file of scripted answers per actor (see atenet_router::tools::sim::parse_script) (default: none)
     #[argh(option)]
     script: Option<String>,
-    /// fraction of restores that take --slow-restore-latency instead
+    /// fraction of restores that take --slow-restore-latency instead (default: 0)
     #[argh(option, default = "0.0")]
     slow_restore_rate: f64,
-    /// how long a slow restore takes
+    /// how long a slow restore takes (default: 10s)
     #[argh(option, default = "String::from(\"10s\")")]
     slow_restore_latency: String,
-    /// PEM certificate chain: serve TLS
+    /// PEM certificate chain: serve TLS (default: none, plaintext)
     #[argh(option)]
     tls_cert: Option<String>,
-    /// PEM private key for --tls-cert
+    /// PEM private key for --tls-cert (default: none)
     #[argh(option)]
     tls_key: Option<String>,
-    /// PEM CA: require client certificates it signed (mTLS)
+    /// PEM CA: require client certificates it signed, mTLS (default: none)
     #[argh(option)]
     tls_client_ca: Option<String>,
-    /// IP address of every worker (a reachable echo worker, say); default: a
-    /// distinct unreachable address per worker in 10.64.0.0/10
+    /// IP address of every worker, a reachable echo worker say (default: a
+    /// distinct unreachable address per worker in 10.64.0.0/10)
     #[argh(option)]
     worker_ip: Option<String>,
     /// IPv4 network of the workers (a.b.c.d/8..30): worker i gets its
     /// (i+1)-th host address, 127.0.1.0/24 giving 127.0.1.1, 127.0.1.2, ...
+    /// (default: none, see --worker-ip)
     #[argh(option)]
     worker_network: Option<String>,
     /// append every answer and every idle suspension to this file, one JSON
-    /// object per line (for tests that check clients against the sim)
+    /// object per line, for tests that check clients against the sim
+    /// (default: none)
     #[argh(option)]
     answer_log: Option<String>,
 }

@@ -26,52 +26,52 @@ const MAX_IN_FLIGHT: usize = 1_000_000;
 /// Exits 1 when more requests than --max-errors failed at the gRPC (HTTP)
 /// level or timed out, or none completed; 2 on a bad flag.
 struct Args {
-    /// router ext_proc address (host:port; default 127.0.0.1:50051)
+    /// router ext_proc address, host:port (default: 127.0.0.1:50051)
     #[argh(option)]
     target: Option<String>,
-    /// drive this HTTP endpoint instead (http://host:port/path), e.g. Envoy's listener; verdicts are the status and x-atenet-reason
+    /// drive this HTTP endpoint instead (http://host:port/path), e.g. Envoy's listener; verdicts are the status and x-atenet-reason (default: none, ext_proc at --target)
     #[argh(option)]
     http: Option<String>,
-    /// requests in flight at most (closed loop: exactly this many; open loop: a request due when all are taken waits for one, and goes late)
+    /// requests in flight at most (closed loop: exactly this many; open loop: a request due when all are taken waits for one, and goes late) (default: 16)
     #[argh(option, default = "16")]
     concurrency: usize,
-    /// requests per second (open loop), each timed from its scheduled send; 0 runs a closed loop, each timed from its send
+    /// requests per second (open loop), each timed from its scheduled send; 0 runs a closed loop, each timed from its send (default: 0)
     #[argh(option, default = "0.0")]
     rate: f64,
-    /// run this long (Go duration), unless --count is given
+    /// run this long (Go duration), unless --count is given (default: 10s)
     #[argh(option, default = "String::from(\"10s\")")]
     duration: String,
-    /// stop after this many requests instead of a duration
+    /// stop after this many requests instead of a duration (default: none, --duration decides)
     #[argh(option)]
     count: Option<u64>,
-    /// actors, comma-separated, with ranges: demo/actor-{0..63}; several atespaces (greedy/a-{0..99},polite/b-{0..9}) make a mix reported per atespace
+    /// actors, comma-separated, with ranges: demo/actor-{0..63}; several atespaces (greedy/a-{0..99},polite/b-{0..9}) make a mix reported per atespace (default: demo/actor-{0..63})
     #[argh(option, default = "String::from(\"demo/actor-{0..63}\")")]
     actors: String,
-    /// uniform, zipf, hot or round-robin
+    /// uniform, zipf, hot or round-robin (default: uniform)
     #[argh(option, default = "String::from(\"uniform\")")]
     distribution: String,
-    /// zipf exponent
+    /// zipf exponent (default: 1.1)
     #[argh(option, default = "1.1")]
     zipf_s: f64,
-    /// share of requests for the first actor with --distribution hot
+    /// share of requests for the first actor with --distribution hot (default: 0.9)
     #[argh(option, default = "0.9")]
     hot_fraction: f64,
-    /// stream-hold mode: open N streams at once and hold them until each gets its verdict
+    /// stream-hold mode: open N streams at once and hold them until each gets its verdict (default: none, a closed or open loop)
     #[argh(option)]
     hold: Option<u64>,
-    /// send this grpc-timeout with every request (e.g. 300m) and report verdicts that came after it
+    /// send this grpc-timeout with every request (e.g. 300m) and report verdicts that came after it (default: none sent)
     #[argh(option)]
     grpc_timeout: Option<String>,
-    /// cancel a request that has no verdict this long after its send (Go duration) and count it as client-timeout
+    /// cancel a request that has no verdict this long after its send (Go duration) and count it as client-timeout (default: 30s)
     #[argh(option, default = "String::from(\"30s\")")]
     request_timeout: String,
-    /// exit 0 with up to this many requests failed at the gRPC level or timed out
+    /// exit 0 with up to this many requests failed at the gRPC level or timed out (default: 0)
     #[argh(option, default = "0")]
     max_errors: u64,
-    /// print the summary as JSON
+    /// print the summary as JSON (default: off)
     #[argh(switch)]
     json: bool,
-    /// seconds between progress lines (0 silences them)
+    /// seconds between progress lines (0 silences them) (default: 1)
     #[argh(option, default = "1.0")]
     progress: f64,
 }

@@ -2,7 +2,7 @@
 //! flags parse in [`crate::cli::flags`]; their values are validated into a
 //! [`Config`] here, before anything else runs.
 
-use crate::cli::config::{Config, ConfigError};
+use crate::cli::config::{Config, ConfigError, Purpose};
 use crate::cli::flags::{parse_flags, FlagsError};
 
 /// The top-level help.
@@ -17,6 +17,7 @@ Commands:
   version       Print the version and the git revision it was built from.
 
 Both serve and envoy-config take the same flags; see `atenet-router serve --help`.
+envoy-config needs no ateapi credentials: the bootstrap names none.
 ";
 
 /// What the command line asks for.
@@ -38,14 +39,15 @@ pub enum Command {
 pub fn parse_command(args: &[String]) -> Result<Command, ConfigError> {
     let command = args.first().map(String::as_str).unwrap_or("");
     let rest: Vec<&str> = args.iter().skip(1).map(String::as_str).collect();
-    let config = |command| match parse_flags(command, &rest) {
-        Ok(flags) => Config::from_args(&flags).map(Box::new).map(Ok),
+    let config = |command, purpose| match parse_flags(command, &rest) {
+        Ok(flags) => Config::from_args_for(&flags, purpose).map(Box::new).map(Ok),
         Err(FlagsError::Help(text)) => Ok(Err(text)),
         Err(FlagsError::Invalid(e)) => Err(ConfigError::new(e)),
     };
     match command {
-        "serve" => Ok(config(command)?.map_or_else(Command::Help, Command::Serve)),
-        "envoy-config" => match config(command)? {
+        "serve" => Ok(config(command, Purpose::Serve)?.map_or_else(Command::Help, Command::Serve)),
+        // The bootstrap names no ateapi setting: no credentials needed (B102).
+        "envoy-config" => match config(command, Purpose::Bootstrap)? {
             // `serve --port-extproc 0` takes any free port, which a
             // bootstrap written beforehand cannot name (B70).
             Ok(config) if config.extproc_addr.port() == 0 => Err(ConfigError::new(

@@ -69,11 +69,23 @@ pub struct Parking {
     pub backoff: BackoffPolicy,
 }
 
+/// What the flags are validated for (B102): `serve` reaches ateapi and
+/// needs its transport; `envoy-config` prints a bootstrap, which names no
+/// ateapi setting, and so needs none.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Purpose {
+    Serve,
+    Bootstrap,
+}
+
 /// The effective configuration every component reads.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Config {
     pub ateapi_address: String,
-    pub ateapi_transport: AteapiTransport,
+    /// How ateapi is reached: always set for [`Purpose::Serve`]; `None` only
+    /// for a bootstrap given neither `--ateapi-ca-file` nor
+    /// `--ateapi-insecure` (B102), which no router can start with.
+    pub ateapi_transport: Option<AteapiTransport>,
     /// A bearer token file, sent as `authorization: Bearer ...` (TLS only).
     pub ateapi_token_file: Option<PathBuf>,
     pub extproc_addr: SocketAddr,
@@ -162,13 +174,20 @@ impl Config {
     /// Validates and normalises `args` (B37-B40, B46): everything the router
     /// runs with is decided here, once.
     pub fn from_args(args: &ServeArgs) -> Result<Config, ConfigError> {
+        Config::from_args_for(args, Purpose::Serve)
+    }
+
+    /// As [`Config::from_args`], for `purpose`: a bootstrap needs no ateapi
+    /// transport, but every ateapi flag given is checked as `serve` checks
+    /// it (B102).
+    pub fn from_args_for(args: &ServeArgs, purpose: Purpose) -> Result<Config, ConfigError> {
         let parking = parking(args)?;
         let (extproc_max_requests, flight_max) = capacities(args, &parking)?;
         let route_timeout = route_timeout(args)?;
         let late_serve_limit = late_serve_limit(args, parking.budget)?;
         let (drain_delay, drain_timeout) = drain(args, &parking, late_serve_limit)?;
         let envoy = envoy_ports(args)?;
-        let (ateapi_transport, ateapi_token_file) = ateapi(args)?;
+        let (ateapi_transport, ateapi_token_file) = ateapi(args, purpose)?;
         let extproc_port = listen_port("--port-extproc", args.port_extproc)?;
         let extproc_addr = socket_addr("--extproc-address", &args.extproc_address, extproc_port)?;
         let metrics_addr = listen_addr("--metrics-listen-addr", &args.metrics_listen_addr)?;
@@ -655,14 +674,23 @@ fn distinct_listeners(listeners: &[(&str, Option<SocketAddr>)]) -> Result<(), Co
     Ok(())
 }
 
-/// How ateapi is reached and authenticated (B53).
-fn ateapi(args: &ServeArgs) -> Result<(AteapiTransport, Option<PathBuf>), ConfigError> {
+/// How ateapi is reached and authenticated (B53); for a bootstrap, no
+/// transport at all is fine (B102).
+fn ateapi(
+    args: &ServeArgs,
+    purpose: Purpose,
+) -> Result<(Option<AteapiTransport>, Option<PathBuf>), ConfigError> {
     if args.ateapi_address.trim().is_empty() {
         return Err(invalid("--ateapi-address must not be empty"));
     }
     let transport = transport(args)?;
+    if transport.is_none() && purpose == Purpose::Serve {
+        return Err(invalid(
+            "--ateapi-ca-file is required to verify ateapi (or pass --ateapi-insecure for plaintext)",
+        ));
+    }
     let token_file = non_empty(&args.ateapi_token_file).map(PathBuf::from);
-    if token_file.is_some() && transport == AteapiTransport::Insecure {
+    if token_file.is_some() && transport == Some(AteapiTransport::Insecure) {
         return Err(invalid(
             "--ateapi-token-file needs TLS: a bearer token is never sent in plaintext (drop --ateapi-insecure)",
         ));
@@ -732,7 +760,9 @@ fn listen_addr(flag: &str, value: &str) -> Result<SocketAddr, ConfigError> {
     socket_addr(flag, host, port)
 }
 
-fn transport(args: &ServeArgs) -> Result<AteapiTransport, ConfigError> {
+/// The transport the ateapi flags name: `None` when they name none (no CA,
+/// not insecure).
+fn transport(args: &ServeArgs) -> Result<Option<AteapiTransport>, ConfigError> {
     let tls_flags: Vec<&str> = [
         ("--ateapi-ca-file", &args.ateapi_ca_file),
         ("--ateapi-client-cert", &args.ateapi_client_cert),
@@ -749,16 +779,21 @@ fn transport(args: &ServeArgs) -> Result<AteapiTransport, ConfigError> {
                 tls_flags.join(", ")
             )));
         }
-        return Ok(AteapiTransport::Insecure);
+        return Ok(Some(AteapiTransport::Insecure));
     }
-    let ca_file = non_empty(&args.ateapi_ca_file).ok_or_else(|| {
-        invalid("--ateapi-ca-file is required to verify ateapi (or pass --ateapi-insecure for plaintext)")
-    })?;
-    Ok(AteapiTransport::Tls {
+    let Some(ca_file) = non_empty(&args.ateapi_ca_file) else {
+        // A client certificate or a server name without a CA to verify
+        // the server with is a mistake whatever the command.
+        if let Some(flag) = tls_flags.first() {
+            return Err(invalid(format!("{flag} needs --ateapi-ca-file, the CA that verifies ateapi")));
+        }
+        return Ok(None);
+    };
+    Ok(Some(AteapiTransport::Tls {
         ca_file: PathBuf::from(ca_file),
         client_cert: non_empty(&args.ateapi_client_cert).map(PathBuf::from),
         server_name: non_empty(&args.ateapi_server_name),
-    })
+    }))
 }
 
 /// Parses `serve`'s flags from an argument list (without the program name
@@ -951,11 +986,11 @@ mod tests {
         .unwrap();
         assert_eq!(
             c.ateapi_transport,
-            AteapiTransport::Tls {
+            Some(AteapiTransport::Tls {
                 ca_file: "/etc/ca.pem".into(),
                 client_cert: Some("/etc/client.pem".into()),
                 server_name: Some("api".into()),
-            }
+            })
         );
     }
 

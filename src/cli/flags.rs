@@ -14,7 +14,7 @@ pub struct ServeArgs {
     /// ateapi control-plane address, host:port (default: api.ate-system.svc:443)
     #[argh(option, default = "String::from(\"api.ate-system.svc:443\")")]
     pub ateapi_address: String,
-    /// PEM file of CAs that verify ateapi's server certificate (default: none; required without --ateapi-insecure)
+    /// PEM file of CAs that verify ateapi's server certificate (default: none; serve requires it without --ateapi-insecure)
     #[argh(option, default = "String::new()")]
     pub ateapi_ca_file: String,
     /// PEM bundle (certificate chain + unencrypted PKCS#8, PKCS#1 or SEC1 key) for mTLS to ateapi (default: none)

@@ -425,15 +425,15 @@ pub fn effective_flags(config: &Config) -> Vec<(&'static str, String)> {
     let opt = |v: &Option<String>| v.clone().unwrap_or_default();
     let path = |p: &Option<std::path::PathBuf>| p.as_ref().map(|p| p.display().to_string()).unwrap_or_default();
     let (ca, cert, name) = match &config.ateapi_transport {
-        AteapiTransport::Insecure => (String::new(), String::new(), String::new()),
-        AteapiTransport::Tls { ca_file, client_cert, server_name } => {
+        None | Some(AteapiTransport::Insecure) => (String::new(), String::new(), String::new()),
+        Some(AteapiTransport::Tls { ca_file, client_cert, server_name }) => {
             (ca_file.display().to_string(), path(client_cert), opt(server_name))
         }
     };
     let parking = &config.parking;
     vec![
         ("--ateapi-address", config.ateapi_address.clone()),
-        ("--ateapi-insecure", (config.ateapi_transport == AteapiTransport::Insecure).to_string()),
+        ("--ateapi-insecure", (config.ateapi_transport == Some(AteapiTransport::Insecure)).to_string()),
         ("--ateapi-ca-file", ca),
         ("--ateapi-client-cert", cert),
         ("--ateapi-server-name", name),

