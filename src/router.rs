@@ -310,9 +310,14 @@ impl Router {
             );
         }
 
+        // Gauges of the flight table, read when Prometheus asks: nothing on
+        // the request path keeps them.
         let sample = {
             let (flights, metrics) = (resolver.flights().clone(), metrics.clone());
-            move || metrics.set_flights_active(flights.len())
+            move || {
+                metrics.set_flights_active(flights.len());
+                metrics.set_oldest_attempt(flights.oldest_attempt());
+            }
         };
         let http = HttpServer::start(
             config.metrics_addr,

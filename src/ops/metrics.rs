@@ -16,8 +16,8 @@ use std::sync::Arc;
 
 use prometheus::core::Collector;
 use prometheus::{
-    Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts,
-    Registry, TextEncoder,
+    Encoder, Gauge, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec,
+    Opts, Registry, TextEncoder,
 };
 
 use crate::parking::lot::{LotDecision, LotInstruments, WaitOutcome};
@@ -49,6 +49,7 @@ struct Instruments {
     drain_cancelled: IntCounter,
     invalid_targets: IntCounter,
     flights_active: IntGauge,
+    oldest_attempt: Gauge,
     flights_rejected: IntCounter,
     streams_refused: IntCounter,
     streams_silent_closed: IntCounter,
@@ -166,6 +167,11 @@ impl Metrics {
                 "atenet_router_flights_active",
                 "Flights in progress: actors being resumed, each with at most one ResumeActor call running.",
             ),
+            oldest_attempt: Gauge::new(
+                "atenet_router_oldest_attempt_seconds",
+                "How long the longest-running ResumeActor attempt has run; 0 when none runs (B79).",
+            )
+            .expect("a valid metric name"),
             flights_rejected: counter(
                 "atenet_router_flights_rejected_total",
                 "Requests refused because --flight-max flights were in progress (B58).",
@@ -200,6 +206,7 @@ impl Metrics {
             Box::new(instruments.drain_cancelled.clone()),
             Box::new(instruments.invalid_targets.clone()),
             Box::new(instruments.flights_active.clone()),
+            Box::new(instruments.oldest_attempt.clone()),
             Box::new(instruments.flights_rejected.clone()),
             Box::new(instruments.streams_refused.clone()),
             Box::new(instruments.streams_silent_closed.clone()),
@@ -270,6 +277,11 @@ impl Metrics {
     /// Sets `atenet_router_flights_active`.
     pub fn set_flights_active(&self, flights: usize) {
         self.inner.flights_active.set(i64::try_from(flights).unwrap_or(i64::MAX));
+    }
+
+    /// Sets `atenet_router_oldest_attempt_seconds`: 0 when no attempt runs.
+    pub fn set_oldest_attempt(&self, running_for: Option<std::time::Duration>) {
+        self.inner.oldest_attempt.set(running_for.map_or(0.0, |d| d.as_secs_f64()));
     }
 
     /// The timer thread's lateness histogram.
