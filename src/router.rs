@@ -21,9 +21,11 @@ use crate::ateapi::client::{AteapiClient, CredentialsError};
 use crate::cli::config::{AteapiTransport, Config};
 use crate::envoy::extproc::{ExtProc, ExtProcSettings};
 use crate::envoy::streams::StreamSlots;
+use crate::ops::history::{History, Sampler, Sources};
 use crate::ops::http::{self, BindError, HttpServer, Limits};
 use crate::ops::metrics::Metrics;
-use crate::ops::status::{RecentRequests, StatusPage};
+use crate::ops::recent::RecentRequests;
+use crate::ops::status::StatusPage;
 use crate::parking::clock::SystemClock;
 use crate::parking::flight::{FlightPolicy, FlightTable};
 use crate::parking::lot::ParkingLot;
@@ -329,10 +331,21 @@ impl Router {
         let status = match config.status_addr {
             None => None,
             Some(addr) => {
+                // The charts' samples (B78): a task on the timer thread, no
+                // thread of their own.
+                let history = Arc::new(History::default());
+                let sources = Sources {
+                    lot: resolver.lot().cloned(),
+                    recent: Arc::clone(&recent),
+                    metrics: metrics.clone(),
+                    clock: Arc::new(SystemClock),
+                };
+                Sampler::new(Arc::clone(&history), sources).start(timer.clone());
                 let page = Arc::new(StatusPage::new(
                     config.clone(),
                     resolver.clone(),
                     recent,
+                    history,
                     Arc::clone(&ateapi),
                     metrics.clone(),
                 ));

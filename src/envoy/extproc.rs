@@ -46,7 +46,7 @@ use crate::proto::http_status::HttpStatus;
 use crate::proto::EXT_PROC_PROCESS;
 use crate::parking::resolver::{Abandon, ResolveError, Resolver, ResumeLabel};
 use crate::ateapi::resume::{BadWorkerIp, Resumed};
-use crate::ops::status::{Answered, RecentRequests, RecentVerdict};
+use crate::ops::recent::{Answered, RecentRequests, RecentVerdict};
 use crate::envoy::streams::{StreamSlots, FIRST_MESSAGE_TIMEOUT};
 use crate::ateapi::target::{self, ActorId, Target, ACTOR_HEADER};
 use crate::parking::timer::{sleep_until, Scheduler};

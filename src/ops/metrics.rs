@@ -14,7 +14,7 @@
 
 use std::sync::Arc;
 
-use prometheus::core::Collector;
+use prometheus::core::{Collector, Metric as _};
 use prometheus::{
     Encoder, Gauge, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec,
     Opts, Registry, TextEncoder,
@@ -236,6 +236,22 @@ impl Metrics {
         self.inner.attempts[code as usize].get()
     }
 
+    /// The parked-wait histogram (B32) of every outcome together: its
+    /// bucket bounds, and the cumulative count of each bucket with `+Inf`
+    /// last, for the status page's wait percentiles (B78).
+    pub fn parked_wait_buckets(&self) -> (&'static [f64], Vec<u64>) {
+        let mut cumulative = vec![0; WAIT_BUCKETS.len() + 1];
+        for histogram in &self.inner.lot.waits {
+            let metric = histogram.metric();
+            let histogram = metric.get_histogram();
+            for (sum, bucket) in cumulative.iter_mut().zip(histogram.get_bucket()) {
+                *sum += bucket.get_cumulative_count();
+            }
+            cumulative[WAIT_BUCKETS.len()] += histogram.get_sample_count();
+        }
+        (WAIT_BUCKETS, cumulative)
+    }
+
     /// Requests shed by a full lot so far (B34).
     pub fn parking_rejected(&self) -> u64 {
         self.inner.lot.rejected.get()
@@ -362,6 +378,19 @@ mod tests {
         assert!(RouteOutcome::ALL.iter().enumerate().all(|(i, o)| *o as usize == i));
         assert!(ResumeLabel::ALL.iter().enumerate().all(|(i, r)| *r as usize == i));
         assert!(Code::ALL.iter().enumerate().all(|(i, c)| *c as usize == i && *c as i32 == i as i32));
+    }
+
+    #[test]
+    fn b78_parked_wait_buckets_add_every_outcome_up() {
+        let metrics = Metrics::new();
+        let lot = metrics.lot_instruments();
+        lot.waits[WaitOutcome::Served as usize].observe(0.3);
+        lot.waits[WaitOutcome::Canceled as usize].observe(0.3);
+        lot.waits[WaitOutcome::BudgetExhausted as usize].observe(99.0);
+        let (bounds, cumulative) = metrics.parked_wait_buckets();
+        assert_eq!((bounds.len() + 1, cumulative.len()), (17, 17));
+        let at = |bound: f64| cumulative[bounds.iter().position(|b| *b == bound).unwrap()];
+        assert_eq!((at(0.25), at(0.5), at(60.0), cumulative[16]), (0, 2, 2, 3), "{cumulative:?}");
     }
 
     #[test]
