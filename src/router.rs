@@ -331,7 +331,7 @@ impl Router {
         let status = match config.status_addr {
             None => None,
             Some(addr) => {
-                // The charts' samples (B78): a task on the timer thread, no
+                // The charts' samples (B94): a task on the timer thread, no
                 // thread of their own.
                 let history = Arc::new(History::default());
                 let sources = Sources {

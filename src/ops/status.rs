@@ -2,7 +2,7 @@
 //! doing now, for a person (HTML) or a program (JSON).
 //!
 //! It shows counts and names only: of requests, what [`RecentRequests`]
-//! keeps, which is never a secret. Its lists are bounded (B80), so a
+//! keeps, which is never a secret. Its lists are bounded (B96), so a
 //! saturated router answers it with the same few tens of kilobytes as an
 //! idle one.
 
@@ -29,7 +29,7 @@ use crate::parking::resolver::Resolver;
 const TOP_ATESPACES: usize = 20;
 
 /// How many flights, and how many actors with parked requests, the page
-/// lists: the oldest (B80). Fifty rows are what a person reads; a program
+/// lists: the oldest (B96). Fifty rows are what a person reads; a program
 /// that wants every actor has `/metrics` for counts and the log for names,
 /// and a page that grew with the table would cost a saturated router
 /// megabytes every two seconds per viewer.
@@ -54,11 +54,11 @@ struct Snapshot {
     active: usize,
     max_parked: usize,
     max_wait: Duration,
-    /// Flights in progress (B80: the total, however many are listed).
+    /// Flights in progress (B96: the total, however many are listed).
     flights: usize,
-    /// The oldest [`LISTED`] flights, oldest first (B79).
+    /// The oldest [`LISTED`] flights, oldest first (B95).
     oldest_flights: Vec<FlightView>,
-    /// How long the longest-running attempt has run, if one runs (B79).
+    /// How long the longest-running attempt has run, if one runs (B95).
     oldest_attempt: Option<Duration>,
     shed: u64,
     /// The oldest [`LISTED`] flights with parked callers.
@@ -74,7 +74,7 @@ struct Snapshot {
     attempts: Vec<(&'static str, u64)>,
     /// Verdicts since startup, by [`VerdictKind`].
     verdicts: [u64; VerdictKind::ALL.len()],
-    /// The last ten minutes, oldest first, as seconds ago (B78).
+    /// The last ten minutes, oldest first, as seconds ago (B94).
     history: Vec<(f64, Sample)>,
     flags: Vec<(&'static str, String)>,
     recent: Vec<RecentRequest>,
@@ -137,7 +137,7 @@ impl StatusPage {
 
     fn snapshot(&self) -> Snapshot {
         // Every flight is looked at, for the totals; only the oldest are
-        // kept (B80). Equal ages list by name, so rows keep their places.
+        // kept (B96). Equal ages list by name, so rows keep their places.
         let mut flights = self.resolver.flights().snapshot();
         flights.sort_by(|a, b| b.age.cmp(&a.age).then_with(|| a.actor.as_str().cmp(b.actor.as_str())));
         let parked: Vec<&FlightSnapshot> = flights.iter().filter(|f| f.parked_callers > 0).collect();
@@ -378,7 +378,7 @@ fn series(history: &[(f64, Sample)], value: impl Fn(&Sample) -> Option<f64>) -> 
     points
 }
 
-/// The three charts of the last ten minutes (B78).
+/// The three charts of the last ten minutes (B94).
 fn charts(s: &Snapshot) -> [Chart<'static>; 3] {
     let latest = s.history.last().map(|(_, sample)| sample);
     let peak = s.history.iter().map(|(_, sample)| sample.parked).max().unwrap_or(0);
@@ -473,7 +473,7 @@ fn cell(h: &mut String, label: &str, numeric: bool, text: &str) {
 }
 
 /// "Showing the oldest 50 of 20,000 (19,950 more)", or nothing when all
-/// are shown (B80).
+/// are shown (B96).
 fn more(h: &mut String, id: &str, what: &str, shown: usize, total: usize) {
     if total > shown {
         let _ = write!(
@@ -693,7 +693,7 @@ pub fn effective_flags(config: &Config) -> Vec<(&'static str, String)> {
 }
 
 /// The page's look: a grid of cards that fits any width from a phone's up
-/// (B78): grid tracks never wider than the page, text that wraps anywhere
+/// (B94): grid tracks never wider than the page, text that wraps anywhere
 /// rather than push a card wider, and tables that turn into label-value
 /// lists on a narrow screen.
 const STYLE: &str = "*{box-sizing:border-box}\
@@ -755,7 +755,7 @@ mod tests {
     }
 
     #[test]
-    fn b78_a_series_breaks_where_samples_are_missing() {
+    fn b94_a_series_breaks_where_samples_are_missing() {
         let at = Instant::now();
         let sample = |parked| Sample { at, parked, verdicts_per_second: [0.0; 4], waits: None };
         let history = [(30.0, sample(1)), (28.0, sample(2)), (10.0, sample(3)), (8.0, sample(4))];
