@@ -734,6 +734,8 @@ table.rows td::before{content:attr(data-label) \" \";color:#5b6475;font-weight:4
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::ops::history::CAPACITY;
+    use crate::ops::recent::{RecentVerdict, RECENT_CAPACITY};
 
     #[test]
     fn figures_read_well() {
@@ -752,6 +754,80 @@ mod tests {
             "0".into(),
             "0".into()
         ));
+    }
+
+    /// B96: the page at its largest, whatever is parked: every list full of
+    /// the longest names an actor id allows (63 + 1 + 63 bytes), a full ring
+    /// of samples each with a different figure in every series, 100 recent
+    /// requests at their longest.
+    #[test]
+    fn b96_the_page_at_its_largest_stays_bounded() {
+        let at = Instant::now();
+        let name = |i: usize| format!("{:a<63}/{:b<63}", format!("space-{i}-"), format!("actor-{i}-"));
+        let flight = |i: usize| FlightView {
+            actor: name(i),
+            age: Duration::from_millis(123_456 + i as u64),
+            attempt: Some(Duration::from_millis(98_765 + i as u64)),
+            attempts: 1234,
+            last_code: "ResourceExhausted",
+            parked: 12_345,
+            budget_left: Duration::from_millis(45_678),
+        };
+        let history = (0..CAPACITY)
+            .map(|i| {
+                let x = 1.0 + i as f64 / 7.0;
+                let sample = Sample {
+                    at,
+                    parked: 10_000 + i,
+                    verdicts_per_second: [1234.567 + x, 123.456 + x, 12.345 + x, 1.234 + x],
+                    waits: Some([0.123_4 + x, 1.234_5 + x, 12.345_6 + x]),
+                };
+                (((CAPACITY - i) * 2) as f64, sample)
+            })
+            .collect();
+        let recent = (0..RECENT_CAPACITY)
+            .map(|i| RecentRequest {
+                at: std::time::SystemTime::now(),
+                method: "OPTIONS".into(),
+                path: format!("/{:x<199}", i),
+                actor: name(i),
+                verdict: RecentVerdict::Rejected { status: 503, reason: "atenet_budget_exhausted" },
+                target: "[fd00:1234:5678:9abc:def0:1234:5678:9abc]:65535".into(),
+                duration: Duration::from_millis(12_345),
+            })
+            .collect();
+        let snapshot = Snapshot {
+            uptime: Duration::from_secs(1_234_567),
+            parking_enabled: true,
+            active: 20_000,
+            max_parked: 25_000,
+            max_wait: Duration::from_secs(600),
+            flights: 20_000,
+            oldest_flights: (0..LISTED).map(flight).collect(),
+            oldest_attempt: Some(Duration::from_secs(99)),
+            shed: 123_456_789,
+            parked_actors: (0..LISTED).map(flight).collect(),
+            parked_actors_total: 20_000,
+            atespaces: (0..TOP_ATESPACES)
+                .map(|i| AtespaceView {
+                    atespace: name(i)[..63].to_string(),
+                    slots: 1_000,
+                    oldest_wait: Duration::from_millis(123_456),
+                    sheds_last_minute: 12_345,
+                })
+                .collect(),
+            atespaces_total: 1_000,
+            ateapi_address: format!("{:z<253}:443", "ateapi."),
+            connectivity: "TRANSIENT_FAILURE",
+            attempts: Code::ALL.iter().map(|c| (c.name(), 123_456_789)).collect(),
+            verdicts: [123_456_789; 4],
+            history,
+            flags: (0..40).map(|_| ("--parked-request-max-per-atespace", "v".repeat(100))).collect(),
+            recent,
+        };
+        let (json, html) = (json(&snapshot).len(), html(&snapshot).len());
+        println!("statusz at its largest: JSON {json} B, HTML {html} B");
+        assert!(json <= 128 * 1024 && html <= 192 * 1024, "JSON {json} B, HTML {html} B");
     }
 
     #[test]
