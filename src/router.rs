@@ -252,6 +252,7 @@ impl Router {
                 &config.ateapi_address,
                 &config.ateapi_transport,
                 config.ateapi_token_file.as_deref(),
+                config.ateapi_connect_timeout(),
                 metrics.clone(),
             )
             .map_err(StartError::Ateapi)?,
@@ -260,15 +261,27 @@ impl Router {
             budget: config.parking.budget,
             backoff: config.parking.backoff,
             parking_enabled: config.parking.enabled,
-            late_serve: !config.late_serve_limit.is_zero(),
             max_flights: config.flight_max,
+            max_flights_per_atespace: config.flight_max_per_atespace,
         };
-        let flights = FlightTable::new(policy, Arc::new(SystemClock), timer.clone(), ateapi.clone());
+        let flights = FlightTable::new(
+            policy,
+            Arc::new(SystemClock),
+            timer.clone(),
+            ateapi.clone(),
+            metrics.flights_abandoned(),
+        );
         let lot = config.parking.enabled.then(|| {
             let (max, per_atespace) = (config.parking.max, config.parking.max_per_atespace);
             ParkingLot::new(max, per_atespace, Arc::new(SystemClock), metrics.lot_instruments())
         });
-        let resolver = Resolver::new(flights, lot, Arc::new(SystemClock), timer.clone());
+        let resolver = Resolver::new(
+            flights,
+            lot,
+            config.extproc_max_requests_per_atespace,
+            Arc::new(SystemClock),
+            timer.clone(),
+        );
         let ready = Arc::new(AtomicBool::new(true));
         let recent = Arc::new(RecentRequests::default());
         let streams = StreamSlots::new(config.extproc_max_streams, metrics.clone());
@@ -277,7 +290,9 @@ impl Router {
             metrics.clone(),
             ExtProcSettings {
                 worker_port: config.worker_port,
+                worker_networks: config.worker_networks.clone(),
                 late_serve_limit: config.late_serve_limit,
+                message_timeout: config.message_timeout(),
                 ready: Arc::clone(&ready),
                 recent: Arc::clone(&recent),
                 caller_deadlines: config.caller_deadlines,

@@ -17,6 +17,7 @@ use atenet_router::cli::config::parse_serve_args;
 use atenet_router::router::Router;
 use atenet_router::tools::sim::{Answer, Sim, SimConfig, SimTls};
 use common::*;
+use futures::StreamExt;
 use parking_lot::Mutex;
 
 /// A throwaway PKI: two CAs; a server certificate for `ateapi.test` only
@@ -313,6 +314,9 @@ fn missing_token_file_is_a_startup_error() {
             "0",
             "--metrics-listen-addr",
             "127.0.0.1:0",
+            // A port another process holds would be the first error found.
+            "--status-port",
+            "0",
         ])
         .output()
         .unwrap();
@@ -632,4 +636,59 @@ fn b60_sec1_and_pkcs1_client_keys_work() {
         assert_eq!(routed(&envoy.route_now("demo/a")).0, None, "{label}");
         stop(router);
     }
+}
+
+/// A control plane that accepts TCP and never finishes TLS (B82): the call
+/// never reaches it, so the flight does not wait on it past the budget, and
+/// a second request finds the channel trying again within its own budget.
+/// Before B82 each request was held for gRPC's 20 s connect timeout.
+#[test]
+fn b82_a_control_plane_that_never_finishes_tls_gets_the_verdict_at_the_budget() {
+    let pki = Pki::new("silent-tls");
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    let accepted = Arc::new(Mutex::new(Vec::new()));
+    {
+        let accepted = Arc::clone(&accepted);
+        std::thread::spawn(move || {
+            for stream in listener.incoming().flatten() {
+                // Held open, never read from or written to.
+                accepted.lock().push(stream);
+            }
+        });
+    }
+    let args: Vec<String> = [
+        "--ateapi-address",
+        &addr.to_string(),
+        "--ateapi-ca-file",
+        pki.path("ca1.pem").to_str().unwrap(),
+        "--port-extproc",
+        "0",
+        "--metrics-listen-addr",
+        "127.0.0.1:0",
+        "--status-port",
+        "0",
+        "--parked-request-budget",
+        "2s",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    let (router, envoy) = start(&args);
+    for _ in 0..2 {
+        // Five budgets of patience: a router that waits for gRPC's 20 s
+        // connection attempt leaves this client with no answer.
+        let mut stream = envoy.open_within(Duration::from_secs(10));
+        let reply = futures::executor::block_on(async {
+            stream.send(headers_request(&[("ate-target-actor", "demo/a")])).await;
+            stream.rx.next().await
+        });
+        let reply = reply.expect("a verdict within five budgets").expect("a verdict, not a deadline");
+        let answer = immediate(&reply);
+        assert_eq!(answer.status, 503, "{answer:?}");
+        assert_eq!(answer.headers["x-atenet-reason"], "atenet_budget_exhausted");
+        stream.tx.cancel();
+    }
+    assert!(!accepted.lock().is_empty(), "the router did connect, and got no handshake");
+    stop(router);
 }

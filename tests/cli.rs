@@ -158,6 +158,10 @@ fn b37_bad_flags_exit_nonzero_naming_the_flag() {
         (&["envoy-config", "--ateapi-insecure", "--route-timeout", "1ns"], "--route-timeout"),
         (&["envoy-config", "--ateapi-insecure", "--envoy-idle-timeout", "0"], "--envoy-idle-timeout"),
         (&["serve", "--ateapi-insecure", "--envoy-idle-timeout", "2h"], "--envoy-idle-timeout"),
+        // B92: a heap bound Envoy could not run under, or no machine has.
+        (&["envoy-config", "--ateapi-insecure", "--envoy-max-heap", "16Mi"], "--envoy-max-heap"),
+        (&["serve", "--ateapi-insecure", "--envoy-max-heap", "2Ti"], "--envoy-max-heap"),
+        (&["envoy-config", "--ateapi-insecure", "--envoy-max-heap=1GB"], "--envoy-max-heap"),
         (&["envoy-config", "--ateapi-insecure", "--route-timeout", "999us"], "--route-timeout"),
         (
             &["envoy-config", "--ateapi-insecure", "--envoy-admin-address", "localhost"],

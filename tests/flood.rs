@@ -183,7 +183,11 @@ fn b58_a_flood_against_a_control_plane_that_never_answers_is_capped_and_recovers
     let _alone = ONE_AT_A_TIME.lock();
     const CAP: usize = 1000;
     let sim = scripted_sim();
-    let router = spawn_router(&router_args(&sim.addr().to_string(), &["--flight-max", &CAP.to_string()]));
+    // One atespace may take every flight here (B79 is not under test), and
+    // its callers wait out the whole test: their own 504 (B81) comes after.
+    let cap = CAP.to_string();
+    let flags = ["--flight-max", &cap, "--flight-max-per-atespace", &cap, "--late-serve-limit", "10m"];
+    let router = spawn_router(&router_args(&sim.addr().to_string(), &flags));
     let envoy = Envoy::connect(router.extproc);
     assert!(envoy.route_now("demo/canary").has_request_headers());
     sim.set_unresponsive(true);
@@ -222,7 +226,7 @@ fn b58_a_flood_against_a_control_plane_that_never_answers_is_capped_and_recovers
     block_on(stream::iter(CAP..FLOOD).for_each_concurrent(256, |i| {
         let (flood, verdicts, refused) = (Arc::clone(&flood), Arc::clone(&verdicts), &refused);
         async move {
-            let key = verdict_within(&flood, &format!("hang/actor-{i}"), Duration::from_secs(20)).await;
+            let key = verdict_within(&flood, &format!("flood/actor-{i}"), Duration::from_secs(20)).await;
             if key == "503 atenet_flights_full" {
                 refused.fetch_add(1, Ordering::Relaxed);
             }

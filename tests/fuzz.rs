@@ -11,7 +11,7 @@ use std::collections::HashMap;
 use atenet_router::ateapi::pem;
 use atenet_router::ateapi::target::{self, ActorId};
 use atenet_router::cli::config::parse_serve_args;
-use atenet_router::cli::godur;
+use atenet_router::cli::{godur, size};
 use atenet_router::envoy::bootstrap;
 use atenet_router::envoy::extproc::{classify, Classified};
 use atenet_router::ops::drain;
@@ -253,6 +253,8 @@ fn flag_value() -> impl Strategy<Value = String> {
         Just("inf".to_string()),
         duration_text(),
         "(\\[?[0-9a-f:.]{0,20}\\]?)?:[0-9]{0,6}",
+        "[0-9]{0,22}(Ki|Mi|Gi|Ti|K|G|i)?",
+        "([0-9a-f:.]{0,16}/[0-9]{0,3},?){0,3}",
         "[ -~]{0,12}",
     ]
 }
@@ -277,6 +279,8 @@ const FLAGS: &[&str] = &[
     "--log-level",
     "--port-http",
     "--envoy-admin-address",
+    "--envoy-max-heap",
+    "--envoy-trusted-ranges",
 ];
 
 proptest! {
@@ -289,6 +293,15 @@ proptest! {
         if let Ok(d) = godur::parse(&text) {
             prop_assert!(d.magnitude.as_nanos() <= i64::MAX as u128);
             prop_assert_eq!(godur::parse(&godur::format(d.magnitude)).unwrap().magnitude, d.magnitude);
+        }
+    }
+
+    /// Size parsing (`--envoy-max-heap`) never panics, and what it reads
+    /// formats back to the same number of bytes.
+    #[test]
+    fn sizes_parse_or_refuse_cleanly(text in "[ -~]{0,4}[0-9]{0,22}(Ki|Mi|Gi|Ti|K|G|i)?[ -~]{0,2}") {
+        if let Ok(bytes) = size::parse(&text) {
+            prop_assert_eq!(size::parse(&size::format(bytes)), Ok(bytes));
         }
     }
 

@@ -105,6 +105,43 @@ fn late_serve_disabled_sends_no_override() {
     assert_eq!(routed(&replies[0]).0, None);
 }
 
+/// A ResumeActor that never answers (B81): the caller is answered by the
+/// router, with its reason, once it has waited all Envoy would; the attempt
+/// itself is never cancelled (B15) and still ends the flight when it
+/// answers.
+#[test]
+fn b81_an_attempt_that_never_answers_gets_the_routers_504_with_late_serve() {
+    let stack = Stack::start(&["--parked-request-budget", "1s", "--late-serve-limit", "6s"]);
+    stack.sim.script("demo/stuck", vec![Answer::ok("10.0.0.8", true).held()]);
+    let replies = block_on(stack.envoy.exchange_all(headers_request(&[("ate-target-actor", "demo/stuck")])));
+    assert_eq!(replies.len(), 2, "the late-serve override, then the router's own verdict: {replies:?}");
+    assert_eq!(replies[0].override_message_timeout.seconds, 6);
+    let answer = immediate(&replies[1]);
+    assert_eq!(answer.status, 504);
+    assert_eq!(answer.headers["x-atenet-reason"], "atenet_resume_timeout");
+    assert_eq!(answer.body, "actor demo/stuck request timed out: ateapi has not answered the resume");
+    assert_eq!((stack.sim.calls("demo/stuck"), stack.sim.unanswered()), (1, 1), "the attempt still runs");
+    assert_eq!(stack.router().resolver().flights().len(), 1, "and the flight awaits it");
+    assert_eq!(
+        stack.metrics().value("atenet_router_route_duration_seconds_count", &[("outcome", "timeout")]),
+        1.0
+    );
+    assert_eq!(stack.sim.release("demo/stuck"), 1);
+    stack.assert_quiescent();
+}
+
+#[test]
+fn b81_without_late_serve_the_routers_504_comes_before_envoys_message_timeout() {
+    let stack = Stack::start(&["--parked-request-budget", "1s", "--late-serve-limit", "0"]);
+    stack.sim.script("demo/stuck", vec![Answer::ok("10.0.0.8", true).held()]);
+    let replies = block_on(stack.envoy.exchange_all(headers_request(&[("ate-target-actor", "demo/stuck")])));
+    assert_eq!(replies.len(), 1, "no override without late serve: {replies:?}");
+    assert_eq!(immediate(&replies[0]).headers["x-atenet-reason"], "atenet_resume_timeout");
+    assert_eq!(stack.sim.unanswered(), 1);
+    stack.sim.release("demo/stuck");
+    stack.assert_quiescent();
+}
+
 #[test]
 fn budget_exhausted_503_carries_retry_after() {
     let stack =
@@ -193,16 +230,24 @@ fn b27_b28_client_cancel_while_parked_frees_slot_at_once() {
     let stack =
         Stack::start(&["--parked-request-retry-interval", "20ms", "--parked-request-budget", LONG_BUDGET]);
     stack.sim.script("demo/hot", vec![exhausted()]);
-    let mut stream = stack.envoy.open();
-    block_on(stream.send(headers_request(&[("ate-target-actor", "demo/hot")])));
-    stack.eventually("parked", |s| s.metrics().value("atenet_router_parking_active", &[]) == 1.0);
-    stream.tx.cancel();
-    stack.eventually("slot freed", |s| s.metrics().value("atenet_router_parking_active", &[]) == 0.0);
-    assert_eq!(stack.router().resolver().flights().len(), 1, "B28: the flight goes on");
+    let mut streams: Vec<_> = (0..2).map(|_| stack.envoy.open()).collect();
+    for stream in &mut streams {
+        block_on(stream.send(headers_request(&[("ate-target-actor", "demo/hot")])));
+    }
+    stack.eventually("parked", |s| s.metrics().value("atenet_router_parking_active", &[]) == 2.0);
+    streams[0].tx.cancel();
+    stack.eventually("slot freed", |s| s.metrics().value("atenet_router_parking_active", &[]) == 1.0);
+    let calls = stack.sim.calls("demo/hot");
+    assert!(
+        stack.sim.wait_for_calls("demo/hot", calls + 1, PATIENCE),
+        "B28: the flight goes on for the other"
+    );
     let m = stack.metrics();
     assert_eq!(m.value("atenet_router_parking_wait_duration_seconds_count", &[("outcome", "canceled")]), 1.0);
     assert_eq!(m.value("atenet_router_route_duration_seconds_count", &[("outcome", "cancelled")]), 1.0);
-    stack.sim.script("demo/hot", vec![Answer::ok("10.0.0.1", true)]);
+    // The last caller gone, the flight ends at once (B78).
+    streams[1].tx.cancel();
+    stack.eventually("slot freed", |s| s.metrics().value("atenet_router_parking_active", &[]) == 0.0);
     stack.assert_quiescent();
 }
 

@@ -166,6 +166,13 @@ fn b11_every_row_parking_disabled_terminal_codes() {
             "actor demo/badip routing failed",
             "atenet_routing_failed",
         ),
+        (
+            "demo/metadata",
+            Answer::ok("169.254.169.254", true),
+            500,
+            "actor demo/metadata routing failed",
+            "atenet_routing_failed",
+        ),
     ];
     for (actor, answer, status, body, reason) in rows {
         stack.sim.script(actor, vec![answer]);
@@ -376,5 +383,36 @@ fn b13_long_control_plane_messages_are_bounded_and_unreceivable_ones_are_the_rou
         (500, "error resuming actor demo/huge", "atenet_resume_error")
     );
     assert_eq!(stack.sim.calls("demo/huge"), 1, "an answer the router cannot read is not retried");
+    stack.assert_quiescent();
+}
+
+/// `--worker-networks` (B83): an address outside them is a routing
+/// failure, as an unusable one is (B8); inside, the request is routed.
+#[test]
+fn b83_worker_addresses_outside_the_worker_networks_are_routing_failures() {
+    let stack = Stack::start(&["--worker-networks", "10.0.0.0/8, fd00::/8"]);
+    let rows = [
+        ("demo/inside", "10.1.2.3", Some("10.1.2.3:443")),
+        ("demo/inside6", "fd00::5", Some("[fd00::5]:443")),
+        ("demo/mapped", "::ffff:10.9.9.9", Some("[::ffff:10.9.9.9]:443")),
+        ("demo/outside", "192.168.1.5", None),
+        ("demo/loopback", "127.0.0.1", None),
+        ("demo/outside6", "fc00::1", None),
+    ];
+    for (actor, ip, worker) in rows {
+        stack.sim.script(actor, vec![Answer::ok(ip, true)]);
+        let reply = stack.envoy.route_now(actor);
+        match worker {
+            Some(worker) => assert_eq!(routed(&reply).1, worker, "{actor}"),
+            None => {
+                let answer = immediate(&reply);
+                assert_eq!(
+                    (answer.status, answer.details.as_str()),
+                    (500, "atenet_routing_failed"),
+                    "{actor}"
+                );
+            }
+        }
+    }
     stack.assert_quiescent();
 }

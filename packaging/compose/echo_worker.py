@@ -15,6 +15,14 @@ joined with ", "), the body as text, and "worker" the local address the
 connection really reached (the accepted socket's own name, not the
 configured one: that is what proves where Envoy sent it).
 
+Three request headers shape the answer, for tests of what Envoy does with
+a worker's failures: `x-echo-status: N` answers with status N instead of
+200 (200 to 599, but 204 and 304, which carry no body); `x-echo-grpc-status:
+N` adds the response header `grpc-status: N` (0 to 16), as a gRPC server's
+trailers-only answer carries it; and `x-echo-delay-ms: N` waits N
+milliseconds (at most 60000) after recording the request and before
+answering. Any other value is ignored.
+
 --record PATH appends one JSON line per request to PATH before the answer
 is sent (so a client holding a 200 can already read its line): time,
 worker, actor (ate-target-actor), target_port (x-ate-target-port),
@@ -59,6 +67,11 @@ REQUEST_ID_HEADER = "x-client-request-id"
 # Envoy's own default limit: with Envoy's additions on top, that would be
 # the limit a test through Envoy measured. A worker stand-in takes more.
 http.client._MAXHEADERS = 1000
+# Headers a test sets to have the worker fail or be slow (see the docstring).
+STATUS_HEADER = "x-echo-status"
+GRPC_STATUS_HEADER = "x-echo-grpc-status"
+DELAY_HEADER = "x-echo-delay-ms"
+MAX_DELAY_MS = 60000
 # RFC 6455 section 1.3: the GUID appended to Sec-WebSocket-Key.
 WEBSOCKET_GUID = "258EAFA5-E914-47DA-95CA-C5AB0DC85B11"
 
@@ -117,6 +130,9 @@ class Echo(BaseHTTPRequestHandler):
         worker = self.local_worker()
         digest = hashlib.sha256(body).hexdigest()
         self.record(headers, worker, digest, len(body))
+        status, delay_ms = asked_status(headers), asked_delay_ms(headers)
+        if delay_ms:
+            time.sleep(delay_ms / 1000)
         answer = json.dumps({
             "method": self.command,
             "path": self.path,
@@ -126,7 +142,10 @@ class Echo(BaseHTTPRequestHandler):
             "body_length": len(body),
             "worker": worker,
         }).encode() + b"\n"
-        self.send_response(200)
+        self.send_response(status)
+        grpc_status = asked_grpc_status(headers)
+        if grpc_status is not None:
+            self.send_header("grpc-status", str(grpc_status))
         self.send_header("content-type", "application/json")
         self.send_header("content-length", str(len(answer)))
         self.end_headers()
@@ -251,6 +270,33 @@ class Echo(BaseHTTPRequestHandler):
 
     def log_message(self, format, *args):
         sys.stderr.write("echo-worker: %s %s\n" % (self.address_string(), format % args))
+
+
+def asked_status(headers):
+    """The status `x-echo-status` asks for, else 200."""
+    try:
+        status = int(headers.get(STATUS_HEADER, "200"))
+    except ValueError:
+        return 200
+    return status if 200 <= status <= 599 and status not in (204, 304) else 200
+
+
+def asked_grpc_status(headers):
+    """The grpc-status `x-echo-grpc-status` asks for, else None."""
+    try:
+        status = int(headers.get(GRPC_STATUS_HEADER, ""))
+    except ValueError:
+        return None
+    return status if 0 <= status <= 16 else None
+
+
+def asked_delay_ms(headers):
+    """The delay `x-echo-delay-ms` asks for, else 0."""
+    try:
+        delay = int(headers.get(DELAY_HEADER, "0"))
+    except ValueError:
+        return 0
+    return delay if 0 <= delay <= MAX_DELAY_MS else 0
 
 
 class Server(ThreadingHTTPServer):

@@ -26,6 +26,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread::ThreadId;
+use std::time::{Duration, Instant};
 
 use grpcio::{
     CallOption, Channel, ChannelBuilder, ChannelCredentialsBuilder, Client, Environment, MetadataBuilder,
@@ -113,6 +114,8 @@ pub struct AteapiClient {
     address: String,
     transport: AteapiTransport,
     token_file: Option<PathBuf>,
+    /// How long one connection attempt may take (B82).
+    connect_timeout: Duration,
     live: RwLock<Live>,
     metrics: Metrics,
     health: Arc<Health>,
@@ -130,15 +133,17 @@ impl AteapiClient {
         address: &str,
         transport: &AteapiTransport,
         token_file: Option<&Path>,
+        connect_timeout: Duration,
         metrics: Metrics,
     ) -> Result<AteapiClient, CredentialsError> {
         let files = read_files(transport, token_file)?;
-        let live = build(&env, address, transport, token_file, files)?;
+        let live = build(&env, address, transport, token_file, connect_timeout, files)?;
         Ok(AteapiClient {
             env,
             address: address.to_string(),
             transport: transport.clone(),
             token_file: token_file.map(Path::to_path_buf),
+            connect_timeout,
             live: RwLock::new(live),
             metrics,
             health: Arc::new(Health::default()),
@@ -157,7 +162,7 @@ impl AteapiClient {
             return;
         }
         let problem = match files.and_then(|files| {
-            build(&self.env, &self.address, &self.transport, self.token_file.as_deref(), files)
+            build(&self.env, &self.address, &self.transport, self.token_file.as_deref(), self.connect_timeout, files)
         }) {
             Ok(live) => {
                 *self.live.write() = live;
@@ -256,6 +261,7 @@ fn build(
     address: &str,
     transport: &AteapiTransport,
     token_file: Option<&Path>,
+    connect_timeout: Duration,
     files: Files,
 ) -> Result<Live, CredentialsError> {
     // Everything is checked before gRPC sees it: gRPC panics on some bad
@@ -279,7 +285,8 @@ fn build(
         let before = env.pick_cq().worker_id();
         let at = queues.iter().position(|q| q.worker_id() == before).unwrap_or(0);
         let thread = queues[(at + 1) % queues.len()].worker_id();
-        clients.push((thread, Arc::new(Client::new(channel(env, address, transport, &files)?))));
+        let channel = channel(env, address, transport, connect_timeout, &files)?;
+        clients.push((thread, Arc::new(Client::new(channel))));
     }
     Ok(Live { clients, authorization, files })
 }
@@ -289,6 +296,7 @@ fn channel(
     env: &Arc<Environment>,
     address: &str,
     transport: &AteapiTransport,
+    connect_timeout: Duration,
     files: &Files,
 ) -> Result<Channel, CredentialsError> {
     let builder = ChannelBuilder::new(Arc::clone(env))
@@ -300,7 +308,14 @@ fn channel(
         .raw_cfg_int(CString::new("grpc.max_metadata_size").expect("no NUL"), MAX_ANSWER_METADATA)
         .raw_cfg_int(CString::new("grpc.absolute_max_metadata_size").expect("no NUL"), MAX_ANSWER_METADATA)
         .keepalive_time(std::time::Duration::from_secs(30))
-        .keepalive_timeout(std::time::Duration::from_secs(10));
+        .keepalive_timeout(std::time::Duration::from_secs(10))
+        // gRPC core gives a connection attempt at least this long (20 s by
+        // default), a whole budget and more for a peer that accepts TCP and
+        // never finishes TLS (B82).
+        .raw_cfg_int(
+            CString::new("grpc.min_reconnect_backoff_ms").expect("no NUL"),
+            i32::try_from(connect_timeout.as_millis()).unwrap_or(i32::MAX),
+        );
     Ok(match transport {
         AteapiTransport::Insecure => builder.connect(address),
         AteapiTransport::Tls { ca_file, client_cert, server_name } => {
@@ -394,7 +409,12 @@ impl Resumer for AteapiClient {
             }
         }
         let (metrics, health, actor) = (self.metrics.clone(), Arc::clone(&self.health), actor.clone());
-        match client.unary_call_async(&ATEAPI_RESUME_ACTOR, &request, options) {
+        let (metrics_for_wait, health_for_wait, actor_for_wait) = (metrics.clone(), Arc::clone(&health), actor.clone());
+        let call = move |client: &Client, done: AttemptDone| match client.unary_call_async(
+            &ATEAPI_RESUME_ACTOR,
+            &request,
+            options,
+        ) {
             Ok(receiver) => client.spawn(async move {
                 let result = attempt_result(receiver.await);
                 report(&metrics, &health, &actor, &result);
@@ -405,8 +425,41 @@ impl Resumer for AteapiClient {
                 report(&metrics, &health, &actor, &result);
                 done.complete(result);
             }
+        };
+        // The common case costs one state read: a connection is there.
+        if !is_connecting(client.channel().check_connectivity_state(true)) {
+            return call(&client, done);
         }
+        // Until the connection is made the call has reached nobody, so it
+        // is no committed attempt (B15): it waits for the connection no
+        // longer than the flight's budget, and past it fails as Unavailable
+        // without being sent, so that the verdict comes at the budget (B82).
+        // A connection that fails (refused, a TLS error) ends the wait at
+        // once: the call then fails fast with gRPC's reason, as always.
+        let channel = client.channel().clone();
+        let deadline = done.budget_deadline();
+        let waiting = Arc::clone(&client);
+        client.spawn(async move {
+            loop {
+                let state = channel.check_connectivity_state(true);
+                if !is_connecting(state) {
+                    return call(&waiting, done);
+                }
+                let left = deadline.saturating_duration_since(Instant::now());
+                if left.is_zero() || !channel.wait_for_state_change(state, left).await {
+                    let message = "no connection to ateapi within the budget (the call was not sent)";
+                    let result = Err(ResumeError::new(Code::Unavailable, message));
+                    report(&metrics_for_wait, &health_for_wait, &actor_for_wait, &result);
+                    return done.complete(result);
+                }
+            }
+        });
     }
+}
+
+/// Whether a channel in `state` has no connection yet but is making one.
+fn is_connecting(state: grpcio::ConnectivityState) -> bool {
+    matches!(state, grpcio::ConnectivityState::GRPC_CHANNEL_IDLE | grpcio::ConnectivityState::GRPC_CHANNEL_CONNECTING)
 }
 
 /// Whether the control plane is reachable, so an outage is logged once when

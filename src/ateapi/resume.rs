@@ -146,17 +146,19 @@ fn worker_ip(ips: &[String]) -> Result<IpAddr, BadWorkerIp> {
         .trim()
         .parse()
         .ok()
-        .filter(is_unicast)
+        .filter(is_worker_address)
         .ok_or_else(|| BadWorkerIp(first.chars().take(64).collect()))
 }
 
-/// Whether `ip` can be one host's address. An unspecified address would
+/// Whether `ip` can be a worker's address. An unspecified address would
 /// send Envoy to its own host, and a broadcast or multicast one to no
-/// worker at all (B8); an IPv4-mapped IPv6 address is judged as IPv4.
-fn is_unicast(ip: &IpAddr) -> bool {
+/// worker at all (B8); a link-local one is no pod's, and 169.254.169.254 is
+/// the cloud's metadata service (B83). An IPv4-mapped IPv6 address is
+/// judged as IPv4.
+fn is_worker_address(ip: &IpAddr) -> bool {
     match ip.to_canonical() {
-        IpAddr::V4(v4) => !(v4.is_unspecified() || v4.is_broadcast() || v4.is_multicast()),
-        IpAddr::V6(v6) => !(v6.is_unspecified() || v6.is_multicast()),
+        IpAddr::V4(v4) => !(v4.is_unspecified() || v4.is_broadcast() || v4.is_multicast() || v4.is_link_local()),
+        IpAddr::V6(v6) => !(v6.is_unspecified() || v6.is_multicast() || v6.is_unicast_link_local()),
     }
 }
 

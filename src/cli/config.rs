@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use crate::cli::flags::ServeArgs;
 use crate::cli::godur;
+use crate::cli::size;
 use crate::parking::backoff::BackoffPolicy;
 
 /// The resume budget when parking is disabled: long enough to ride out
@@ -87,6 +88,10 @@ pub struct Config {
     pub extproc_max_streams: usize,
     /// Effective cap on flights in progress (B58).
     pub flight_max: usize,
+    /// Flights one atespace may have in progress (B79).
+    pub flight_max_per_atespace: usize,
+    /// Requests one atespace may hold at once, on any attempt (B80).
+    pub extproc_max_requests_per_atespace: usize,
     /// Effective count of gRPC completion-queue threads (B72).
     pub grpc_threads: usize,
     pub worker_port: u16,
@@ -109,6 +114,11 @@ pub struct Config {
     /// Where Envoy takes a request for internal and keeps its x-envoy-*
     /// headers, for `envoy-config` (B67).
     pub envoy_trusted_ranges: Vec<CidrRange>,
+    /// The networks a worker's address must be in; empty: any (B83).
+    pub worker_networks: Vec<CidrRange>,
+    /// The heap bound of Envoy's overload manager, in bytes, for
+    /// `envoy-config` (B92).
+    pub envoy_max_heap: u64,
     /// Envoy's HTTP listener port, for `envoy-config`.
     pub port_http: u16,
     /// Envoy's health-check listener port, for `envoy-config`.
@@ -193,6 +203,18 @@ impl Config {
             extproc_max_requests,
             extproc_max_streams: stream_cap(args.extproc_max_streams, extproc_max_requests)?,
             flight_max,
+            flight_max_per_atespace: share(
+                "--flight-max-per-atespace",
+                args.flight_max_per_atespace,
+                "--flight-max",
+                flight_max as u64,
+            )?,
+            extproc_max_requests_per_atespace: share(
+                "--extproc-max-requests-per-atespace",
+                args.extproc_max_requests_per_atespace,
+                "--extproc-max-requests",
+                extproc_max_requests,
+            )?,
             grpc_threads: grpc_threads(args.grpc_threads)?,
             worker_port: port("--worker-port", args.worker_port)?,
             drain_delay,
@@ -206,6 +228,8 @@ impl Config {
             late_serve_limit,
             envoy_listen_ip: envoy.listen_ip,
             envoy_trusted_ranges: trusted_ranges(&args.envoy_trusted_ranges)?,
+            worker_networks: cidr_list("--worker-networks", &args.worker_networks)?,
+            envoy_max_heap: envoy_max_heap(args)?,
             port_http: envoy.http,
             port_health: envoy.health,
             port_stats: envoy.stats,
@@ -223,6 +247,14 @@ impl Config {
     /// router's 503 always beats Envoy's own timeout (envoy.md).
     pub fn message_timeout(&self) -> Duration {
         self.parking.budget + MESSAGE_TIMEOUT_MARGIN
+    }
+
+    /// How long one connection attempt to ateapi (TCP and TLS handshake) may
+    /// take: half the budget, within 1 s and gRPC's own 20 s, so that an
+    /// attempt refused a connection still gets a verdict at the budget and
+    /// the next one finds a channel trying again (B82).
+    pub fn ateapi_connect_timeout(&self) -> Duration {
+        (self.parking.budget / 2).clamp(Duration::from_secs(1), Duration::from_secs(20))
     }
 
     /// Envoy's `max_message_timeout`, the ceiling for the late-serve
@@ -269,6 +301,33 @@ fn envoy_idle_timeout(args: &ServeArgs) -> Result<Duration, ConfigError> {
         )));
     }
     Ok(timeout)
+}
+
+/// The smallest `--envoy-max-heap`: an idle Envoy already uses about 10 MiB
+/// of heap (measured on 1.40), so a smaller bound would refuse requests
+/// from the start, or soon after.
+pub const MIN_ENVOY_MAX_HEAP: u64 = 64 << 20;
+
+/// The largest `--envoy-max-heap`: more than any machine this runs on has,
+/// so a larger value can only be a typo (a missing unit reads as bytes,
+/// which the minimum catches; an extra digit or unit, this).
+pub const MAX_ENVOY_MAX_HEAP: u64 = 1 << 40;
+
+/// `--envoy-max-heap` (B92).
+fn envoy_max_heap(args: &ServeArgs) -> Result<u64, ConfigError> {
+    let bad = |why: String| {
+        invalid(format!(
+            "--envoy-max-heap must be a size from {} to {}, such as 512Mi or 2Gi (Ki, Mi, Gi, Ti are powers of \
+             1024; a bare number is bytes): {why}",
+            size::format(MIN_ENVOY_MAX_HEAP),
+            size::format(MAX_ENVOY_MAX_HEAP)
+        ))
+    };
+    let bytes = size::parse(&args.envoy_max_heap).map_err(|e| bad(e.to_string()))?;
+    if !(MIN_ENVOY_MAX_HEAP..=MAX_ENVOY_MAX_HEAP).contains(&bytes) {
+        return Err(bad(format!("got {:?}", args.envoy_max_heap.trim())));
+    }
+    Ok(bytes)
 }
 
 /// The lot, the budget and the retry schedule (B17, B18, B22, B37, B38).
@@ -362,6 +421,22 @@ fn capacities(args: &ServeArgs, parking: &Parking) -> Result<(u64, usize), Confi
     Ok((breaker, flight_max))
 }
 
+/// One atespace's share of `whole` (B79, B80): 0 is half of it (at least
+/// one), so that no atespace can take all of it; an explicit value is 1 up to
+/// the whole.
+fn share(flag: &str, value: i64, whole_flag: &str, whole: u64) -> Result<usize, ConfigError> {
+    let n = match value {
+        0 => (whole / 2).max(1),
+        n if n > 0 && n as u64 <= whole => n as u64,
+        n => {
+            return Err(invalid(format!(
+                "{flag} must be 0 (half of {whole_flag}) or in 1..={whole} ({whole_flag}), got {n}"
+            )))
+        }
+    };
+    Ok(usize::try_from(n).unwrap_or(usize::MAX))
+}
+
 /// `--extproc-max-streams` (B74): 0 is twice the breaker, room for a second
 /// Envoy beside the one whose breaker it is (a hot restart, a rolling one)
 /// and for streams Envoy has reset that the router has not yet seen end.
@@ -452,18 +527,39 @@ pub struct CidrRange {
     pub prefix: u8,
 }
 
-/// `--envoy-trusted-ranges`: comma-separated CIDRs, each `ip/prefix` with a
-/// prefix that fits the address (32 for IPv4, 128 for IPv6); empty trusts
-/// nothing.
+impl CidrRange {
+    /// Whether `ip` is in the range; an IPv4-mapped IPv6 address counts as
+    /// its IPv4 address.
+    pub fn contains(&self, ip: IpAddr) -> bool {
+        match (self.ip.to_canonical(), ip.to_canonical()) {
+            (IpAddr::V4(net), IpAddr::V4(ip)) => {
+                let mask = u32::MAX.checked_shl(32 - u32::from(self.prefix)).unwrap_or(0);
+                u32::from(net) & mask == u32::from(ip) & mask
+            }
+            (IpAddr::V6(net), IpAddr::V6(ip)) => {
+                let mask = u128::MAX.checked_shl(128 - u32::from(self.prefix)).unwrap_or(0);
+                u128::from(net) & mask == u128::from(ip) & mask
+            }
+            _ => false,
+        }
+    }
+}
+
+/// `--envoy-trusted-ranges`: comma-separated CIDRs; empty trusts nothing.
 fn trusted_ranges(text: &str) -> Result<Vec<CidrRange>, ConfigError> {
+    cidr_list("--envoy-trusted-ranges", text)
+}
+
+/// Comma-separated CIDRs, each `ip/prefix` with a prefix that fits the
+/// address (32 for IPv4, 128 for IPv6), for `flag`.
+fn cidr_list(flag: &str, text: &str) -> Result<Vec<CidrRange>, ConfigError> {
     text.split(',')
         .map(str::trim)
         .filter(|range| !range.is_empty())
         .map(|range| {
             let bad = || {
                 invalid(format!(
-                    "--envoy-trusted-ranges must be CIDRs such as 10.0.0.0/8 or fc00::/7, separated by commas, \
-                     got {range:?}"
+                    "{flag} must be CIDRs such as 10.0.0.0/8 or fc00::/7, separated by commas, got {range:?}"
                 ))
             };
             let (ip, prefix) = range.split_once('/').ok_or_else(bad)?;
@@ -734,6 +830,30 @@ mod tests {
     }
 
     #[test]
+    fn b92_envoy_max_heap_takes_64mi_to_1ti() {
+        assert_eq!(parse(&[]).unwrap().envoy_max_heap, 1 << 30, "default 1Gi");
+        assert_eq!(parse(&["--envoy-max-heap", "64Mi"]).unwrap().envoy_max_heap, 64 << 20);
+        assert_eq!(parse(&["--envoy-max-heap=1Ti"]).unwrap().envoy_max_heap, 1 << 40);
+        assert_eq!(parse(&["--envoy-max-heap", "3221225472"]).unwrap().envoy_max_heap, 3 << 30);
+        for bad in [
+            "63Mi",
+            "1024",
+            "1025Gi",
+            "2Ti",
+            "0",
+            "",
+            "1.5Gi",
+            "1G",
+            "lots",
+            "-1Gi",
+            "99999999999999999999Ti",
+        ] {
+            let e = error(&["--envoy-max-heap", bad]);
+            assert!(e.contains("--envoy-max-heap must be a size from 64Mi to 1Ti"), "{bad:?}: {e}");
+        }
+    }
+
+    #[test]
     fn b72_grpc_threads_default_to_the_cores_and_take_1_to_256() {
         let cores = std::thread::available_parallelism().unwrap().get().min(MAX_GRPC_THREADS);
         assert_eq!(parse(&[]).unwrap().grpc_threads, cores);
@@ -750,6 +870,16 @@ mod tests {
     fn b37_rejections_name_the_flag() {
         let cases: &[(&[&str], &str)] = &[
             (&["--parked-request-retry-factor", "0.5"], "--parked-request-retry-factor"),
+            (&["--worker-networks", "10.0.0.0"], "--worker-networks"),
+            (&["--worker-networks", "10.0.0.0/33"], "--worker-networks"),
+            (&["--worker-networks", "fd00::/129"], "--worker-networks"),
+            (&["--flight-max-per-atespace", "-1"], "--flight-max-per-atespace"),
+            (&["--flight-max", "10", "--flight-max-per-atespace", "11"], "--flight-max-per-atespace"),
+            (&["--extproc-max-requests-per-atespace", "-1"], "--extproc-max-requests-per-atespace"),
+            (
+                &["--extproc-max-requests", "2048", "--extproc-max-requests-per-atespace", "2049"],
+                "--extproc-max-requests-per-atespace",
+            ),
             (&["--parked-request-retry-factor", "-1"], "--parked-request-retry-factor"),
             (&["--parked-request-retry-jitter", "1"], "--parked-request-retry-jitter"),
             (&["--parked-request-retry-jitter", "-0.1"], "--parked-request-retry-jitter"),
@@ -915,5 +1045,28 @@ mod tests {
     fn status_port_disable() {
         assert_eq!(parse(&["--status-port", "0"]).unwrap().status_addr, None);
         assert_eq!(parse(&["--status-port", "-1"]).unwrap().status_addr, None);
+    }
+
+    #[test]
+    fn b79_b80_shares_default_to_half_and_take_1_to_the_whole() {
+        let c = parse(&[]).unwrap();
+        assert_eq!((c.flight_max_per_atespace, c.extproc_max_requests_per_atespace), (2048, 1024));
+        let c = parse(&["--flight-max", "1", "--extproc-max-requests", "1", "--parked-request-max", "0"])
+            .unwrap();
+        assert_eq!((c.flight_max_per_atespace, c.extproc_max_requests_per_atespace), (1, 1), "at least one");
+        let c = parse(&["--flight-max-per-atespace", "4096", "--extproc-max-requests-per-atespace", "7"])
+            .unwrap();
+        assert_eq!((c.flight_max_per_atespace, c.extproc_max_requests_per_atespace), (4096, 7));
+    }
+
+    #[test]
+    fn b83_cidr_ranges_contain_what_they_should() {
+        let ranges = cidr_list("--worker-networks", "10.0.0.0/8,fd00::/8,192.168.1.7/32,0.0.0.0/0").unwrap();
+        let contains = |i: usize, ip: &str| ranges[i].contains(ip.parse().unwrap());
+        assert!(contains(0, "10.255.0.1") && !contains(0, "11.0.0.1") && contains(0, "::ffff:10.0.0.1"));
+        assert!(contains(1, "fd12::1") && !contains(1, "fe80::1") && !contains(1, "10.0.0.1"));
+        assert!(contains(2, "192.168.1.7") && !contains(2, "192.168.1.8"));
+        assert!(contains(3, "8.8.8.8") && !contains(3, "::1"), "a /0 is every address of its family");
+        assert!(cidr_list("--worker-networks", "").unwrap().is_empty());
     }
 }

@@ -74,12 +74,21 @@ pub struct ServeArgs {
     /// max actors resumed at once: flights and ResumeActor calls in progress (default: 0 = max(4 x lot, 4096))
     #[argh(option, default = "0")]
     pub flight_max: i64,
+    /// flights one atespace may have in progress at once, 1..=--flight-max (default: 0 = half of --flight-max)
+    #[argh(option, default = "0")]
+    pub flight_max_per_atespace: i64,
+    /// requests one atespace may hold at once, on any attempt or parked, 1..=--extproc-max-requests; more are refused at once (default: 0 = half of --extproc-max-requests)
+    #[argh(option, default = "0")]
+    pub extproc_max_requests_per_atespace: i64,
     /// gRPC completion-queue threads, shared by ext_proc streams and ateapi calls, 1..=256 (default: 0 = one per core available)
     #[argh(option, default = "0")]
     pub grpc_threads: i64,
     /// port the workers serve on (default: 443)
     #[argh(option, default = "443")]
     pub worker_port: i64,
+    /// CIDRs (comma-separated) a worker's address must be in; any other is a routing failure (default: empty = any unicast address that is not link-local)
+    #[argh(option, default = "String::new()")]
+    pub worker_networks: String,
     /// drain: wait this long after readiness flips (Go duration) (default: 13s)
     #[argh(option, default = "String::from(\"13s\")")]
     pub drain_delay: String,
@@ -110,9 +119,12 @@ pub struct ServeArgs {
     /// IP address the generated Envoy config's HTTP, health and metrics listeners bind (default: 0.0.0.0)
     #[argh(option, default = "String::from(\"0.0.0.0\")")]
     pub envoy_listen_address: String,
-    /// source ranges (CIDRs, comma-separated; empty: none) from which the generated Envoy keeps a client's x-envoy-* headers, such as a gateway's deadline (default: loopback and the private ranges)
+    /// source ranges (CIDRs, comma-separated; empty: none) from which the generated Envoy keeps a gateway's deadline header x-envoy-expected-rq-timeout-ms; every other x-envoy-* control header is removed from every client (default: loopback)
     #[argh(option, default = "String::from(DEFAULT_TRUSTED_RANGES)")]
     pub envoy_trusted_ranges: String,
+    /// heap bound of the generated Envoy's overload manager: new requests are refused at 98% of it (64Mi to 1Ti; Ki, Mi, Gi, Ti or bytes) (default: 1Gi)
+    #[argh(option, default = "String::from(\"1Gi\")")]
+    pub envoy_max_heap: String,
     /// port of the HTTP listener in the generated Envoy config (default: 8080)
     #[argh(option, default = "8080")]
     pub port_http: i64,
@@ -124,9 +136,11 @@ pub struct ServeArgs {
     pub port_stats: i64,
 }
 
-/// Loopback and the private ranges an in-cluster gateway sends from (B67).
-pub const DEFAULT_TRUSTED_RANGES: &str =
-    "127.0.0.0/8,::1/128,10.0.0.0/8,172.16.0.0/12,192.168.0.0/16,fc00::/7";
+/// Loopback only (B90): a peer on Envoy's own host (or in its pod) is the
+/// one source an address vouches for. A private address is not: behind
+/// docker-proxy, kube-proxy's SNAT or an internal L4 load balancer every
+/// external client has one.
+pub const DEFAULT_TRUSTED_RANGES: &str = "127.0.0.0/8,::1/128";
 
 /// Why flags did not parse.
 #[derive(Debug)]

@@ -11,7 +11,7 @@ use std::net::{IpAddr, Ipv4Addr};
 use std::time::Duration;
 
 use crate::ateapi::target::{ACTOR_ATTRIBUTE, AUTHORITY_ATTRIBUTE};
-use crate::cli::config::Config;
+use crate::cli::config::{CidrRange, Config};
 use crate::envoy::extproc::ORIGINAL_DST_NAMESPACE;
 
 /// The cluster name of the router in the generated config.
@@ -91,7 +91,35 @@ pub fn bootstrap(config: &Config) -> String {
     );
     let _ = write!(
         w,
-        r#"admin:
+        r#"# Envoy's own memory (B92): above 95% of --envoy-max-heap it returns free
+# memory to the system; above 98% every listener answers new requests 503
+# `envoy overloaded` (a gRPC one UNAVAILABLE), the health listener's
+# /ready included, until the heap falls back; requests already in progress
+# are served. Connections are capped at one per {buffer_limit} bytes of that
+# heap (the most each may buffer), at most {max_connections_cap}. The heap is
+# tcmalloc's, as the official Envoy builds have it: without tcmalloc the
+# heap monitor reads 0 and never fires.
+overload_manager:
+  refresh_interval: 0.25s
+  resource_monitors:
+  - name: envoy.resource_monitors.fixed_heap
+    typed_config:
+      "@type": type.googleapis.com/envoy.extensions.resource_monitors.fixed_heap.v3.FixedHeapConfig
+      max_heap_size_bytes: {max_heap}
+  - name: envoy.resource_monitors.global_downstream_max_connections
+    typed_config:
+      "@type": type.googleapis.com/envoy.extensions.resource_monitors.downstream_connections.v3.DownstreamConnectionsConfig
+      max_active_downstream_connections: {max_connections}
+  actions:
+  - name: envoy.overload_actions.shrink_heap
+    triggers:
+    - name: envoy.resource_monitors.fixed_heap
+      threshold: {{ value: 0.95 }}
+  - name: envoy.overload_actions.stop_accepting_requests
+    triggers:
+    - name: envoy.resource_monitors.fixed_heap
+      threshold: {{ value: 0.98 }}
+admin:
   address:
     socket_address: {{ address: "{admin_ip}", port_value: {admin_port} }}
 static_resources:
@@ -99,6 +127,9 @@ static_resources:
   - name: ingress
     address:
       socket_address: {{ address: "{listen_ip}", port_value: {port_http} }}
+    # What Envoy buffers of one connection before it stops reading it (B91):
+    # a parked upload waits in the client and the kernel, not in Envoy.
+    per_connection_buffer_limit_bytes: {buffer_limit}
     filter_chains:
     - filters:
       - name: envoy.filters.network.http_connection_manager
@@ -141,24 +172,33 @@ static_resources:
           upgrade_configs:
           - upgrade_type: websocket
           - upgrade_type: CONNECT
+          # HTTP/2 (B91): without these windows a client may push 256 MiB
+          # per stream unasked, and the buffer limit above bounds nothing;
+          # one connection holds at most {h2_max_streams} requests, parked ones
+          # included.
           http2_protocol_options:
             allow_connect: true
-          # Envoy keeps a client's x-envoy-* headers (the gateway deadline
-          # x-envoy-expected-rq-timeout-ms among them, B68) only from an
-          # internal request: one whose peer, the only x-forwarded-for
-          # entry once Envoy appends it, is in these ranges
-          # (--envoy-trusted-ranges).
+            max_concurrent_streams: {h2_max_streams}
+            initial_stream_window_size: {h2_stream_window}
+            initial_connection_window_size: {h2_connection_window}
+          # Headers that arrive slower than this are a 408 (B91).
+          request_headers_timeout: {request_headers_timeout}
+          # Envoy keeps the x-envoy-* headers the filter below leaves (the
+          # gateway deadline x-envoy-expected-rq-timeout-ms, B68) only from
+          # an internal request: one whose peer, the only x-forwarded-for
+          # entry once Envoy appends it, is in --envoy-trusted-ranges (B90).
           use_remote_address: true
           # A drain ends when the last client connection has closed (B43).
           # Envoy's drain closes a connection at its next response but never
-          # an idle one: this does (B76). It stays above the 60 s idle
+          # an idle one: idle_timeout does (B76). It stays above the 60 s idle
           # timeout of common load balancers, which must close first.
           common_http_protocol_options:
             idle_timeout: {client_idle_timeout}
-          internal_address_config:
-            cidr_ranges: [{trusted_ranges}]
-          http_filters:
-          # Only fields Envoy's ext_proc filter reads are set: it opens the
+            # A header named with `_` is removed, never passed on to a worker
+            # that might read it as its `-` twin (B91); the request is served.
+            headers_with_underscores_action: DROP_HEADER
+{internal_address_config}          http_filters:
+{client_header_removal}          # Only fields Envoy's ext_proc filter reads are set: it opens the
           # stream with no timeout of its own (grpc_service.timeout is not
           # read; message_timeout bounds each message), and the router
           # mutates no header that needs mutation_rules.
@@ -206,6 +246,7 @@ static_resources:
     stat_prefix: {HEALTH_STAT_PREFIX}
     address:
       socket_address: {{ address: "{listen_ip}", port_value: {port_health} }}
+    per_connection_buffer_limit_bytes: {buffer_limit}
     filter_chains:
     - filters:
       - name: envoy.filters.network.http_connection_manager
@@ -237,6 +278,7 @@ static_resources:
     stat_prefix: {STATS_STAT_PREFIX}
     address:
       socket_address: {{ address: "{listen_ip}", port_value: {port_stats} }}
+    per_connection_buffer_limit_bytes: {buffer_limit}
     filter_chains:
     - filters:
       - name: envoy.filters.network.http_connection_manager
@@ -259,18 +301,21 @@ static_resources:
               - match: {{ prefix: "/" }}
                 direct_response: {{ status: 404 }}
           http_filters:
-          - name: envoy.filters.http.router
+{client_header_removal}          - name: envoy.filters.http.router
             typed_config:
               "@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router
   clusters:
   - name: {ROUTER_CLUSTER}
     type: STATIC
     connect_timeout: 0.250s
+    per_connection_buffer_limit_bytes: {buffer_limit}
     typed_extension_protocol_options:
       envoy.extensions.upstreams.http.v3.HttpProtocolOptions:
         "@type": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions
         explicit_http_config:
-          http2_protocol_options: {{}}
+          http2_protocol_options:
+            initial_stream_window_size: {h2_stream_window}
+            initial_connection_window_size: {h2_connection_window}
     # Every open ext_proc stream, a parked request's included, holds one
     # request; after a router restart every one of them may be retried at
     # once (Envoy's default allows 3 retries in flight).
@@ -290,6 +335,7 @@ static_resources:
     type: ORIGINAL_DST
     lb_policy: CLUSTER_PROVIDED
     connect_timeout: 5s
+    per_connection_buffer_limit_bytes: {buffer_limit}
     original_dst_lb_config:
       use_http_header: false
       metadata_key:
@@ -318,6 +364,7 @@ static_resources:
   - name: {ADMIN_CLUSTER}
     type: STATIC
     connect_timeout: 0.250s
+    per_connection_buffer_limit_bytes: {buffer_limit}
     load_assignment:
       cluster_name: {ADMIN_CLUSTER}
       endpoints:
@@ -329,12 +376,16 @@ static_resources:
         listen_ip = config.envoy_listen_ip,
         client_idle_timeout = seconds(config.envoy_idle_timeout),
         route = worker_route(route_timeout, idle_timeout),
-        trusted_ranges = config
-            .envoy_trusted_ranges
-            .iter()
-            .map(|r| format!("{{ address_prefix: \"{}\", prefix_len: {} }}", r.ip, r.prefix))
-            .collect::<Vec<_>>()
-            .join(", "),
+        internal_address_config = internal_address_config(&config.envoy_trusted_ranges),
+        client_header_removal = client_header_removal(),
+        buffer_limit = BUFFER_LIMIT_BYTES,
+        h2_max_streams = H2_MAX_CONCURRENT_STREAMS,
+        h2_stream_window = H2_STREAM_WINDOW_BYTES,
+        h2_connection_window = H2_CONNECTION_WINDOW_BYTES,
+        request_headers_timeout = seconds(REQUEST_HEADERS_TIMEOUT),
+        max_heap = config.envoy_max_heap,
+        max_connections = max_downstream_connections(config.envoy_max_heap),
+        max_connections_cap = MAX_DOWNSTREAM_CONNECTIONS,
         port_http = config.port_http,
         port_health = config.port_health,
         port_stats = config.port_stats,
@@ -364,6 +415,103 @@ fn worker_route(timeout: Duration, idle_timeout: Duration) -> String {
     )
 }
 
+/// What Envoy buffers of one connection, downstream or upstream, before it
+/// stops reading from it (B91): Envoy's edge best practice, 32 KiB. A
+/// parked upload (its headers held at ext_proc) then costs Envoy about this
+/// much of its body, not the 1 MiB of Envoy's default.
+pub const BUFFER_LIMIT_BYTES: u64 = 32 << 10;
+
+/// HTTP/2 from clients (B91), as Envoy's edge best practice sets it: the
+/// windows are what bound an HTTP/2 upload, since Envoy's default stream
+/// window (256 MiB) lets a client send that much before any flow control;
+/// the buffer limit alone leaves HTTP/2 unbounded (measured on 1.40).
+pub const H2_MAX_CONCURRENT_STREAMS: u32 = 100;
+pub const H2_STREAM_WINDOW_BYTES: u32 = 64 << 10;
+pub const H2_CONNECTION_WINDOW_BYTES: u32 = 1 << 20;
+
+/// How long a client may take to send a request's headers (B91): a
+/// request being parked has sent them already, so this never cuts a park.
+pub const REQUEST_HEADERS_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The cap on downstream connections, whatever the heap (Envoy's edge
+/// best practice).
+pub const MAX_DOWNSTREAM_CONNECTIONS: u64 = 50_000;
+
+/// Downstream connections Envoy accepts at once (B92): one per
+/// [`BUFFER_LIMIT_BYTES`] of the heap bound, so that connections each
+/// holding a full buffer cannot by themselves exceed it, and at most
+/// [`MAX_DOWNSTREAM_CONNECTIONS`].
+pub fn max_downstream_connections(max_heap: u64) -> u64 {
+    (max_heap / BUFFER_LIMIT_BYTES).min(MAX_DOWNSTREAM_CONNECTIONS)
+}
+
+/// The `x-envoy-*` request headers the generated Envoy removes from every
+/// client before any filter reads them (B90), each with what it would let
+/// a client do. Only the caller's deadline, `x-envoy-expected-rq-timeout-ms`
+/// (B68), is left, and Envoy keeps that one only from a trusted peer.
+///
+/// Envoy strips these itself from a request it takes for external, but a
+/// trusted peer's pass, and behind NAT every client may look trusted.
+/// Route-level `request_headers_to_remove` is not enough: Envoy 1.40's
+/// router reads the timeout, per-try, hedge and stat-name headers before it
+/// applies the route's header changes (measured).
+pub const CLIENT_HEADERS_REMOVED: [(&str, &str); 15] = [
+    ("x-envoy-retry-on", "retries: an actor request is not always idempotent"),
+    ("x-envoy-retry-grpc-on", "retries by gRPC status"),
+    ("x-envoy-max-retries", "how many retries (50 hit a worker 51 times)"),
+    ("x-envoy-retriable-status-codes", "retries by status code"),
+    ("x-envoy-retriable-header-names", "retries by response header"),
+    ("x-envoy-upstream-rq-timeout-ms", "replaces the route timeout, 0 switching it off"),
+    ("x-envoy-upstream-rq-per-try-timeout-ms", "a per-attempt timeout"),
+    ("x-envoy-hedge-on-per-try-timeout", "parallel attempts"),
+    ("x-envoy-upstream-rq-timeout-alt-response", "204 instead of 504 on a timeout"),
+    ("x-envoy-upstream-stream-duration-ms", "a per-attempt stream duration"),
+    ("x-envoy-upstream-alt-stat-name", "new stats per name: unbounded stat cardinality"),
+    ("x-envoy-original-path", "the path the access log shows"),
+    ("x-envoy-original-dst-host", "names the upstream host to an ORIGINAL_DST cluster reading headers"),
+    ("x-envoy-force-trace", "tracing, were a tracer configured"),
+    ("x-envoy-decorator-operation", "the span name, were a tracer configured"),
+];
+
+/// The `header_mutation` filter that removes [`CLIENT_HEADERS_REMOVED`],
+/// first in a listener's chain: it runs after the connection manager's own
+/// sanitising and before ext_proc and the router (B90).
+fn client_header_removal() -> String {
+    let mut y = String::from(
+        r#"          # Every client's x-envoy-* control headers go first, whatever its
+          # peer (B90): only the deadline x-envoy-expected-rq-timeout-ms stays.
+          - name: envoy.filters.http.header_mutation
+            typed_config:
+              "@type": type.googleapis.com/envoy.extensions.filters.http.header_mutation.v3.HeaderMutation
+              mutations:
+                request_mutations:
+"#,
+    );
+    for (name, _) in CLIENT_HEADERS_REMOVED {
+        let _ = writeln!(y, "                - remove: {name}");
+    }
+    y
+}
+
+/// The ingress connection manager's `internal_address_config` (B90), or
+/// nothing when no range is trusted: Envoy 1.40 reads an empty
+/// `cidr_ranges` as its built-in private ranges (loopback 127.0.0.1
+/// included), while no `internal_address_config` at all trusts no peer.
+fn internal_address_config(ranges: &[CidrRange]) -> String {
+    if ranges.is_empty() {
+        return r#"          # --envoy-trusted-ranges is empty: no internal_address_config, which
+          # trusts no peer (an empty cidr_ranges would trust the private ranges).
+"#
+        .into();
+    }
+    let ranges = ranges
+        .iter()
+        .map(|r| format!(r#"{{ address_prefix: "{}", prefix_len: {} }}"#, r.ip, r.prefix))
+        .collect::<Vec<_>>()
+        .join(", ");
+    format!("          internal_address_config:\n            cidr_ranges: [{ranges}]\n")
+}
+
 /// The worker cluster's circuit breaker: far above Envoy's default of 1024,
 /// which would cap all proxied traffic of a busy node; still a bound.
 const WORKER_MAX_REQUESTS: u32 = 8192;
@@ -372,7 +520,7 @@ const WORKER_MAX_PENDING: u32 = 2048;
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cli::config::parse_serve_args;
+    use crate::cli::config::{parse_serve_args, MIN_ENVOY_MAX_HEAP};
 
     #[test]
     fn coupled_values_follow_the_flags() {
@@ -417,16 +565,22 @@ mod tests {
     #[test]
     fn trusted_ranges_and_upgrades() {
         let default = bootstrap(&parse_serve_args(&["--ateapi-insecure"]).unwrap());
-        assert!(default.contains(
-            r#"cidr_ranges: [{ address_prefix: "127.0.0.0", prefix_len: 8 }, { address_prefix: "::1", prefix_len: 128 }, "#
-        ));
-        assert!(default.contains(r#"{ address_prefix: "fc00::", prefix_len: 7 }]"#), "{default}");
+        assert!(
+            default.contains(
+                "internal_address_config:\n            cidr_ranges: [{ address_prefix: \"127.0.0.0\", prefix_len: 8 }, \
+                 { address_prefix: \"::1\", prefix_len: 128 }]\n"
+            ),
+            "B90: loopback only by default: {default}"
+        );
         assert!(default.contains("use_remote_address: true"));
         assert!(default.contains("- upgrade_type: websocket\n          - upgrade_type: CONNECT\n"));
         assert_eq!(default.matches("X-Ate-Target-Port").count(), 2, "the CONNECT route and the other");
+        // Envoy 1.40 reads an empty cidr_ranges as its private ranges: to
+        // trust none, the field is left out (B90).
         let none =
             bootstrap(&parse_serve_args(&["--ateapi-insecure", "--envoy-trusted-ranges", ""]).unwrap());
-        assert!(none.contains("cidr_ranges: []"));
+        assert!(!none.contains("internal_address_config:"), "{none}");
+        assert!(!none.contains("cidr_ranges: ["));
         let one = bootstrap(
             &parse_serve_args(&["--ateapi-insecure", "--envoy-trusted-ranges", " 10.1.0.0/16 "]).unwrap(),
         );
@@ -435,6 +589,86 @@ mod tests {
             let e = parse_serve_args(&["--ateapi-insecure", "--envoy-trusted-ranges", bad]).unwrap_err();
             assert!(e.to_string().contains("--envoy-trusted-ranges"), "{bad}: {e}");
         }
+    }
+
+    /// The filters of the listener whose block starts at `name:`, in order.
+    fn filters_of(y: &str, listener: &str) -> Vec<String> {
+        let start = y.find(&format!("  - name: {listener}\n")).expect("the listener");
+        let block = &y[start + 1..];
+        let block = &block[..block.find("\n  - name: ").unwrap_or(block.len())];
+        let block = &block[..block.find("\n  clusters:").unwrap_or(block.len())];
+        block
+            .lines()
+            .filter_map(|l| l.strip_prefix("          - name: envoy.filters.http."))
+            .map(str::to_string)
+            .collect()
+    }
+
+    #[test]
+    fn b90_client_control_headers_are_removed_first_and_the_deadline_is_not() {
+        let y = bootstrap(&parse_serve_args(&["--ateapi-insecure"]).unwrap());
+        assert_eq!(filters_of(&y, "ingress"), ["header_mutation", "ext_proc", "router"]);
+        assert_eq!(filters_of(&y, "stats"), ["header_mutation", "router"]);
+        assert_eq!(filters_of(&y, "health"), ["health_check", "router"], "no upstream, no router control");
+        for (name, _) in CLIENT_HEADERS_REMOVED {
+            assert_eq!(y.matches(&format!("                - remove: {name}\n")).count(), 2, "{name}");
+        }
+        assert!(!y.contains("remove: x-envoy-expected-rq-timeout-ms"), "the caller's deadline stays (B68)");
+        let names: std::collections::BTreeSet<_> = CLIENT_HEADERS_REMOVED.iter().map(|(n, _)| *n).collect();
+        assert_eq!(names.len(), CLIENT_HEADERS_REMOVED.len(), "no header twice");
+        assert!(names.iter().all(|n| n.starts_with("x-envoy-") && *n == n.to_lowercase()));
+    }
+
+    #[test]
+    fn b91_buffers_http2_and_headers_are_bounded() {
+        let y = bootstrap(&parse_serve_args(&["--ateapi-insecure"]).unwrap());
+        assert_eq!(
+            y.matches("per_connection_buffer_limit_bytes: 32768\n").count(),
+            6,
+            "three listeners, three clusters: {y}"
+        );
+        assert!(y.contains(
+            "http2_protocol_options:\n            allow_connect: true\n            max_concurrent_streams: 100\n            \
+             initial_stream_window_size: 65536\n            initial_connection_window_size: 1048576\n"
+        ));
+        assert!(
+            y.contains(
+                "http2_protocol_options:\n            initial_stream_window_size: 65536\n            \
+             initial_connection_window_size: 1048576\n"
+            ),
+            "the router's HTTP/2 cluster too"
+        );
+        assert!(y.contains("request_headers_timeout: 10s\n"));
+        assert!(y.contains("headers_with_underscores_action: DROP_HEADER\n"));
+        for absent in
+            ["request_timeout:", "normalize_path: true\n          route_config:\n            name: actors"]
+        {
+            assert!(!y.contains(absent), "{absent}");
+        }
+    }
+
+    #[test]
+    fn b92_overload_manager_follows_the_heap_flag() {
+        let heap = |flags: &[&str]| {
+            let mut args = vec!["--ateapi-insecure"];
+            args.extend_from_slice(flags);
+            let y = bootstrap(&parse_serve_args(&args).unwrap());
+            let field = |name: &str| {
+                let at = y.find(&format!("{name}: ")).unwrap_or_else(|| panic!("{name} in {y}"));
+                y[at + name.len() + 2..].lines().next().unwrap().to_string()
+            };
+            (field("max_heap_size_bytes"), field("max_active_downstream_connections"))
+        };
+        assert_eq!(heap(&[]), ("1073741824".into(), "32768".into()));
+        assert_eq!(heap(&["--envoy-max-heap", "64Mi"]), ("67108864".into(), "2048".into()));
+        assert_eq!(heap(&["--envoy-max-heap", "1Ti"]), ("1099511627776".into(), "50000".into()));
+        let y = bootstrap(&parse_serve_args(&["--ateapi-insecure"]).unwrap());
+        assert!(y.contains(
+            "  - name: envoy.overload_actions.shrink_heap\n    triggers:\n    - name: envoy.resource_monitors.fixed_heap\n      \
+             threshold: { value: 0.95 }\n  - name: envoy.overload_actions.stop_accepting_requests\n    triggers:\n    - \
+             name: envoy.resource_monitors.fixed_heap\n      threshold: { value: 0.98 }\n"
+        ));
+        assert_eq!(max_downstream_connections(MIN_ENVOY_MAX_HEAP), 2048);
     }
 
     #[test]

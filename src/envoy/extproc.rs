@@ -34,7 +34,7 @@ use protobuf::MessageField;
 use crate::parking::deadline::{self, CallerTimeout};
 use crate::parking::flight::{FlightEvent, FlightWait};
 use crate::ops::logging::Throttle;
-use crate::ops::metrics::Metrics;
+use crate::ops::metrics::{AtespaceShare, Metrics};
 use crate::proto::base::{
     header_value_option::HeaderAppendAction, HeaderMap, HeaderValue, HeaderValueOption,
 };
@@ -44,12 +44,13 @@ use crate::proto::external_processor::{
 };
 use crate::proto::http_status::HttpStatus;
 use crate::proto::EXT_PROC_PROCESS;
-use crate::parking::resolver::{Abandon, ResolveError, Resolver, ResumeLabel};
+use crate::cli::config::CidrRange;
+use crate::parking::resolver::{Abandon, ResolveError, Resolver, ResumeLabel, ResumeOutcome};
 use crate::ateapi::resume::{BadWorkerIp, Resumed};
 use crate::ops::recent::{Answered, RecentRequests, RecentVerdict};
 use crate::envoy::streams::{StreamSlots, FIRST_MESSAGE_TIMEOUT};
 use crate::ateapi::target::{self, ActorId, Target, ACTOR_HEADER};
-use crate::parking::timer::{sleep_until, Scheduler};
+use crate::parking::timer::{sleep_until, Scheduler, Sleep};
 use crate::envoy::verdict::{self, Rejection, RouteOutcome, Verdict};
 
 /// The dynamic-metadata namespace Envoy's ORIGINAL_DST cluster reads (B7).
@@ -60,9 +61,13 @@ pub struct ExtProc {
     resolver: Resolver,
     metrics: Metrics,
     worker_port: u16,
+    /// The networks workers are in; empty: any (B83).
+    worker_networks: Vec<CidrRange>,
     /// Sent once per stream as `override_message_timeout` when its flight
     /// goes into overtime; zero disables.
     late_serve_limit: Duration,
+    /// Envoy's `message_timeout`: how long it waits for a verdict (B81).
+    message_timeout: Duration,
     /// Cleared when a drain starts.
     ready: Arc<AtomicBool>,
     recent: Arc<RecentRequests>,
@@ -81,7 +86,11 @@ pub const ERROR_LOG_INTERVAL: Duration = Duration::from_secs(10);
 /// Settings of the ext_proc service.
 pub struct ExtProcSettings {
     pub worker_port: u16,
+    /// `--worker-networks` (B83).
+    pub worker_networks: Vec<CidrRange>,
     pub late_serve_limit: Duration,
+    /// Envoy's `message_timeout` (B81).
+    pub message_timeout: Duration,
     pub ready: Arc<AtomicBool>,
     pub recent: Arc<RecentRequests>,
     pub caller_deadlines: bool,
@@ -100,7 +109,9 @@ impl ExtProc {
             resolver,
             metrics,
             worker_port: settings.worker_port,
+            worker_networks: settings.worker_networks,
             late_serve_limit: settings.late_serve_limit,
+            message_timeout: settings.message_timeout,
             ready: settings.ready,
             recent: settings.recent,
             caller_deadlines: settings.caller_deadlines,
@@ -266,27 +277,59 @@ impl ExtProc {
                 return None;
             }
             let mut resolving = self.resolver.resolve(&target.actor, pending.deadline);
-            let mut override_pending = !self.late_serve_limit.is_zero();
+            let mut overtime_pending = true;
+            // Armed only once the budget has passed with an attempt still
+            // running: the router's own 504 before Envoy gives up (B81).
+            let mut envoy_ceiling: Option<Sleep> = None;
             let outcome = loop {
-                let overtime = override_pending.then(|| resolving.overtime()).flatten();
-                let woken =
-                    match select(&mut resolving, select(Gone { sink: &mut *sink }, Overtime(overtime))).await
-                    {
-                        Either::Left((outcome, _)) => break outcome,
-                        Either::Right((Either::Left(_), _)) => Woken::Gone,
-                        Either::Right((Either::Right(_), _)) => Woken::Overtime,
-                    };
-                if let Woken::Overtime = woken {
-                    override_pending = false;
-                    let extend = override_timeout(self.late_serve_limit);
-                    if send(sink, extend).await.is_ok() {
-                        continue;
+                let overtime = overtime_pending.then(|| resolving.overtime()).flatten();
+                let watch = select(Overtime(overtime), Ceiling(envoy_ceiling.as_mut()));
+                let woken = match select(&mut resolving, select(Gone { sink: &mut *sink }, watch)).await {
+                    Either::Left((outcome, _)) => break outcome,
+                    Either::Right((Either::Left(_), _)) => Woken::Gone,
+                    Either::Right((Either::Right((Either::Left(_), _)), _)) => Woken::Overtime,
+                    Either::Right((Either::Right((Either::Right(_), _)), _)) => Woken::Ceiling,
+                };
+                match woken {
+                    Woken::Overtime => {
+                        overtime_pending = false;
+                        // Envoy answers 504 itself once it has waited its
+                        // message timeout from the request, or the late-serve
+                        // limit from the override, which restarts its clock.
+                        let gives_up = if self.late_serve_limit.is_zero() {
+                            Some(received + self.message_timeout)
+                        } else if send(sink, override_timeout(self.late_serve_limit)).await.is_ok() {
+                            Some(Instant::now() + self.late_serve_limit)
+                        } else {
+                            // The call ended under the override (a client that
+                            // left while it was written). The sink has seen the
+                            // call's end, and grpcio panics if it is polled for
+                            // it again: the caller is gone, as below, without
+                            // another look.
+                            log::debug!("stream for {} ended before the late-serve override", target.actor);
+                            None
+                        };
+                        if let Some(gives_up) = gives_up {
+                            let answer_at = gives_up.checked_sub(ENVOY_CEILING_MARGIN).unwrap_or(gives_up);
+                            envoy_ceiling = Some(sleep_until(Arc::clone(&self.scheduler), answer_at));
+                            continue;
+                        }
                     }
-                    // The call ended under the override (a client that left
-                    // while it was written). The sink has seen the call's
-                    // end, and grpcio panics if it is polled for it again:
-                    // the caller is gone, as below, without another look.
-                    log::debug!("stream for {} ended before the late-serve override", target.actor);
+                    Woken::Ceiling => {
+                        // The attempt goes on (B15); this caller has waited
+                        // all Envoy would, and gets the router's reason.
+                        resolving.abandon(Abandon::Timeout);
+                        let (verdict, label) = verdict::resume_timeout(&target.actor);
+                        if let Some(suppressed) = self.resume_errors.allow(Instant::now()) {
+                            log::warn!(
+                                actor = target.actor.as_str(), suppressed;
+                                "ResumeActor for {} is still unanswered past the budget: answering 504", target.actor
+                            );
+                        }
+                        self.finish(&pending.line, target.actor.as_str(), &verdict, received, label, ResumeLabel::Unknown);
+                        return Some(response_for(&verdict, pending.protocol));
+                    }
+                    Woken::Gone => {}
                 }
                 let (reason, label) = if deadline.exceeded() {
                     (Abandon::Timeout, RouteOutcome::Timeout)
@@ -299,6 +342,7 @@ impl ExtProc {
                 return None;
             };
             let retry_after = self.resolver.lot().map_or(1, |lot| lot.retry_after());
+            let outcome = self.within_worker_networks(outcome);
             let (verdict, label) = verdict::for_outcome(target, &outcome, self.worker_port, retry_after);
             if let Verdict::Reject(r) = &verdict {
                 self.log_rejection(&target.actor, r, &outcome.result);
@@ -314,8 +358,11 @@ impl ExtProc {
     /// fails the same way, and one line per request would flood the log
     /// from the completion-queue threads. Everything else is debug.
     fn log_rejection(&self, actor: &ActorId, rejection: &Rejection, result: &Result<Resumed, ResolveError>) {
-        if matches!(result, Err(ResolveError::FlightsFull)) {
-            self.metrics.count_flight_rejected();
+        match result {
+            Err(ResolveError::FlightsFull) => self.metrics.count_flight_rejected(),
+            Err(ResolveError::AtespaceFlightsFull) => self.metrics.count_atespace_refused(AtespaceShare::Flights),
+            Err(ResolveError::AtespaceRequestsFull) => self.metrics.count_atespace_refused(AtespaceShare::Requests),
+            _ => {}
         }
         let now = Instant::now();
         match result {
@@ -340,6 +387,19 @@ impl ExtProc {
                 log::debug!(actor = actor.as_str(), status = rejection.status, error:% = e; "{}", rejection.body)
             }
         }
+    }
+
+    /// A worker address outside `--worker-networks` is no usable worker IP
+    /// (B83): the routing failure B8 gives, logged with the address.
+    fn within_worker_networks(&self, mut outcome: ResumeOutcome) -> ResumeOutcome {
+        if let Ok(Resumed { worker, .. }) = &mut outcome.result {
+            if let Ok(ip) = *worker {
+                if !self.worker_networks.is_empty() && !self.worker_networks.iter().any(|net| net.contains(ip)) {
+                    *worker = Err(BadWorkerIp(ip.to_string()));
+                }
+            }
+        }
+        outcome
     }
 
     /// Records a verdict: route metric, drain count, recent requests.
@@ -482,6 +542,27 @@ struct Pending {
 enum Woken {
     Gone,
     Overtime,
+    /// Envoy's ceiling is near (B81).
+    Ceiling,
+}
+
+/// How long before Envoy would answer 504 itself the router answers a
+/// caller still waiting on a running attempt (B81): room for the timer's
+/// and the completion queue's lateness on a loaded host.
+const ENVOY_CEILING_MARGIN: Duration = Duration::from_secs(1);
+
+/// Completes when its sleep does; never, without one.
+struct Ceiling<'a>(Option<&'a mut Sleep>);
+
+impl Future for Ceiling<'_> {
+    type Output = ();
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        match &mut self.0 {
+            Some(sleep) => Pin::new(&mut **sleep).poll(cx),
+            None => Poll::Pending,
+        }
+    }
 }
 
 /// The method and path of a request, for the status page; the path's

@@ -113,6 +113,18 @@ pub fn invalid_target() -> (Verdict, RouteOutcome) {
     (Verdict::Reject(rejection), RouteOutcome::NotFound)
 }
 
+/// The 504 for a caller whose flight's attempt is still running when Envoy
+/// would give up on it (B81): the control plane has not answered.
+pub fn resume_timeout(id: &ActorId) -> (Verdict, RouteOutcome) {
+    let rejection = Rejection {
+        status: 504,
+        body: format!("actor {id} request timed out: ateapi has not answered the resume"),
+        reason: "atenet_resume_timeout",
+        retry_after: None,
+    };
+    (Verdict::Reject(rejection), RouteOutcome::Timeout)
+}
+
 /// The verdict for a caller's resolution. `retry_after` is the seconds a
 /// capacity 503 (lot full, budget exhausted) tells the client to wait.
 pub fn for_outcome(
@@ -154,7 +166,9 @@ pub fn for_outcome(
             ),
             retry_after,
         ),
-        Err(ResolveError::AtespaceFull) => with_retry_after(
+        // The tenant's quota, whichever share it hit (B69, B79, B80): the
+        // client's answer is the same, the metrics say which.
+        Err(ResolveError::AtespaceFull | ResolveError::AtespaceFlightsFull | ResolveError::AtespaceRequestsFull) => with_retry_after(
             reject(
                 503,
                 format!("actor \"{id}\" unavailable: atespace at capacity"),
@@ -282,7 +296,21 @@ mod tests {
 
     #[test]
     fn b8_missing_or_bad_worker_ip() {
-        let not_a_host = ["0.0.0.0", "::", "255.255.255.255", "224.0.0.1", "239.1.2.3", "ff02::1", "::ffff:0.0.0.0"];
+        let not_a_host = [
+            "0.0.0.0",
+            "::",
+            "255.255.255.255",
+            "224.0.0.1",
+            "239.1.2.3",
+            "ff02::1",
+            "::ffff:0.0.0.0",
+            // B83: link-local, the cloud's metadata address among them.
+            "169.254.169.254",
+            "169.254.0.1",
+            "::ffff:169.254.169.254",
+            "fe80::1",
+            "febf::1",
+        ];
         let cases = [vec![], vec!["not-an-ip".to_string()], vec!["".to_string(), "10.0.0.1".to_string()]]
             .into_iter()
             .chain(not_a_host.iter().map(|ip| vec![ip.to_string(), "10.0.0.1".to_string()]));
@@ -310,6 +338,8 @@ mod tests {
             (Err(ResolveError::LotFull), 503, "actor \"demo/a\" unavailable: router at capacity"),
             (Err(ResolveError::FlightsFull), 503, "actor \"demo/a\" unavailable: router at capacity"),
             (Err(ResolveError::AtespaceFull), 503, "actor \"demo/a\" unavailable: atespace at capacity"),
+            (Err(ResolveError::AtespaceFlightsFull), 503, "actor \"demo/a\" unavailable: atespace at capacity"),
+            (Err(ResolveError::AtespaceRequestsFull), 503, "actor \"demo/a\" unavailable: atespace at capacity"),
             (Err(ResolveError::CallerDeadline), 504, "actor demo/a request timed out"),
             (
                 Err(ResolveError::DeadlineTooShort(ResumeError::new(Code::ResourceExhausted, "no free workers available"))),
@@ -334,6 +364,8 @@ mod tests {
         assert_eq!(retry(Err(ResolveError::LotFull)), Some(7));
         assert_eq!(retry(Err(ResolveError::FlightsFull)), Some(7));
         assert_eq!(retry(Err(ResolveError::AtespaceFull)), Some(7));
+        assert_eq!(retry(Err(ResolveError::AtespaceFlightsFull)), Some(7));
+        assert_eq!(retry(Err(ResolveError::AtespaceRequestsFull)), Some(7));
         let short = ResolveError::DeadlineTooShort(ResumeError::new(Code::ResourceExhausted, "full"));
         assert_eq!(retry(Err(short)), Some(7));
         assert_eq!(retry(Err(ResolveError::CallerDeadline)), None, "a 504 is not a capacity answer");
@@ -365,6 +397,8 @@ mod tests {
             (Err(ResolveError::BudgetExhausted(wrapped())), Code::Unavailable),
             (Err(ResolveError::DeadlineTooShort(wrapped())), Code::Unavailable),
             (Err(ResolveError::AtespaceFull), Code::ResourceExhausted),
+            (Err(ResolveError::AtespaceFlightsFull), Code::ResourceExhausted),
+            (Err(ResolveError::AtespaceRequestsFull), Code::ResourceExhausted),
             (Ok(Resumed::from_pod_ips(true, &[])), Code::Internal),
             (failed(Code::Internal, "boom"), Code::Internal),
             (failed(Code::Unknown, "transport"), Code::Internal),

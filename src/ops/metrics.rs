@@ -51,6 +51,9 @@ struct Instruments {
     flights_active: IntGauge,
     oldest_attempt: Gauge,
     flights_rejected: IntCounter,
+    flights_abandoned: IntCounter,
+    /// `atenet_router_atespace_refused_total` by [`AtespaceShare`].
+    atespace_refused: [IntCounter; 2],
     streams_refused: IntCounter,
     streams_silent_closed: IntCounter,
 }
@@ -61,6 +64,27 @@ fn gauge(name: &str, help: &str) -> IntGauge {
 
 fn counter(name: &str, help: &str) -> IntCounter {
     IntCounter::new(name, help).expect("a valid metric name")
+}
+
+/// Which share of an atespace refused a caller (B79, B80): the `share`
+/// label of `atenet_router_atespace_refused_total`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AtespaceShare {
+    Flights,
+    Requests,
+}
+
+impl AtespaceShare {
+    /// Every value, in the order of their discriminants.
+    pub const ALL: [AtespaceShare; 2] = [AtespaceShare::Flights, AtespaceShare::Requests];
+
+    /// The label value.
+    pub fn name(self) -> &'static str {
+        match self {
+            AtespaceShare::Flights => "flights",
+            AtespaceShare::Requests => "requests",
+        }
+    }
 }
 
 impl Metrics {
@@ -141,6 +165,15 @@ impl Metrics {
             .flat_map(|o| ResumeLabel::ALL.iter().map(|r| route_duration.with_label_values(&[o.name(), r.name()])))
             .collect();
         let attempts = Code::ALL.iter().map(|c| resume_attempts.with_label_values(&[c.name()])).collect();
+        let atespace_refused = IntCounterVec::new(
+            Opts::new(
+                "atenet_router_atespace_refused_total",
+                "Requests refused at once because their atespace held its share of the flights or of the \
+                 requests the router holds (B79, B80).",
+            ),
+            &["share"],
+        )
+        .expect("a valid metric");
         let instruments = Instruments {
             lot,
             route,
@@ -176,6 +209,11 @@ impl Metrics {
                 "atenet_router_flights_rejected_total",
                 "Requests refused because --flight-max flights were in progress (B58).",
             ),
+            flights_abandoned: counter(
+                "atenet_router_flights_abandoned_total",
+                "Flights ended without an outcome because no caller was left when a retry was due (B78).",
+            ),
+            atespace_refused: AtespaceShare::ALL.map(|s| atespace_refused.with_label_values(&[s.name()])),
             streams_refused: counter(
                 "atenet_router_extproc_streams_refused_total",
                 "ext_proc streams refused with RESOURCE_EXHAUSTED because --extproc-max-streams were open (B74).",
@@ -208,6 +246,8 @@ impl Metrics {
             Box::new(instruments.flights_active.clone()),
             Box::new(instruments.oldest_attempt.clone()),
             Box::new(instruments.flights_rejected.clone()),
+            Box::new(instruments.flights_abandoned.clone()),
+            Box::new(atespace_refused),
             Box::new(instruments.streams_refused.clone()),
             Box::new(instruments.streams_silent_closed.clone()),
         ] {
@@ -337,6 +377,16 @@ impl Metrics {
         self.inner.flights_rejected.inc();
     }
 
+    /// `atenet_router_flights_abandoned_total`, for the flight table (B78).
+    pub fn flights_abandoned(&self) -> IntCounter {
+        self.inner.flights_abandoned.clone()
+    }
+
+    /// Counts a request its atespace's `share` refused (B79, B80).
+    pub fn count_atespace_refused(&self, share: AtespaceShare) {
+        self.inner.atespace_refused[share as usize].inc();
+    }
+
     /// Text exposition format, as served on `/metrics`.
     pub fn render(&self) -> String {
         let mut out = Vec::new();
@@ -378,6 +428,7 @@ mod tests {
         assert!(RouteOutcome::ALL.iter().enumerate().all(|(i, o)| *o as usize == i));
         assert!(ResumeLabel::ALL.iter().enumerate().all(|(i, r)| *r as usize == i));
         assert!(Code::ALL.iter().enumerate().all(|(i, c)| *c as usize == i && *c as i32 == i as i32));
+        assert!(AtespaceShare::ALL.iter().enumerate().all(|(i, s)| *s as usize == i));
     }
 
     #[test]
@@ -403,6 +454,7 @@ mod tests {
         );
         assert_eq!(series("atenet_router_resume_attempts_total"), Code::ALL.len());
         assert_eq!(series("atenet_router_park_decisions_total"), LotDecision::ALL.len());
+        assert_eq!(series("atenet_router_atespace_refused_total"), AtespaceShare::ALL.len());
         assert_eq!(series("atenet_router_parking_wait_duration_seconds_count"), WaitOutcome::ALL.len());
     }
 }

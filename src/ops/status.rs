@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use crate::ateapi::client::AteapiClient;
 use crate::ateapi::resume::Code;
 use crate::cli::config::{AteapiTransport, Config};
-use crate::cli::godur;
+use crate::cli::{godur, size};
 use crate::ops::chart::{nice_ceiling, Chart, Line};
 use crate::ops::history::{History, Sample, SAMPLE_INTERVAL, WAIT_QUANTILES, WINDOW};
 use crate::ops::html::escape;
@@ -670,8 +670,14 @@ pub fn effective_flags(config: &Config) -> Vec<(&'static str, String)> {
         ("--extproc-max-requests", config.extproc_max_requests.to_string()),
         ("--extproc-max-streams", config.extproc_max_streams.to_string()),
         ("--flight-max", config.flight_max.to_string()),
+        ("--flight-max-per-atespace", config.flight_max_per_atespace.to_string()),
+        ("--extproc-max-requests-per-atespace", config.extproc_max_requests_per_atespace.to_string()),
         ("--grpc-threads", config.grpc_threads.to_string()),
         ("--worker-port", config.worker_port.to_string()),
+        (
+            "--worker-networks",
+            config.worker_networks.iter().map(|r| format!("{}/{}", r.ip, r.prefix)).collect::<Vec<_>>().join(","),
+        ),
         ("--drain-delay", godur::format(config.drain_delay)),
         ("--drain-timeout", godur::format(config.drain_timeout)),
         ("--envoy-admin-address", opt(&config.envoy_admin_address)),
@@ -684,6 +690,7 @@ pub fn effective_flags(config: &Config) -> Vec<(&'static str, String)> {
             "--envoy-trusted-ranges",
             config.envoy_trusted_ranges.iter().map(|r| format!("{}/{}", r.ip, r.prefix)).collect::<Vec<_>>().join(","),
         ),
+        ("--envoy-max-heap", size::format(config.envoy_max_heap)),
         ("--port-http", config.port_http.to_string()),
         ("--port-health", config.port_health.to_string()),
         ("--port-stats", config.port_stats.to_string()),

@@ -13,8 +13,18 @@
 //! claimed for it. So the budget stops new attempts, but a running one is
 //! always awaited (B19).
 //!
+//! A flight retries only for callers. Each caller holds a [`Caller`] from
+//! its join until it has its answer or goes away; when the last one leaves,
+//! the flight starts no new attempt (B78): one running is still awaited
+//! (B15), and its result still serves anyone who joins meanwhile, but a
+//! flight whose callers were all shed, or whose clients all left, stops
+//! calling the control plane and gives its place in the table back. No
+//! atespace holds more than its share of the table (B79).
+//!
 //! The table is sharded by actor id so that unrelated actors never contend on
-//! one mutex; a shard lock is held only to look up, insert or remove.
+//! one mutex; a shard lock is held only to look up, insert or remove, and to
+//! change a flight's callers or end it, which therefore happen atomically
+//! with respect to joins. Locks are always taken shard first, then flight.
 
 use std::collections::hash_map::DefaultHasher;
 use std::collections::HashMap;
@@ -26,12 +36,14 @@ use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
-use parking_lot::Mutex;
+use parking_lot::{Mutex, MutexGuard};
+use prometheus::IntCounter;
 
-use crate::parking::backoff::{Backoff, BackoffPolicy};
-use crate::parking::clock::Clock;
 use crate::ateapi::resume::{AttemptResult, Code, ResumeError, Resumed};
 use crate::ateapi::target::ActorId;
+use crate::parking::backoff::{Backoff, BackoffPolicy};
+use crate::parking::clock::Clock;
+use crate::parking::share::{AtespaceShares, ShareHold};
 use crate::parking::timer::{Scheduler, TimerId};
 
 /// Starts `ResumeActor` attempts without waiting for them: the seam between
@@ -54,6 +66,12 @@ pub struct AttemptDone {
 }
 
 impl AttemptDone {
+    /// When the flight's budget ends: an attempt that has not reached the
+    /// control plane by then (no connection) need not be awaited (B82).
+    pub fn budget_deadline(&self) -> Instant {
+        self.flight.deadline
+    }
+
     /// Reports the attempt's result to its flight.
     pub fn complete(self, result: AttemptResult) {
         Inner::on_attempt(&self.table, &self.flight, result);
@@ -68,16 +86,20 @@ pub struct FlightPolicy {
     pub backoff: BackoffPolicy,
     /// Whether the capacity and availability codes are retried (B16).
     pub parking_enabled: bool,
-    /// Whether callers are told when the budget passes with an attempt
-    /// still running (late serve).
-    pub late_serve: bool,
     /// Flights (and so ResumeActor calls) in progress at most (B58).
     pub max_flights: usize,
+    /// Flights one atespace may have in progress at once (B79).
+    pub max_flights_per_atespace: usize,
 }
 
-/// A new flight would exceed [`FlightPolicy::max_flights`] (B58).
+/// Why no flight could be made for an actor that had none.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct FlightsFull;
+pub enum FlightRefusal {
+    /// [`FlightPolicy::max_flights`] are in progress (B58).
+    TableFull,
+    /// The actor's atespace has its share of them in progress (B79).
+    AtespaceFull,
+}
 
 /// How a flight ended (B20).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -130,6 +152,9 @@ pub enum Until {
 ///   │                        └──────────────────retryable──────────────────────────┘
 ///   ├──deadline (attempt running)──▶ Overtime ──any result──▶ Done
 ///   └──success / terminal / retryable at the deadline──▶ Done  (from any phase)
+///
+/// First / Retrying{running: true} ──retryable, no caller──▶ Abandoned
+/// Retrying{running: false} ──last caller left──▶ Abandoned
 /// ```
 #[derive(Debug)]
 enum Phase {
@@ -144,9 +169,17 @@ enum Phase {
     Overtime { last: Option<ResumeError> },
     /// Finished: the outcome every caller reads.
     Done(Arc<FlightOutcome>),
+    /// A retry was due with no caller left (B78): ended without an
+    /// outcome, since nobody is there to read one.
+    Abandoned,
 }
 
 impl Phase {
+    /// Whether the flight has ended, with an outcome or abandoned.
+    fn ended(&self) -> bool {
+        matches!(self, Phase::Done(_) | Phase::Abandoned)
+    }
+
     /// Whether the flight is past its park transition (B23).
     fn parked(&self) -> bool {
         matches!(self, Phase::Retrying { .. } | Phase::Overtime { last: Some(_) })
@@ -173,6 +206,11 @@ pub struct Flight {
 
 struct FlightState {
     phase: Phase,
+    /// Callers holding a [`Caller`] on this flight (B78).
+    callers: usize,
+    /// This flight's place in its atespace's share (B79), given back when
+    /// it leaves the table.
+    share: Option<ShareHold>,
     attempts: u32,
     last_code: Option<Code>,
     backoff: Backoff,
@@ -248,7 +286,7 @@ impl Flight {
             attempts: state.attempts,
             parked_callers: state.parked_callers,
             #[cfg(feature = "testkit")]
-            waiters: state.waiters.wakers.len(),
+            callers: state.callers,
             last_code: state.last_code,
         }
     }
@@ -266,7 +304,7 @@ pub struct FlightSnapshot {
     pub parked_callers: usize,
     /// Callers currently waiting on this flight, parked or not.
     #[cfg(feature = "testkit")]
-    pub waiters: usize,
+    pub callers: usize,
     pub last_code: Option<Code>,
 }
 
@@ -323,31 +361,44 @@ struct Inner {
     scheduler: Arc<dyn Scheduler>,
     resumer: Arc<dyn Resumer>,
     policy: FlightPolicy,
+    /// Each atespace's flights in the table (B79).
+    shares: Arc<AtespaceShares>,
+    /// `atenet_router_flights_abandoned_total` (B78).
+    abandoned: IntCounter,
 }
 
 const SHARDS: usize = 64;
 
 impl FlightTable {
+    /// A table under `policy`; `abandoned` counts the flights that ended
+    /// for want of callers (B78).
     pub fn new(
         policy: FlightPolicy,
         clock: Arc<dyn Clock>,
         scheduler: Arc<dyn Scheduler>,
         resumer: Arc<dyn Resumer>,
+        abandoned: IntCounter,
     ) -> FlightTable {
         let shards = (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect();
         let active = AtomicUsize::new(0);
-        FlightTable { inner: Arc::new(Inner { shards, active, clock, scheduler, resumer, policy }) }
+        let shares = AtespaceShares::new(policy.max_flights_per_atespace);
+        let inner = Inner { shards, active, clock, scheduler, resumer, policy, shares, abandoned };
+        FlightTable { inner: Arc::new(inner) }
     }
 
     /// Joins the actor's flight, or creates it and starts its first attempt
-    /// at once (B14, B15). Creating one fails when `max_flights` are in
-    /// progress; joining never does (B58).
-    pub fn join(&self, actor: &ActorId) -> Result<(Arc<Flight>, Role), FlightsFull> {
+    /// at once (B14, B15). The [`Caller`] keeps the flight retrying until it
+    /// is dropped (B78). Creating one fails when the actor's atespace has its
+    /// share of flights in progress (B79) or `max_flights` are (B58), the
+    /// share checked first; joining never does.
+    pub fn join(&self, actor: &ActorId) -> Result<(Caller, Role), FlightRefusal> {
         let created = {
             let mut shard = self.inner.shard(actor).lock();
             if let Some(flight) = shard.get(actor) {
-                return Ok((Arc::clone(flight), Role::Joiner));
+                flight.state.lock().callers += 1;
+                return Ok((Caller::new(&self.inner, flight), Role::Joiner));
             }
+            let share = self.inner.shares.try_take(actor).ok_or(FlightRefusal::AtespaceFull)?;
             // Exact under any concurrency, as the lot is (B29): the count
             // only rises here, and only below the cap.
             let max = self.inner.policy.max_flights;
@@ -357,7 +408,7 @@ impl FlightTable {
                 .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| (n < max).then_some(n + 1))
                 .is_err()
             {
-                return Err(FlightsFull);
+                return Err(FlightRefusal::TableFull);
             }
             let now = self.inner.clock.now();
             let flight = Arc::new(Flight {
@@ -366,6 +417,8 @@ impl FlightTable {
                 deadline: now + self.inner.policy.budget,
                 state: Mutex::new(FlightState {
                     phase: Phase::First,
+                    callers: 1,
+                    share: Some(share),
                     attempts: 0,
                     last_code: None,
                     backoff: Backoff::new(self.inner.policy.backoff),
@@ -378,14 +431,14 @@ impl FlightTable {
             shard.insert(actor.clone(), Arc::clone(&flight));
             flight
         };
-        if self.inner.policy.late_serve {
-            let (inner, flight) = (Arc::clone(&self.inner), Arc::clone(&created));
-            let timer =
-                self.inner.scheduler.schedule(created.deadline, Box::new(move || inner.on_deadline(&flight)));
-            created.state.lock().deadline_timer = Some(timer);
-        }
+        // Callers learn when the budget passes with an attempt still running
+        // (B19): late serve asks Envoy for more time (B49), and every caller
+        // gets its own answer before Envoy's ceiling (B81).
+        let (inner, flight) = (Arc::clone(&self.inner), Arc::clone(&created));
+        let timer = self.inner.scheduler.schedule(created.deadline, Box::new(move || inner.on_deadline(&flight)));
+        created.state.lock().deadline_timer = Some(timer);
         Inner::start_attempt(&self.inner, &created);
-        Ok((created, Role::Leader))
+        Ok((Caller::new(&self.inner, &created), Role::Leader))
     }
 
     /// How many flights are in progress.
@@ -453,7 +506,16 @@ impl Inner {
             return inner.finish(flight, error.code, FlightOutcome::BudgetExhausted(error));
         }
         let (wake, next) = {
+            // Whether anyone still waits, and the retry that follows, are
+            // decided under the shard's lock, so that a caller joining now
+            // either counts or finds no flight (B78).
+            let shard = inner.shard(&flight.actor).lock();
             let mut state = flight.state.lock();
+            if state.callers == 0 {
+                state.last_code = Some(error.code);
+                return inner.abandon(shard, flight, state);
+            }
+            drop(shard);
             state.last_code = Some(error.code);
             state.attempt_started = None;
             let first_park = !state.phase.parked();
@@ -508,27 +570,83 @@ impl Inner {
     /// outcome and wake its callers (B14's order), so a request arriving
     /// after this point starts a fresh flight instead of reading a result.
     fn finish(&self, flight: &Arc<Flight>, code: Code, outcome: FlightOutcome) {
-        {
-            let mut shard = self.shard(&flight.actor).lock();
-            if shard.get(&flight.actor).is_some_and(|f| Arc::ptr_eq(f, flight)) {
-                shard.remove(&flight.actor);
-                self.active.fetch_sub(1, Ordering::AcqRel);
-            }
+        let shard = self.shard(&flight.actor).lock();
+        let mut state = flight.state.lock();
+        if state.phase.ended() {
+            return;
         }
-        let (wake, timer) = {
-            let mut state = flight.state.lock();
-            if matches!(state.phase, Phase::Done(_)) {
-                return;
-            }
-            state.last_code = Some(code);
-            state.attempt_started = None;
-            state.phase = Phase::Done(Arc::new(outcome));
-            (state.waiters.take_all(), state.deadline_timer.take())
-        };
+        state.last_code = Some(code);
+        state.attempt_started = None;
+        state.phase = Phase::Done(Arc::new(outcome));
+        self.leave_table(shard, flight, state);
+    }
+
+    /// Ends a flight nobody waits for (B78); the locks are the caller's.
+    fn abandon(&self, shard: MutexGuard<'_, HashMap<ActorId, Arc<Flight>>>, flight: &Arc<Flight>, mut state: MutexGuard<'_, FlightState>) {
+        state.phase = Phase::Abandoned;
+        self.abandoned.inc();
+        self.leave_table(shard, flight, state);
+    }
+
+    /// Takes an ended flight out of the table and gives its share back, then,
+    /// with every lock released, cancels its deadline check and wakes its
+    /// callers.
+    fn leave_table(
+        &self,
+        mut shard: MutexGuard<'_, HashMap<ActorId, Arc<Flight>>>,
+        flight: &Arc<Flight>,
+        mut state: MutexGuard<'_, FlightState>,
+    ) {
+        if shard.get(&flight.actor).is_some_and(|f| Arc::ptr_eq(f, flight)) {
+            shard.remove(&flight.actor);
+            self.active.fetch_sub(1, Ordering::AcqRel);
+        }
+        let (wake, timer, share) = (state.waiters.take_all(), state.deadline_timer.take(), state.share.take());
+        drop(state);
+        drop(shard);
+        drop(share);
         if let Some(timer) = timer {
             self.scheduler.cancel(timer);
         }
         wake.into_iter().for_each(Waker::wake);
+    }
+
+    /// A caller left: with no caller left and no attempt running, the flight
+    /// ends now rather than at its next retry (B78).
+    fn leave(&self, flight: &Arc<Flight>) {
+        let shard = self.shard(&flight.actor).lock();
+        let mut state = flight.state.lock();
+        state.callers -= 1;
+        if state.callers == 0 && matches!(state.phase, Phase::Retrying { attempt_running: false, .. }) {
+            self.abandon(shard, flight, state);
+        }
+    }
+}
+
+/// One caller's hold on a flight (B78): while any is held, the flight keeps
+/// retrying; dropping the last one stops it. Dereferences to the flight.
+pub struct Caller {
+    table: Arc<Inner>,
+    flight: Arc<Flight>,
+}
+
+impl Caller {
+    fn new(table: &Arc<Inner>, flight: &Arc<Flight>) -> Caller {
+        Caller { table: Arc::clone(table), flight: Arc::clone(flight) }
+    }
+}
+
+impl std::ops::Deref for Caller {
+    type Target = Arc<Flight>;
+
+    fn deref(&self) -> &Arc<Flight> {
+        &self.flight
+    }
+}
+
+impl Drop for Caller {
+    fn drop(&mut self) {
+        self.table.leave(&self.flight);
     }
 }
 
@@ -578,26 +696,34 @@ pub(crate) mod tests {
         pub(crate) scheduler: ManualScheduler,
         pub(crate) resumer: Arc<ScriptedResumer>,
         pub(crate) table: FlightTable,
+        pub(crate) abandoned: IntCounter,
     }
 
     pub(crate) fn harness(budget_ms: u64, interval_ms: u64, parking_enabled: bool) -> Harness {
+        harness_with_share(budget_ms, interval_ms, parking_enabled, 100)
+    }
+
+    /// A harness whose atespaces may each have `share` flights (B79).
+    pub(crate) fn harness_with_share(budget_ms: u64, interval_ms: u64, parking_enabled: bool, share: usize) -> Harness {
         let clock = ManualClock::new();
         let scheduler = ManualScheduler::new(clock.clone());
         let resumer = Arc::new(ScriptedResumer::default());
+        let abandoned = IntCounter::new("abandoned", "flights abandoned").unwrap();
         let policy = FlightPolicy {
             budget: Duration::from_millis(budget_ms),
             backoff: BackoffPolicy { interval: Duration::from_millis(interval_ms), factor: 2.0, jitter: 0.0 },
             parking_enabled,
-            late_serve: true,
             max_flights: 3,
+            max_flights_per_atespace: share,
         };
         let table = FlightTable::new(
             policy,
             Arc::new(clock.clone()),
             Arc::new(scheduler.clone()),
             Arc::clone(&resumer) as Arc<dyn Resumer>,
+            abandoned.clone(),
         );
-        Harness { clock, scheduler, resumer, table }
+        Harness { clock, scheduler, resumer, table, abandoned }
     }
 
     pub(crate) fn actor(name: &str) -> ActorId {
@@ -673,7 +799,7 @@ pub(crate) mod tests {
             assert_eq!(h.table.join(a).unwrap().1, Role::Leader);
         }
         assert_eq!(h.table.len(), 3);
-        assert!(matches!(h.table.join(&actor("fourth")), Err(FlightsFull)));
+        assert!(matches!(h.table.join(&actor("fourth")), Err(FlightRefusal::TableFull)));
         assert_eq!(h.resumer.calls(&actor("fourth")), 0, "no ResumeActor call beyond the cap");
         assert_eq!(h.table.join(&actors[0]).unwrap().1, Role::Joiner, "an existing flight is still joined");
         h.resumer.answer(&actors[1], err(Code::NotFound, "gone"));
@@ -894,9 +1020,10 @@ pub(crate) mod tests {
         let ms = Duration::from_millis;
         let view = |x: &ActorId| h.table.snapshot().into_iter().find(|f| &f.actor == x).unwrap();
         assert_eq!(h.table.oldest_attempt(), None, "no flight, no attempt");
-        h.table.join(&a).unwrap();
+        // Callers held, so that the flights retry (B78).
+        let _caller_a = h.table.join(&a).unwrap();
         h.scheduler.advance(ms(30));
-        h.table.join(&b).unwrap();
+        let _caller_b = h.table.join(&b).unwrap();
         h.scheduler.advance(ms(20));
         assert_eq!(view(&a).attempt_age, Some(ms(50)));
         assert_eq!(view(&b).attempt_age, Some(ms(20)));
@@ -928,5 +1055,136 @@ pub(crate) mod tests {
         drop(wait);
         assert_eq!(flight.state.lock().waiters.wakers.len(), 0);
         h.resumer.answer(&a, ok(true));
+    }
+
+    fn abandoned(flight: &Flight) -> bool {
+        matches!(flight.state.lock().phase, Phase::Abandoned)
+    }
+
+    #[test]
+    fn b78_a_flight_left_by_every_caller_awaits_its_attempt_and_starts_no_other() {
+        let h = harness(1000, 100, true);
+        let a = actor("a");
+        let (leader, _) = h.table.join(&a).unwrap();
+        let flight = Arc::clone(&leader);
+        drop(leader);
+        assert_eq!(h.table.len(), 1, "the running attempt is awaited (B15)");
+        h.resumer.answer(&a, err(Code::ResourceExhausted, "full"));
+        assert!(h.table.is_empty() && abandoned(&flight), "a retryable answer for nobody ends it");
+        h.scheduler.advance(Duration::from_millis(1000));
+        assert_eq!(h.resumer.calls(&a), 1, "no new attempt");
+        assert_eq!(h.abandoned.get(), 1);
+        let (_next, role) = h.table.join(&a).unwrap();
+        assert_eq!(role, Role::Leader, "the next request starts afresh");
+        assert_eq!(h.resumer.calls(&a), 2);
+    }
+
+    #[test]
+    fn b78_the_running_attempt_still_serves_whoever_joins_it() {
+        let h = harness(1000, 100, true);
+        let a = actor("a");
+        drop(h.table.join(&a).unwrap());
+        let (joiner, role) = h.table.join(&a).unwrap();
+        assert_eq!(role, Role::Joiner, "the flight whose caller left is still there to join");
+        let mut wait = joiner.wait(Until::Done);
+        h.resumer.answer(&a, ok(true));
+        assert!(matches!(done(&mut wait), FlightOutcome::Resumed(r) if r.resumed));
+        assert_eq!((h.resumer.calls(&a), h.abandoned.get()), (1, 0));
+    }
+
+    #[test]
+    fn b78_the_last_caller_leaving_between_attempts_ends_the_flight_at_once() {
+        let h = harness(1000, 100, true);
+        let a = actor("a");
+        let (first, _) = h.table.join(&a).unwrap();
+        let (second, _) = h.table.join(&a).unwrap();
+        h.resumer.answer(&a, err(Code::ResourceExhausted, "full"));
+        let flight = Arc::clone(&first);
+        drop(first);
+        assert_eq!(h.table.len(), 1, "one caller is still there");
+        h.scheduler.advance(Duration::from_millis(100));
+        assert_eq!(h.resumer.calls(&a), 2, "so it retries");
+        h.resumer.answer(&a, err(Code::ResourceExhausted, "full"));
+        drop(second);
+        assert!(h.table.is_empty() && abandoned(&flight), "ended when the last caller left, not at the retry");
+        assert_eq!(h.scheduler.pending(), 1, "only the retry timer, which does nothing now");
+        h.scheduler.advance(Duration::from_millis(1000));
+        assert_eq!(h.resumer.calls(&a), 2);
+        assert_eq!(h.scheduler.pending(), 0, "the deadline check was cancelled with the flight");
+    }
+
+    #[test]
+    fn b78_a_caller_joining_while_the_last_one_leaves_is_never_left_on_an_abandoned_flight() {
+        let h = harness(60_000, 1, true);
+        let a = actor("a");
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let joiners: Vec<_> = (0..2)
+            .map(|_| {
+                let (table, a, stop) = (h.table.clone(), a.clone(), Arc::clone(&stop));
+                std::thread::spawn(move || {
+                    let mut held = 0u64;
+                    while !stop.load(Ordering::Relaxed) {
+                        let (caller, _) = table.join(&a).unwrap();
+                        std::thread::yield_now();
+                        assert!(!abandoned(&caller), "a caller holds an abandoned flight");
+                        drop(caller);
+                        std::thread::yield_now();
+                        held += 1;
+                    }
+                    held
+                })
+            })
+            .collect();
+        // Answer every attempt with a retryable error and run the retries,
+        // racing the joiners' leaving and joining.
+        let until = std::time::Instant::now() + Duration::from_secs(2);
+        while std::time::Instant::now() < until {
+            if h.resumer.running() > 0 {
+                h.resumer.answer(&a, err(Code::ResourceExhausted, "full"));
+            }
+            h.scheduler.advance(Duration::from_millis(1));
+        }
+        stop.store(true, Ordering::Relaxed);
+        let held: u64 = joiners.into_iter().map(|j| j.join().unwrap()).sum();
+        assert!(held > 100, "the joiners ran: {held}");
+        while h.resumer.running() > 0 {
+            h.resumer.answer(&a, err(Code::ResourceExhausted, "full"));
+        }
+        h.scheduler.advance(Duration::from_millis(1));
+        assert!(h.table.is_empty(), "nobody left: every flight ended");
+    }
+
+    #[test]
+    fn b79_an_atespace_has_at_most_its_share_of_flights_and_joins_beyond_it() {
+        let h = harness_with_share(1000, 100, true, 2);
+        let greedy: Vec<ActorId> = (0..2).map(|i| ActorId::parse(&format!("greedy/a{i}")).unwrap()).collect();
+        let callers: Vec<Caller> = greedy.iter().map(|a| h.table.join(a).unwrap().0).collect();
+        let third = ActorId::parse("greedy/a2").unwrap();
+        assert!(matches!(h.table.join(&third), Err(FlightRefusal::AtespaceFull)));
+        assert_eq!(h.resumer.calls(&third), 0, "no ResumeActor call beyond the share");
+        assert_eq!(h.table.join(&greedy[0]).unwrap().1, Role::Joiner, "an existing flight is still joined");
+        let other = ActorId::parse("other/x").unwrap();
+        assert_eq!(h.table.join(&other).unwrap().1, Role::Leader, "another atespace is untouched");
+        h.resumer.answer(&greedy[1], ok(false));
+        assert_eq!(h.table.join(&third).unwrap().1, Role::Leader, "the share is given back as a flight ends");
+        drop(callers);
+    }
+
+    #[test]
+    fn b79_the_share_is_checked_before_the_table_and_neither_leaks() {
+        // Table 3, share 2: two atespaces fill the table between them.
+        let h = harness_with_share(1000, 100, true, 2);
+        let parse = |r: &str| ActorId::parse(r).unwrap();
+        let held: Vec<Caller> = ["x/a", "x/b", "y/a"].iter().map(|r| h.table.join(&parse(r)).unwrap().0).collect();
+        assert!(matches!(h.table.join(&parse("x/c")), Err(FlightRefusal::AtespaceFull)), "both: the share says so");
+        assert!(matches!(h.table.join(&parse("y/b")), Err(FlightRefusal::TableFull)));
+        assert!(matches!(h.table.join(&parse("z/a")), Err(FlightRefusal::TableFull)));
+        for r in ["x/a", "x/b", "y/a"] {
+            h.resumer.answer(&parse(r), ok(false));
+        }
+        drop(held);
+        let again: Vec<Caller> = ["y/b", "y/c", "z/a"].iter().map(|r| h.table.join(&parse(r)).unwrap().0).collect();
+        assert_eq!(h.table.len(), 3, "every refusal gave its share back");
+        drop(again);
     }
 }

@@ -5,6 +5,8 @@
 //!   outcome;
 //! - `resolver`: a caller's two-phase wait on a flight, and its account;
 //! - `lot`: the slots parked callers hold, and each atespace's share;
+//! - `share`: each atespace's share of the flights and of the requests the
+//!   router holds;
 //! - `backoff`, `timer`, `clock`, `deadline`: retry delays, the one timer
 //!   thread, time as a seam, and a caller's own deadline.
 //!
@@ -15,4 +17,4 @@
 //! May depend on: `ateapi`'s vocabulary only (`target`, `resume`), and
 //! `proto` (headers, for a caller's deadline).
 
-internal!(backoff, clock, deadline, flight, lot, resolver, timer);
+internal!(backoff, clock, deadline, flight, lot, resolver, share, timer);

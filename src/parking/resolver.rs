@@ -7,6 +7,11 @@
 //! competes for one and a full lot never slows traffic to running actors
 //! (B24). Phase 2 holds the slot until the flight is done.
 //!
+//! Every caller, on any attempt, holds a unit of its atespace's share of the
+//! requests the router holds (B80), from before it joins a flight until it
+//! has its answer: a tenant whose first attempts are slow cannot take every
+//! stream Envoy lets through, and its excess is refused at once.
+//!
 //! A caller is a future, not a thread: a parked request costs a waker in its
 //! flight and a slot counter, whatever the number of parked requests. What
 //! must happen exactly once for a caller (its lot decision, its slot's
@@ -21,11 +26,14 @@ use std::task::{Context, Poll};
 
 use std::time::Instant;
 
-use crate::parking::clock::Clock;
-use crate::parking::flight::{Flight, FlightEvent, FlightOutcome, FlightTable, FlightWait, FlightsFull, Role, Until};
-use crate::parking::lot::{LotDecision, ParkingLot, Refusal, Slot, WaitOutcome};
 use crate::ateapi::resume::{ResumeError, Resumed};
 use crate::ateapi::target::ActorId;
+use crate::parking::clock::Clock;
+use crate::parking::flight::{
+    Caller, Flight, FlightEvent, FlightOutcome, FlightRefusal, FlightTable, FlightWait, Role, Until,
+};
+use crate::parking::lot::{LotDecision, ParkingLot, Refusal, Slot, WaitOutcome};
+use crate::parking::share::{AtespaceShares, ShareHold};
 use crate::parking::timer::{sleep_until, Scheduler, Sleep};
 
 /// B21's per-caller `resume` label.
@@ -69,6 +77,12 @@ pub enum ResolveError {
     /// The actor had no flight and `--flight-max` flights were in progress
     /// (B58).
     FlightsFull,
+    /// The actor had no flight and its atespace had its share of flights in
+    /// progress (B79).
+    AtespaceFlightsFull,
+    /// The caller's atespace held its share of the requests the router
+    /// holds (B80).
+    AtespaceRequestsFull,
     /// The caller's atespace held its share of the lot (B69).
     AtespaceFull,
     /// At the park transition, the time to serve a park exceeded what was
@@ -86,6 +100,8 @@ impl std::fmt::Display for ResolveError {
             ResolveError::BudgetExhausted(e) => write!(f, "budget exhausted, last: {e}"),
             ResolveError::LotFull => f.write_str("parking lot full"),
             ResolveError::FlightsFull => f.write_str("flights full"),
+            ResolveError::AtespaceFlightsFull => f.write_str("atespace at its share of flights"),
+            ResolveError::AtespaceRequestsFull => f.write_str("atespace at its share of held requests"),
             ResolveError::AtespaceFull => f.write_str("atespace at its share of the lot"),
             ResolveError::DeadlineTooShort(e) => write!(f, "deadline shorter than a park, last: {e}"),
             ResolveError::CallerDeadline => f.write_str("the caller's deadline passed while parked"),
@@ -115,6 +131,8 @@ pub enum Abandon {
 #[derive(Clone)]
 pub struct Resolver {
     flights: FlightTable,
+    /// Each atespace's share of the requests held (B80).
+    held: Arc<AtespaceShares>,
     /// `None` when parking is disabled (B22): no lot, no parking metrics.
     lot: Option<Arc<ParkingLot>>,
     clock: Arc<dyn Clock>,
@@ -123,13 +141,16 @@ pub struct Resolver {
 }
 
 impl Resolver {
+    /// A resolver over `flights` and `lot` in which one atespace holds at
+    /// most `max_held_per_atespace` callers at once (B80).
     pub fn new(
         flights: FlightTable,
         lot: Option<Arc<ParkingLot>>,
+        max_held_per_atespace: usize,
         clock: Arc<dyn Clock>,
         scheduler: Arc<dyn Scheduler>,
     ) -> Resolver {
-        Resolver { flights, lot, clock, scheduler }
+        Resolver { flights, held: AtespaceShares::new(max_held_per_atespace), lot, clock, scheduler }
     }
 
     /// The flight table.
@@ -154,16 +175,31 @@ impl Resolver {
     /// has one, is `deadline` (B68). Dropping the returned future abandons
     /// the wait as [`Abandon::Canceled`].
     pub fn resolve(&self, actor: &ActorId, deadline: Option<Instant>) -> Resolve {
-        let (stage, flight, role, state) = match self.flights.join(actor) {
+        // The share first: a caller refused it starts no flight (B80).
+        let held = self.held.try_take(actor);
+        let joined = match &held {
+            Some(_) => self.flights.join(actor).map_err(|refusal| match refusal {
+                FlightRefusal::TableFull => ResolveError::FlightsFull,
+                FlightRefusal::AtespaceFull => ResolveError::AtespaceFlightsFull,
+            }),
+            None => Err(ResolveError::AtespaceRequestsFull),
+        };
+        let (stage, flight, role, state) = match joined {
             Ok((flight, role)) => {
                 (Stage::First { wait: flight.wait(Until::ParkedOrDone) }, Some(flight), role, AccountState::Undecided)
             }
-            // Refused before any lot decision was due: counted as a flight
-            // rejected, never as a caller that left (B55).
-            Err(FlightsFull) => (Stage::Refused, None, Role::Leader, AccountState::Settled),
+            // Refused before any lot decision was due: counted as refused,
+            // never as a caller that left (B55).
+            Err(error) => (Stage::Refused(error), None, Role::Leader, AccountState::Settled),
         };
         let account = Account { lot: self.lot.clone(), state, exit: Abandon::Canceled };
-        Resolve { stage, flight, role, account, deadline, resolver: self.clone() }
+        Resolve { stage, flight, held, role, account, deadline, resolver: self.clone() }
+    }
+
+    /// What `atespace`'s callers hold now (B80).
+    #[cfg(any(test, feature = "testkit"))]
+    pub fn held(&self, atespace: &str) -> usize {
+        self.held.held(atespace)
     }
 }
 
@@ -171,8 +207,12 @@ impl Resolver {
 /// stream's task.
 pub struct Resolve {
     stage: Stage,
-    /// `None` when the caller was refused a flight (B58).
-    flight: Option<Arc<Flight>>,
+    /// The caller's hold on its flight (B78), until it has its answer;
+    /// `None` when refused one (B58, B79, B80).
+    flight: Option<Caller>,
+    /// The caller's unit of its atespace's share (B80), until it has its
+    /// answer.
+    held: Option<ShareHold>,
     role: Role,
     account: Account,
     /// The caller's own deadline (B68).
@@ -182,8 +222,8 @@ pub struct Resolve {
 
 /// Where a caller is in its wait (B23).
 enum Stage {
-    /// Refused a flight: the answer is ready.
-    Refused,
+    /// Refused a share or a flight: the answer is ready.
+    Refused(ResolveError),
     /// Phase 1: waiting for the park transition or the end.
     First { wait: FlightWait },
     /// Phase 2: holding a slot (or, with parking disabled, none) until the
@@ -206,8 +246,16 @@ impl Resolve {
         self.account.exit = reason;
     }
 
-    fn served(&self, outcome: &FlightOutcome, parked: bool) -> ResumeOutcome {
+    /// The caller has its answer: it stops holding its flight and its share.
+    fn served(&mut self, outcome: &FlightOutcome, parked: bool) -> ResumeOutcome {
+        self.finish();
         outcome_for(outcome, self.role, parked)
+    }
+
+    fn finish(&mut self) {
+        self.stage = Stage::Finished;
+        self.flight = None;
+        self.held = None;
     }
 }
 
@@ -219,7 +267,10 @@ impl Future for Resolve {
         loop {
             let event = match &mut this.stage {
                 Stage::Finished => panic!("a Resolve polled after it completed"),
-                Stage::Refused => return Poll::Ready(this.refuse(ResolveError::FlightsFull)),
+                Stage::Refused(error) => {
+                    let error = error.clone();
+                    return Poll::Ready(this.refuse(error));
+                }
                 Stage::First { wait } => match Pin::new(wait).poll(cx) {
                     Poll::Pending => return Poll::Pending,
                     Poll::Ready(event) => event,
@@ -237,16 +288,14 @@ impl Future for Resolve {
                     }
                 },
             };
-            let flight = Arc::clone(this.flight.as_ref().expect("a caller with a flight"));
+            let flight = Arc::clone(this.flight.as_deref().expect("a caller with a flight"));
             match (event, &this.stage) {
                 (FlightEvent::Done(outcome), Stage::First { .. }) => {
                     this.account.fast();
-                    this.stage = Stage::Finished;
                     return Poll::Ready(this.served(&outcome, false));
                 }
                 (FlightEvent::Done(outcome), _) => {
                     let parked = this.account.close(wait_outcome(&outcome));
-                    this.stage = Stage::Finished;
                     return Poll::Ready(this.served(&outcome, parked));
                 }
                 (_, Stage::First { .. }) => {
@@ -254,7 +303,6 @@ impl Future for Resolve {
                     // between it and now; then serve without touching the lot.
                     if let Some(outcome) = flight.outcome() {
                         this.account.fast();
-                        this.stage = Stage::Finished;
                         return Poll::Ready(this.served(&outcome, false));
                     }
                     if let Some(error) = this.too_short(&flight) {
@@ -281,7 +329,7 @@ impl Future for Resolve {
 
 impl Resolve {
     fn refuse(&mut self, error: ResolveError) -> ResumeOutcome {
-        self.stage = Stage::Finished;
+        self.finish();
         ResumeOutcome { result: Err(error), resume: ResumeLabel::Unknown, parked: false }
     }
 
@@ -436,7 +484,7 @@ mod tests {
         let lot =
             (lot_max > 0).then(|| ParkingLot::new(lot_max, 0, Arc::new(h.clock.clone()), metrics.lot_instruments()));
         let resolver =
-            Resolver::new(h.table.clone(), lot, Arc::new(h.clock.clone()), Arc::new(h.scheduler.clone()));
+            Resolver::new(h.table.clone(), lot, 1000, Arc::new(h.clock.clone()), Arc::new(h.scheduler.clone()));
         Setup { h, metrics, resolver }
     }
 
@@ -541,9 +589,10 @@ mod tests {
         caller.abandon(Abandon::Timeout);
         assert_eq!(s.metrics.waits(WaitOutcome::Timeout), 1);
         assert_eq!(s.metrics.waits(WaitOutcome::Canceled), 0);
-        s.h.scheduler.advance(Duration::from_millis(100));
-        s.h.resumer.answer(&a, ok(true));
+        // Its only caller gone between attempts, the flight ends (B78).
         assert!(s.h.table.is_empty());
+        s.h.scheduler.advance(Duration::from_millis(100));
+        assert_eq!(s.h.resumer.calls(&a), 1, "no retry for nobody");
     }
 
     #[test]
@@ -623,7 +672,7 @@ mod tests {
         let metrics = Metrics::new();
         let lot = ParkingLot::new(lot_max, per_atespace, Arc::new(h.clock.clone()), metrics.lot_instruments());
         let resolver =
-            Resolver::new(h.table.clone(), Some(lot), Arc::new(h.clock.clone()), Arc::new(h.scheduler.clone()));
+            Resolver::new(h.table.clone(), Some(lot), 1000, Arc::new(h.clock.clone()), Arc::new(h.scheduler.clone()));
         Setup { h, metrics, resolver }
     }
 
@@ -666,11 +715,12 @@ mod tests {
         s.h.resumer.answer(&a, err(Code::ResourceExhausted, "no free workers available"));
         assert!(poll(&mut first).is_pending(), "admitted: nothing says a park takes long");
         assert_eq!(active(&s), 1);
-        s.h.scheduler.advance(Duration::ZERO);
-        assert_eq!(ready(&mut first).result, Err(ResolveError::CallerDeadline));
-        // A served park of 400 ms makes the estimate.
+        // A served park of 400 ms makes the estimate; this caller joins the
+        // parked flight, so the flight goes on when the first one leaves.
         let mut served = s.resolver.resolve(&a, None);
         assert!(poll(&mut served).is_pending());
+        s.h.scheduler.advance(Duration::ZERO);
+        assert_eq!(ready(&mut first).result, Err(ResolveError::CallerDeadline));
         s.h.scheduler.advance(Duration::from_millis(400));
         s.h.resumer.answer(&a, ok(true));
         assert!(ready(&mut served).result.is_ok());
@@ -724,9 +774,12 @@ mod tests {
         assert!(poll(&mut other).is_pending(), "the other atespace still parks");
         assert_eq!(active(&s), 3);
         assert_eq!(s.metrics.decisions(LotDecision::AtespaceFull), 1);
+        // The shed caller was its flight's only one: that flight ends, and
+        // makes no more ResumeActor calls (B78).
+        assert_eq!(s.h.table.len(), 2);
         s.h.scheduler.advance(Duration::from_millis(100));
-        // The shed caller's flight retries too: a flight outlives its callers (B15).
-        for a in [&hot, &cold, &polite] {
+        assert_eq!(s.h.resumer.calls(&cold), 1);
+        for a in [&hot, &polite] {
             s.h.resumer.answer(a, ok(true));
         }
         assert!(ready(&mut callers[0]).result.is_ok() && ready(&mut callers[1]).result.is_ok());
@@ -816,5 +869,63 @@ mod tests {
         assert!(outcome.result.is_ok() && !outcome.parked);
         assert_eq!(s.metrics.parking_active(), 0);
         assert_eq!(s.metrics.waits(WaitOutcome::Served), 0);
+    }
+
+    #[test]
+    fn b80_an_atespace_holds_at_most_its_share_of_requests_on_any_attempt() {
+        let h = harness(1000, 100, true);
+        let metrics = Metrics::new();
+        let lot = ParkingLot::new(8, 0, Arc::new(h.clock.clone()), metrics.lot_instruments());
+        let resolver = Resolver::new(h.table.clone(), Some(lot), 2, Arc::new(h.clock.clone()), Arc::new(h.scheduler.clone()));
+        let parse = |r: &str| ActorId::parse(r).unwrap();
+        // One waits on a slow first attempt, one is parked: both count.
+        let mut slow = resolver.resolve(&parse("greedy/slow"), None);
+        let mut parked = resolver.resolve(&parse("greedy/parked"), None);
+        assert!(poll(&mut slow).is_pending() && poll(&mut parked).is_pending());
+        h.resumer.answer(&parse("greedy/parked"), err(Code::ResourceExhausted, "full"));
+        assert!(poll(&mut parked).is_pending());
+        assert_eq!(resolver.held("greedy"), 2);
+        let mut refused = resolver.resolve(&parse("greedy/third"), None);
+        assert_eq!(ready(&mut refused).result, Err(ResolveError::AtespaceRequestsFull), "refused at once");
+        assert_eq!(h.resumer.calls(&parse("greedy/third")), 0, "and no flight for it");
+        let mut joiner = resolver.resolve(&parse("greedy/slow"), None);
+        assert_eq!(ready(&mut joiner).result, Err(ResolveError::AtespaceRequestsFull), "joining counts too");
+        let mut other = resolver.resolve(&parse("polite/x"), None);
+        assert!(poll(&mut other).is_pending(), "another atespace is untouched");
+        h.resumer.answer(&parse("greedy/slow"), ok(true));
+        assert!(ready(&mut slow).result.is_ok());
+        assert_eq!(resolver.held("greedy"), 1, "an answer gives the share back");
+        let mut next = resolver.resolve(&parse("greedy/third"), None);
+        assert!(poll(&mut next).is_pending());
+        drop(next);
+        assert_eq!(resolver.held("greedy"), 1, "so does a caller that goes away");
+        h.resumer.answer(&parse("polite/x"), ok(true));
+        h.scheduler.advance(Duration::from_millis(100));
+        h.resumer.answer(&parse("greedy/parked"), ok(true));
+        assert!(ready(&mut parked).result.is_ok() && ready(&mut other).result.is_ok());
+        assert_eq!(resolver.held("greedy") + resolver.held("polite"), 0);
+    }
+
+    #[test]
+    fn b78_callers_shed_at_the_park_transition_leave_their_flight_behind() {
+        // A full lot sheds every caller of a saturated actor: its flight
+        // then makes no more ResumeActor calls.
+        let s = setup(1);
+        let (a, b) = (actor("a"), actor("b"));
+        let mut holder = s.resolver.resolve(&a, None);
+        assert!(poll(&mut holder).is_pending());
+        s.h.resumer.answer(&a, err(Code::ResourceExhausted, "full"));
+        assert!(poll(&mut holder).is_pending(), "holds the only slot");
+        let mut shed: Vec<Resolve> = (0..3).map(|_| s.resolver.resolve(&b, None)).collect();
+        shed.iter_mut().for_each(|c| assert!(poll(c).is_pending()));
+        s.h.resumer.answer(&b, err(Code::ResourceExhausted, "full"));
+        for c in &mut shed {
+            assert_eq!(ready(c).result, Err(ResolveError::LotFull));
+        }
+        assert_eq!(s.h.table.len(), 1, "b's flight ended with its last caller");
+        s.h.scheduler.advance(Duration::from_millis(500));
+        assert_eq!(s.h.resumer.calls(&b), 1, "and called ateapi no more");
+        s.h.resumer.answer(&a, ok(true));
+        assert!(ready(&mut holder).result.is_ok());
     }
 }

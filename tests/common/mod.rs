@@ -90,7 +90,7 @@ impl Stack {
                 .flights()
                 .snapshot()
                 .iter()
-                .any(|f| f.actor.as_str() == actor && f.waiters >= n)
+                .any(|f| f.actor.as_str() == actor && f.callers >= n)
         });
     }
 

@@ -22,6 +22,7 @@ import re
 import shutil
 import subprocess
 import sys
+import urllib.error
 import urllib.request
 
 import jsonschema
@@ -248,3 +249,21 @@ def test_echo_worker_echoes(echo_worker, tmp_path):
     assert echoed["headers"]["x-ate-target-port"] == "80"
     # e2e.sh greps the body for `"name": "value"`.
     assert '"ate-target-actor": "demo/actor-3"' in json.dumps(echoed)
+
+
+def test_echo_worker_fails_when_asked(echo_worker):
+    """x-echo-status answers with that status, still echoing (the Envoy
+    tests of B90 need a worker that fails); a value it cannot send is 200."""
+    for asked, status in [("503", 503), ("429", 429), ("204", 200), ("700", 200), ("soon", 200)]:
+        request = urllib.request.Request(f"http://{echo_worker}/fail", headers={"x-echo-status": asked,
+                                                                              "x-echo-delay-ms": "1"})
+        try:
+            with urllib.request.urlopen(request, timeout=10) as response:
+                got, body = response.status, response.read()
+        except urllib.error.HTTPError as error:
+            got, body = error.code, error.read()
+        assert got == status, asked
+        assert json.loads(body)["path"] == "/fail"
+    request = urllib.request.Request(f"http://{echo_worker}/grpc", headers={"x-echo-grpc-status": "14"})
+    with urllib.request.urlopen(request, timeout=10) as response:
+        assert (response.status, response.headers["grpc-status"]) == (200, "14")

@@ -432,13 +432,19 @@ B77_COUNTERS = ("streams_started", "server_half_closed", "streams_failed", "stre
 
 
 def every_phase(mode):
-    """Envoy sends the router every phase of each request, bodies `mode`."""
+    """Envoy sends the router every phase of each request, bodies `mode`.
+    A BUFFERED body must fit the connection's buffer, which B91 holds at
+    32 KiB (Envoy 1.40 answers a larger request body 413 `Payload Too
+    Large`): for it the limit goes back to Envoy's default, 1 MiB."""
     def edit(config):
-        for old, new in [("response_header_mode: SKIP", "response_header_mode: SEND"),
-                         ("request_body_mode: NONE", f"request_body_mode: {mode}"),
-                         ("response_body_mode: NONE", f"response_body_mode: {mode}"),
-                         ("request_trailer_mode: SKIP", "request_trailer_mode: SEND"),
-                         ("response_trailer_mode: SKIP", "response_trailer_mode: SEND")]:
+        edits = [("response_header_mode: SKIP", "response_header_mode: SEND"),
+                 ("request_body_mode: NONE", f"request_body_mode: {mode}"),
+                 ("response_body_mode: NONE", f"response_body_mode: {mode}"),
+                 ("request_trailer_mode: SKIP", "request_trailer_mode: SEND"),
+                 ("response_trailer_mode: SKIP", "response_trailer_mode: SEND")]
+        if mode == "BUFFERED":
+            edits.append(("per_connection_buffer_limit_bytes: 32768", "per_connection_buffer_limit_bytes: 1048576"))
+        for old, new in edits:
             assert old in config, old
             config = config.replace(old, new)
         return config
@@ -579,7 +585,8 @@ FAIL_FAST_ROWS = [
 ]
 FLIGHTS_FULL = Row("flights-full", "demo/exhausted", 503, 'actor "demo/exhausted" unavailable: router at capacity',
                    "atenet_flights_full", "1", UNAVAILABLE)
-FAIL_FAST_SCRIPT = SCRIPT + "demo/slow OK 3s 127.0.1.7 true -\n"
+# The slow flight is another atespace's: demo/ has a share of one flight (B79).
+FAIL_FAST_SCRIPT = SCRIPT + "slow/slow OK 3s 127.0.1.7 true -\n"
 
 
 @pytest.fixture(scope="module")
@@ -593,7 +600,7 @@ def fail_fast():
             for client in (h1, h2, grpc_call):
                 replies[row.id, client.__name__] = client(s, row.actor)
         with ThreadPoolExecutor(1) as pool:
-            slow = pool.submit(h1, s, "demo/slow")
+            slow = pool.submit(h1, s, "slow/slow")
             s.wait_router_metric("atenet_router_flights_active", 1)
             for client in (h1, h2, grpc_call):
                 replies[FLIGHTS_FULL.id, client.__name__] = client(s, FLIGHTS_FULL.actor)
@@ -621,7 +628,8 @@ def test_flights_full_left_the_running_flight_alone(fail_fast):
 # -- the lot's own refusals ------------------------------------------------
 
 LOT_SCRIPT = "".join(f"{a} ResourceExhausted 0s - false no free workers available\n"
-                     for a in ["x/a", "x/b", "y/c", "w/d", "v/e"])
+                     for a in ["x/a", "x/b", "y/c", "w/d", "v/e"]) + \
+    "".join(f"{a} OK 30s 127.0.1.7 true -\n" for a in ["u/f", "t/g"])
 ATESPACE_FULL = Row("atespace-full", "x/b", 503, 'actor "x/b" unavailable: atespace at capacity',
                     "atenet_atespace_full", "1", CODE.RESOURCE_EXHAUSTED)
 LOT_FULL = Row("lot-full", "w/d", 503, 'actor "w/d" unavailable: router at capacity', "atenet_lot_full", "1",
@@ -634,10 +642,12 @@ LOT_ROWS = [ATESPACE_FULL, LOT_FULL, LOT_FLIGHTS_FULL]
 @pytest.fixture(scope="module")
 def lot():
     """A lot of 2, 1 per atespace, 4 flights, a 10 s budget nobody waits
-    out. x/a parks; x/b is refused its atespace's share (its flight goes
-    on); y/c parks, filling the lot; w/d's new flight (the 4th) finds the
-    lot full; v/e would be a 5th flight. Each refusal is asked three times
-    (HTTP/1.1, HTTP/2, gRPC): later ones join the first one's flight."""
+    out. x/a parks; x/b is refused its atespace's share; y/c parks, filling
+    the lot; w/d's new flight finds the lot full. A refused caller is its
+    flight's only one, so that flight ends with it (B78). Then u/f and t/g
+    wait on slow first attempts, and with x/a and y/c hold all 4 flights:
+    v/e would be a 5th. Each refusal is asked three times (HTTP/1.1,
+    HTTP/2, gRPC)."""
     flags = ["--parked-request-budget", "10s", "--parked-request-max", "2",
              "--parked-request-max-per-atespace", "1", "--flight-max", "4"]
     with Stack(router_flags=flags, script=LOT_SCRIPT, sim_flags=["--actors", "0"], workers=1) as s:
@@ -649,6 +659,9 @@ def lot():
                 if row is LOT_FULL:
                     parked.append(background_h2(s, "y/c"))
                     s.wait_router_metric("atenet_router_parking_active", 2)
+                if row is LOT_FLIGHTS_FULL:
+                    parked += [background_h2(s, "u/f"), background_h2(s, "t/g")]
+                    s.wait_router_metric("atenet_router_flights_active", 4)
                 for client in (h1, h2, grpc_call):
                     replies[row.id, client.__name__] = client(s, row.actor)
         finally:
@@ -701,6 +714,37 @@ def test_extproc_breaker_overflow_is_envoys_503():
         assert samples['envoy_http_ext_proc_streams_failed{envoy_http_conn_manager_prefix="ingress"}'] == 3
         s.wait_router_metric("atenet_router_parking_active", 0)
         assert h1(s, "demo/fixed-a").status == 200
+
+
+def test_a_tenant_on_slow_first_attempts_leaves_the_breaker_to_the_others():
+    """B80 behind Envoy's breaker: 16 streams, so one atespace holds at most
+    8. 20 requests of greedy/ whose first resumes take 8 s: 8 wait, the
+    other 12 get the router's own 503 with its reason at once, and the
+    other tenant's running actor is routed meanwhile. Before B80 the greedy
+    requests would have held all 16 breaker slots, and everyone else got
+    Envoy's bare 503 (or waited out the greedy resumes)."""
+    flags = ["--parked-request-budget", "20s", "--parked-request-max", "8", "--extproc-max-requests", "16"]
+    script = "".join(f"greedy/s{i} OK 8s 127.0.1.7 true -\n" for i in range(20)) + \
+        "polite/running OK 0s 127.0.1.8 false -\n"
+    with Stack(router_flags=flags, script=script, sim_flags=["--actors", "0"], workers=1, echo_hosts=8) as s:
+        with ThreadPoolExecutor(8) as pool:
+            waiting = [pool.submit(h1, s, f"greedy/s{i}", f"/greedy/{i}") for i in range(8)]
+            s.wait_router_metric("atenet_router_flights_active", 8)
+            # One at a time, so that Envoy's breaker (8 slots left) never
+            # overflows: each is the router's to answer.
+            refused = [h1(s, f"greedy/s{i}", f"/greedy/{i}") for i in range(8, 20)]
+            polite = [h1(s, "polite/running", "/polite") for _ in range(10)]
+            replies = [f.result() for f in waiting] + refused
+        samples = stats(s)
+    for reply in polite:
+        assert reply.status == 200 and reply.json()["worker"] == f"127.0.1.8:{s.worker_port}", reply
+    held = [r for r in replies if r.status == 200]
+    refused = [r for r in replies if r.status != 200]
+    assert len(held) == 8, replies
+    for reply in refused:
+        assert (reply.status, reply.headers.get("x-atenet-reason")) == (503, "atenet_atespace_full"), reply
+        assert reply.elapsed < 6, "refused at once, not after the 8 s resume"
+    assert samples['envoy_cluster_upstream_rq_active_overflow{envoy_cluster_name="atenet_router"}'] == 0
 
 
 # -- parking under saturation ----------------------------------------------
@@ -769,24 +813,29 @@ def test_late_serve_outlasts_envoys_message_timeout(late):
     assert reply.elapsed >= 8.5
 
 
-def test_envoy_answers_504_at_budget_plus_late_serve_limit(late):
-    """Slower still, Envoy gives up 10 s (the override) after the budget:
-    its own 504, empty, with no x-atenet-reason."""
+def test_the_router_answers_504_before_envoys_ceiling(late):
+    """Slower still: Envoy would give up 10 s (the override) after the
+    budget, with its own empty 504. The router answers first (B81), 1 s
+    before that ceiling: its 504, with its reason, while the restore goes on
+    (it answers at 20 s)."""
     reply = late.replies["demo/too-late"]
-    assert (reply.status, reply.body, reply.headers.get("x-atenet-reason")) == (504, b"", None), reply
-    assert 10.9 <= reply.elapsed < 19, "at budget + limit (11 s), before the restore's answer at 20 s"
+    assert reply.status == 504, reply
+    assert reply.headers.get("x-atenet-reason") == "atenet_resume_timeout", reply
+    assert reply.body == b"actor demo/too-late request timed out: ateapi has not answered the resume"
+    assert 9.9 <= reply.elapsed < 11, "1 s before budget + limit (11 s), Envoy's ceiling"
     entry = late.wait_access_log(lambda e: e["path"] == "/demo/too-late")
-    assert entry["response_code_details"] == "ext_proc_error_per-message_timeout_exceeded"
+    assert entry["response_code_details"] == "atenet_resume_timeout", entry
 
 
-def test_without_late_serve_envoy_answers_504_at_its_message_timeout(late):
-    """The control: with late serve off nothing extends Envoy's wait, and
-    the same restore loses to the 6 s message timeout (budget + 5 s)."""
+def test_without_late_serve_the_router_answers_504_before_envoys_message_timeout(late):
+    """With late serve off nothing extends Envoy's wait: the same restore
+    would lose to the 6 s message timeout (budget + 5 s), and the router
+    answers 1 s before it, with its reason (B81)."""
     reply = late.replies["off"]
-    assert (reply.status, reply.body, reply.headers.get("x-atenet-reason")) == (504, b"", None), reply
-    assert 5.9 <= reply.elapsed < 8.4, "at budget + 5 s, before the restore's answer at 8.5 s"
+    assert (reply.status, reply.headers.get("x-atenet-reason")) == (504, "atenet_resume_timeout"), reply
+    assert 4.9 <= reply.elapsed < 6, "1 s before budget + 5 s"
     entry = late.off.wait_access_log(lambda e: e["path"] == "/off")
-    assert entry["response_code_details"] == "ext_proc_error_per-message_timeout_exceeded"
+    assert entry["response_code_details"] == "atenet_resume_timeout", entry
 
 
 def test_envoy_counts_the_override_and_the_timeout(late):
@@ -794,7 +843,7 @@ def test_envoy_counts_the_override_and_the_timeout(late):
     label = '{envoy_http_conn_manager_prefix="ingress"}'
     assert samples[f"envoy_http_ext_proc_override_message_timeout_received{label}"] == 2
     assert samples[f"envoy_http_ext_proc_override_message_timeout_ignored{label}"] == 0
-    assert samples[f"envoy_http_ext_proc_message_timeouts{label}"] == 1
+    assert samples[f"envoy_http_ext_proc_message_timeouts{label}"] == 0, "the router answered first (B81)"
 
 
 def test_envoy_ignores_an_override_above_max_message_timeout():

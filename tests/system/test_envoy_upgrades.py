@@ -508,10 +508,12 @@ def test_h2_extended_connect_websocket_reaches_its_worker(stack):
 def before_the_fix(config):
     """The bootstrap as it was before issue 22 item 4: no upgrade_configs,
     no allow_connect, no CONNECT route."""
-    for block in ["          upgrade_configs:\n          - upgrade_type: websocket\n          - upgrade_type: CONNECT\n",
-                  "          http2_protocol_options:\n            allow_connect: true\n"]:
+    for block, rest in [("          upgrade_configs:\n          - upgrade_type: websocket\n          - upgrade_type: CONNECT\n",
+                         ""),
+                        ("          http2_protocol_options:\n            allow_connect: true\n",
+                         "          http2_protocol_options:\n")]:
         assert block in config, block
-        config = config.replace(block, "")
+        config = config.replace(block, rest)
     start = config.index("              - match: { connect_matcher: {} }\n")
     return config[:start] + config[config.index('              - match: { prefix: "/" }\n'):]
 

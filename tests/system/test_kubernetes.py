@@ -50,6 +50,10 @@ MIN_ENVOY = (1, 30)
 ENVOY_WINDOW_SLACK = 10
 GRACE_SLACK = 10
 DRAIN_TIMEOUT_FLOOR = 15
+# Envoy's container memory limit is the router's --envoy-max-heap (the
+# overload manager's bound, B92) plus this, for what is not Envoy's heap.
+ENVOY_MEMORY_HEADROOM = 256 * 2**20
+ENVOY_MAX_HEAP_DEFAULT = "1Gi"
 
 
 # ---------------------------------------------------------------- rendering
@@ -260,8 +264,8 @@ def listeners(bootstrap):
 
 
 def quantity(text):
-    units = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "m": 1e-3, "": 1}
-    number, unit = re.fullmatch(r"([0-9.]+)(Ki|Mi|Gi|m|)", str(text)).groups()
+    units = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "m": 1e-3, "": 1}
+    number, unit = re.fullmatch(r"([0-9.]+)(Ki|Mi|Gi|Ti|m|)", str(text)).groups()
     return float(number) * units[unit]
 
 
@@ -371,6 +375,19 @@ def wiring_problems(docs):
     if ready.get("path") != "/ready" or e_ports.get(ready.get("port"), ready.get("port")) != e_ports.get(
             "envoy-health"):
         p.append("envoy.readinessProbe must be GET /ready on the health listener (port envoy-health)")
+
+    # Envoy's memory: the limit is sized from the heap bound the bootstrap
+    # gives its overload manager, both from --envoy-max-heap (B92).
+    heap = quantity(flag(flags, "--envoy-max-heap", ENVOY_MAX_HEAP_DEFAULT))
+    monitors = {m["name"]: m for m in bootstrap.get("overload_manager", {}).get("resource_monitors", [])}
+    bound = monitors.get("envoy.resource_monitors.fixed_heap", {}).get("typed_config", {}).get("max_heap_size_bytes")
+    if bound != heap:
+        p.append(f"the bootstrap's heap bound {bound} is not the router's --envoy-max-heap ({heap:.0f} bytes): "
+                 "regenerate it")
+    limit = envoy.get("resources", {}).get("limits", {}).get("memory")
+    if limit is None or quantity(limit) != heap + ENVOY_MEMORY_HEADROOM:
+        p.append(f"envoy: resources.limits.memory {limit} is not --envoy-max-heap + 256Mi "
+                 f"({(heap + ENVOY_MEMORY_HEADROOM) / 2**20:.0f}Mi)")
 
     # Drain: marker shared with Envoy's preStop; the grace period covers it.
     marker = flag(flags, "--drain-complete-file", None)
@@ -558,6 +575,13 @@ BREAKS = {
     "unpinned Envoy": ("Deployment", lambda d: set_path(d, ENVOY + ("image",), "envoyproxy/envoy:v1.32-latest"),
                        "not pinned"),
     "old Envoy": ("Deployment", lambda d: set_path(d, ENVOY + ("image",), "envoyproxy/envoy:v1.29.4"), ">= v1.30"),
+    "Envoy's memory limit not sized from its heap": (
+        "Deployment", lambda d: set_path(d, ENVOY + ("resources", "limits", "memory"), "512Mi"),
+        "is not --envoy-max-heap + 256Mi"),
+    "heap flag changed without the limit": (
+        "Deployment", lambda d: d["spec"]["template"]["spec"]["containers"][0]["args"].__setitem__(
+            d["spec"]["template"]["spec"]["containers"][0]["args"].index("--envoy-max-heap=1Gi"),
+            "--envoy-max-heap=2Gi"), "is not the router's --envoy-max-heap"),
     "short grace": ("Deployment", lambda d: set_path(d, ("spec", "template", "spec", "terminationGracePeriodSeconds"),
                                                      60), "terminationGracePeriodSeconds"),
     "typo in the PodMonitor": ("PodMonitor", lambda d: rename(d, ("spec", "podMetricsEndpoints", 0), "path", "pathh"),

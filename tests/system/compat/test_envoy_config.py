@@ -12,9 +12,12 @@ from envoy.config.bootstrap.v3 import bootstrap_pb2
 # Registers the typed_config types the bootstrap names.
 from envoy.extensions.access_loggers.stream.v3 import stream_pb2
 from envoy.extensions.filters.http.ext_proc.v3 import ext_proc_pb2
+from envoy.extensions.filters.http.header_mutation.v3 import header_mutation_pb2
 from envoy.extensions.filters.http.health_check.v3 import health_check_pb2
 from envoy.extensions.filters.http.router.v3 import router_pb2  # noqa: F401
 from envoy.extensions.filters.network.http_connection_manager.v3 import http_connection_manager_pb2 as hcm_pb2
+from envoy.extensions.resource_monitors.downstream_connections.v3 import downstream_connections_pb2
+from envoy.extensions.resource_monitors.fixed_heap.v3 import fixed_heap_pb2
 from envoy.extensions.upstreams.http.v3 import http_protocol_options_pb2
 from google.protobuf import json_format, symbol_database
 from protoc_gen_validate.validator import ValidationFailed, validate_all
@@ -70,7 +73,8 @@ def parts(bootstrap):
     hcm = hcm_pb2.HttpConnectionManager()
     listener.filter_chains[0].filters[0].typed_config.Unpack(hcm)
     ext_proc = ext_proc_pb2.ExternalProcessor()
-    hcm.http_filters[0].typed_config.Unpack(ext_proc)
+    filters = {f.name: f for f in hcm.http_filters}
+    filters["envoy.filters.http.ext_proc"].typed_config.Unpack(ext_proc)
     clusters = {c.name: c for c in bootstrap.static_resources.clusters}
     return listener, hcm, ext_proc, clusters
 
@@ -108,7 +112,8 @@ def test_defaults_field_by_field():
     assert bootstrap.admin.address.socket_address.address == "127.0.0.1"
     assert bootstrap.admin.address.socket_address.port_value == 9901
     assert listener.address.socket_address.port_value == 8080
-    assert [f.name for f in hcm.http_filters] == ["envoy.filters.http.ext_proc", "envoy.filters.http.router"]
+    assert [f.name for f in hcm.http_filters] == [
+        "envoy.filters.http.header_mutation", "envoy.filters.http.ext_proc", "envoy.filters.http.router"]
     assert ext_proc.grpc_service.envoy_grpc.cluster_name == "atenet_router"
     assert not ext_proc.grpc_service.HasField("timeout"), "Envoy's ext_proc does not read it"
     assert not ext_proc.HasField("mutation_rules"), "the router mutates nothing that needs it"
@@ -149,7 +154,7 @@ def test_defaults_field_by_field():
     assert hcm.http2_protocol_options.allow_connect
     assert hcm.use_remote_address.value is True
     assert [(r.address_prefix, r.prefix_len.value) for r in hcm.internal_address_config.cidr_ranges] == [
-        ("127.0.0.0", 8), ("::1", 128), ("10.0.0.0", 8), ("172.16.0.0", 12), ("192.168.0.0", 16), ("fc00::", 7)]
+        ("127.0.0.0", 8), ("::1", 128)], "B90: loopback only"
 
 
 def test_access_log_health_and_stats_listeners_and_worker_breakers():
@@ -235,3 +240,87 @@ def test_refuses_what_serve_refuses(flags, flag):
     assert out.returncode == 2
     assert out.stderr.startswith("invalid router configuration: ") and flag in out.stderr
     assert out.stdout == ""
+
+
+# Router-control headers a client may send; only the deadline passes (B90).
+ROUTER_CONTROL = ["x-envoy-retry-on", "x-envoy-retry-grpc-on", "x-envoy-max-retries",
+                  "x-envoy-retriable-status-codes", "x-envoy-retriable-header-names",
+                  "x-envoy-upstream-rq-timeout-ms", "x-envoy-upstream-rq-per-try-timeout-ms",
+                  "x-envoy-hedge-on-per-try-timeout", "x-envoy-upstream-rq-timeout-alt-response",
+                  "x-envoy-upstream-stream-duration-ms", "x-envoy-upstream-alt-stat-name"]
+
+
+def removed_headers(hcm):
+    first = hcm.http_filters[0]
+    assert first.name == "envoy.filters.http.header_mutation", "first, before any filter reads a header"
+    mutation = header_mutation_pb2.HeaderMutation()
+    assert first.typed_config.Unpack(mutation)
+    assert not mutation.mutations.response_mutations
+    return [m.remove for m in mutation.mutations.request_mutations]
+
+
+def test_b90_every_client_control_header_is_removed_but_the_deadline():
+    bootstrap = envoy_config()
+    listeners = {l.name: l for l in bootstrap.static_resources.listeners}
+    for name in ("ingress", "stats"):
+        removed = removed_headers(unpack_hcm(listeners[name]))
+        assert set(ROUTER_CONTROL) <= set(removed), name
+        assert "x-envoy-original-path" in removed, "the access log's path"
+        assert "x-envoy-expected-rq-timeout-ms" not in removed, "the caller's deadline, B68"
+
+
+def test_b90_no_trusted_range_leaves_internal_address_config_out():
+    """An empty cidr_ranges is Envoy 1.40's private ranges, not none."""
+    _, hcm, _, _ = parts(envoy_config("--envoy-trusted-ranges", ""))
+    assert not hcm.HasField("internal_address_config")
+    _, hcm, _, _ = parts(envoy_config("--envoy-trusted-ranges", "10.1.0.0/16,fd00::/8"))
+    assert [(r.address_prefix, r.prefix_len.value) for r in hcm.internal_address_config.cidr_ranges] == [
+        ("10.1.0.0", 16), ("fd00::", 8)]
+
+
+def test_b91_buffers_and_http2_are_bounded():
+    bootstrap = envoy_config()
+    listeners = {l.name: l for l in bootstrap.static_resources.listeners}
+    clusters = {c.name: c for c in bootstrap.static_resources.clusters}
+    for part in [*listeners.values(), *clusters.values()]:
+        assert part.per_connection_buffer_limit_bytes.value == 32768, part.name
+    hcm = unpack_hcm(listeners["ingress"])
+    h2 = hcm.http2_protocol_options
+    assert (h2.max_concurrent_streams.value, h2.initial_stream_window_size.value,
+            h2.initial_connection_window_size.value) == (100, 65536, 1048576)
+    assert hcm.request_headers_timeout.seconds == 10
+    assert not hcm.HasField("request_timeout"), "it would run on while a request is parked"
+    options = hcm.common_http_protocol_options
+    assert options.headers_with_underscores_action == options.DROP_HEADER
+    assert options.idle_timeout.seconds == 75
+    router = http_protocol_options_pb2.HttpProtocolOptions()
+    clusters["atenet_router"].typed_extension_protocol_options[
+        "envoy.extensions.upstreams.http.v3.HttpProtocolOptions"].Unpack(router)
+    h2 = router.explicit_http_config.http2_protocol_options
+    assert (h2.initial_stream_window_size.value, h2.initial_connection_window_size.value) == (65536, 1048576)
+
+
+@pytest.mark.parametrize("flag,heap,connections", [
+    (None, 1 << 30, 32768), ("64Mi", 64 << 20, 2048), ("1Ti", 1 << 40, 50000)])
+def test_b92_overload_manager_follows_the_heap_flag(flag, heap, connections):
+    overload = envoy_config(*(["--envoy-max-heap", flag] if flag else [])).overload_manager
+    assert overload.refresh_interval.ToMilliseconds() == 250
+    monitors = {m.name: m for m in overload.resource_monitors}
+    fixed = fixed_heap_pb2.FixedHeapConfig()
+    assert monitors["envoy.resource_monitors.fixed_heap"].typed_config.Unpack(fixed)
+    assert fixed.max_heap_size_bytes == heap
+    cap = downstream_connections_pb2.DownstreamConnectionsConfig()
+    assert monitors["envoy.resource_monitors.global_downstream_max_connections"].typed_config.Unpack(cap)
+    assert cap.max_active_downstream_connections == connections
+    actions = {a.name: [(t.name, t.threshold.value) for t in a.triggers] for a in overload.actions}
+    assert actions == {
+        "envoy.overload_actions.shrink_heap": [("envoy.resource_monitors.fixed_heap", 0.95)],
+        "envoy.overload_actions.stop_accepting_requests": [("envoy.resource_monitors.fixed_heap", 0.98)]}
+
+
+@pytest.mark.parametrize("bad", ["63Mi", "2Ti", "1.5Gi", "1G", "512"])
+def test_b92_refuses_an_absurd_heap(bad):
+    out = subprocess.run([f"{BIN}/atenet-router", "envoy-config", "--ateapi-insecure", "--envoy-max-heap", bad],
+                         capture_output=True, text=True)
+    assert out.returncode == 2 and out.stdout == ""
+    assert out.stderr.startswith("invalid router configuration: --envoy-max-heap must be a size from 64Mi to 1Ti")

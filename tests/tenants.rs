@@ -1,0 +1,220 @@
+//! Tenants against each other, through the real binary (B78-B80): a tenant
+//! that floods the router with requests for its own actors, while the pool
+//! is saturated or its first answers are slow, cannot make the router
+//! refuse another tenant's running actors. The truth is what the clients
+//! were answered and what the simulated control plane was asked.
+// The router's internals and the simulator: `--features testkit` (make test).
+#![cfg(feature = "testkit")]
+
+mod common;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use atenet_router::ateapi::resume::Code;
+use atenet_router::proto::EXT_PROC_PROCESS;
+use atenet_router::tools::load::{request_for, verdict_key};
+use atenet_router::tools::sim::Answer;
+use common::process::{eventually_within, router_args, spawn_router, RouterProcess};
+use common::{empty_sim, http_get, Metrics, PATIENCE};
+use futures::channel::mpsc;
+use futures::{SinkExt, StreamExt};
+use grpcio::{CallOption, ChannelBuilder, Client, EnvBuilder, WriteFlags};
+
+fn client(router: &RouterProcess) -> Arc<Client> {
+    let env = Arc::new(EnvBuilder::new().cq_count(1).name_prefix("tenant").build());
+    let channel =
+        ChannelBuilder::new(env).max_concurrent_stream(i32::MAX).connect(&router.extproc.to_string());
+    Arc::new(Client::new(channel))
+}
+
+/// Sends a request for `actor` and waits for its verdict, as Envoy does:
+/// the verdict's key (`200 routed`, `503 atenet_lot_full`, ...).
+async fn verdict(client: &Client, actor: &str) -> String {
+    let call = CallOption::default().timeout(PATIENCE);
+    let Ok((mut tx, mut rx)) = client.duplex_streaming(&EXT_PROC_PROCESS, call) else {
+        return "open failed".into();
+    };
+    if tx.send((request_for(actor, None), WriteFlags::default())).await.is_err() {
+        return "send failed".into();
+    }
+    let key = loop {
+        match rx.next().await {
+            // A late-serve override (B49) before the verdict.
+            Some(Ok(reply)) if reply.response.is_none() => continue,
+            Some(Ok(reply)) => break verdict_key(&reply),
+            _ => break "no verdict".to_string(),
+        }
+    };
+    tx.cancel();
+    key
+}
+
+/// Sends a request for each actor, `per_second` of them a second, each on
+/// its own stream held until its verdict; the verdicts arrive on the
+/// returned channel as `(actor, key)`.
+fn open_loop(
+    client: &Arc<Client>,
+    actors: Vec<String>,
+    per_second: u32,
+) -> mpsc::UnboundedReceiver<(String, String)> {
+    let (tx, rx) = mpsc::unbounded();
+    let client = Arc::clone(client);
+    std::thread::spawn(move || {
+        let started = Instant::now();
+        for (i, actor) in actors.into_iter().enumerate() {
+            let due = started + Duration::from_secs_f64(i as f64 / f64::from(per_second));
+            std::thread::sleep(due.saturating_duration_since(Instant::now()));
+            let (client2, tx) = (Arc::clone(&client), tx.clone());
+            client.spawn(async move {
+                let key = verdict(&client2, &actor).await;
+                let _ = tx.unbounded_send((actor, key));
+            });
+        }
+    });
+    rx
+}
+
+fn metrics(router: &RouterProcess) -> Metrics {
+    Metrics(http_get(router.metrics, "/metrics").1)
+}
+
+/// The attack: lot 64, 256 flights, 8 lot slots an atespace, and a
+/// tenant sending 200 requests a second for actors of its own that no
+/// worker is free for. Before B78-B79 the flight table filled with flights
+/// nobody waited for, which kept calling ateapi until their budgets ended,
+/// and another tenant's requests for running actors got
+/// `503 atenet_flights_full`.
+#[test]
+fn b78_b79_a_greedy_tenant_leaves_no_flights_behind_and_others_are_routed() {
+    let sim = empty_sim();
+    const GREEDY: usize = 1200;
+    let greedy: Vec<String> = (0..GREEDY).map(|i| format!("greedy/g{i}")).collect();
+    sim.script_all(
+        greedy
+            .iter()
+            .map(|a| (a.clone(), Answer::error(Code::ResourceExhausted, "no free workers available")))
+            .collect(),
+    );
+    let polite: Vec<String> = (0..20).map(|i| format!("polite/p{i}")).collect();
+    sim.script_all(polite.iter().map(|a| (a.clone(), Answer::ok("10.0.0.1", false))).collect());
+    let router = spawn_router(&router_args(
+        &sim.addr().to_string(),
+        &["--parked-request-max", "64", "--flight-max", "256", "--parked-request-max-per-atespace", "8"],
+    ));
+    let client = client(&router);
+
+    let mut greedy_verdicts = open_loop(&client, greedy.clone(), 200);
+    // Meanwhile, the other tenant asks for its running actors, one at a time.
+    let sending = Duration::from_secs_f64(GREEDY as f64 / 200.0);
+    let mut polite_verdicts: HashMap<String, usize> = HashMap::new();
+    let until = Instant::now() + sending;
+    let mut i = 0;
+    while Instant::now() < until {
+        let key = futures::executor::block_on(verdict(&client, &polite[i % polite.len()]));
+        *polite_verdicts.entry(key).or_default() += 1;
+        i += 1;
+    }
+    let mut by_actor = HashMap::new();
+    futures::executor::block_on(async {
+        while by_actor.len() < GREEDY {
+            let (actor, key) = greedy_verdicts.next().await.expect("every greedy request gets a verdict");
+            by_actor.insert(actor, key);
+        }
+    });
+
+    assert!(i >= 50, "the other tenant sent {i} requests");
+    assert_eq!(
+        polite_verdicts.get("200 routed"),
+        Some(&i),
+        "every running actor routed: {polite_verdicts:?}"
+    );
+
+    let mut greedy_keys: HashMap<&str, usize> = HashMap::new();
+    for key in by_actor.values() {
+        *greedy_keys.entry(key.as_str()).or_default() += 1;
+    }
+    // A caller refused at its park transition is its actor's only caller:
+    // its flight ends there, so the control plane was asked once, and never
+    // again (before B78, every one was asked about every 100 ms until its
+    // 5 s budget ended).
+    let refused_at_park = ["503 atenet_lot_full", "503 atenet_atespace_full"];
+    let mut shed = 0;
+    for (actor, key) in &by_actor {
+        if refused_at_park.contains(&key.as_str()) {
+            shed += 1;
+            assert_eq!(sim.calls(actor), 1, "{actor} ({key}) was asked again after its only caller left");
+        }
+    }
+    assert!(shed > GREEDY / 2, "most greedy requests were shed at the park transition: {greedy_keys:?}");
+    // Nothing is left calling once every greedy request has its answer.
+    eventually_within(PATIENCE, "every flight ended", || {
+        metrics(&router).value("atenet_router_flights_active", &[]) == 0.0
+    });
+    let calls = sim.total_calls();
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(sim.total_calls(), calls, "no ResumeActor call after the last caller left");
+    assert_eq!(
+        metrics(&router).value("atenet_router_flights_abandoned_total", &[]),
+        shed as f64,
+        "each shed caller's flight was abandoned"
+    );
+}
+
+/// The second finding: first answers that take long. Before B80 one
+/// tenant's requests held every stream Envoy's breaker lets through while
+/// the lot stayed empty. Now its callers, on any attempt, hold at most its
+/// share (here 32 of a 64 breaker): the rest are refused at once, with
+/// the router's own reason, and another tenant is served meanwhile.
+#[test]
+fn b80_callers_on_slow_first_attempts_hold_at_most_their_share() {
+    let sim = empty_sim();
+    let greedy: Vec<String> = (0..50).map(|i| format!("greedy/slow{i}")).collect();
+    sim.script_all(greedy.iter().map(|a| (a.clone(), Answer::ok("10.0.0.2", true).held())).collect());
+    sim.script("polite/running", vec![Answer::ok("10.0.0.1", false)]);
+    let router = spawn_router(&router_args(
+        &sim.addr().to_string(),
+        &["--parked-request-max", "32", "--extproc-max-requests", "64"],
+    ));
+    let client = client(&router);
+    let mut verdicts = open_loop(&client, greedy.clone(), 1000);
+    // The 18 beyond the share are answered while the 32 are still held.
+    let mut refused = Vec::new();
+    futures::executor::block_on(async {
+        while refused.len() < 18 {
+            let (actor, key) = verdicts.next().await.expect("a verdict");
+            assert_eq!(
+                key, "503 atenet_atespace_full",
+                "{actor}: only the excess is answered before the release"
+            );
+            refused.push(actor);
+        }
+    });
+    eventually_within(PATIENCE, "32 slow first attempts", || sim.total_calls() >= 32);
+    assert_eq!(sim.total_calls(), 32);
+    for actor in &refused {
+        assert_eq!(sim.calls(actor), 0, "{actor} was refused before any flight");
+    }
+    for _ in 0..10 {
+        let key = futures::executor::block_on(verdict(&client, "polite/running"));
+        assert_eq!(key, "200 routed", "the other tenant is served while the greedy one waits");
+    }
+    assert_eq!(
+        metrics(&router).value("atenet_router_atespace_refused_total", &[("share", "requests")]),
+        18.0
+    );
+    for actor in &greedy {
+        sim.release(actor);
+    }
+    let mut routed = 0;
+    futures::executor::block_on(async {
+        while routed < 32 {
+            let (_, key) = verdicts.next().await.expect("a verdict");
+            assert_eq!(key, "200 routed");
+            routed += 1;
+        }
+    });
+    let greedy_calls: u64 = greedy.iter().map(|a| sim.calls(a)).sum();
+    assert_eq!(greedy_calls, 32, "one attempt for each caller within the share, none for the rest");
+}
