@@ -21,9 +21,11 @@ use crate::ateapi::client::{AteapiClient, CredentialsError};
 use crate::cli::config::{AteapiTransport, Config};
 use crate::envoy::extproc::{ExtProc, ExtProcSettings};
 use crate::envoy::streams::StreamSlots;
+use crate::ops::history::{History, Sampler, Sources};
 use crate::ops::http::{self, BindError, HttpServer, Limits};
 use crate::ops::metrics::Metrics;
-use crate::ops::status::{RecentRequests, StatusPage};
+use crate::ops::recent::RecentRequests;
+use crate::ops::status::StatusPage;
 use crate::parking::clock::SystemClock;
 use crate::parking::flight::{FlightPolicy, FlightTable};
 use crate::parking::lot::ParkingLot;
@@ -334,9 +336,14 @@ impl Router {
             );
         }
 
+        // Gauges of the flight table, read when Prometheus asks: nothing on
+        // the request path keeps them.
         let sample = {
             let (flights, metrics) = (resolver.flights().clone(), metrics.clone());
-            move || metrics.set_flights_active(flights.len())
+            move || {
+                metrics.set_flights_active(flights.len());
+                metrics.set_oldest_attempt(flights.oldest_attempt());
+            }
         };
         let http = HttpServer::start(
             config.metrics_addr,
@@ -348,10 +355,21 @@ impl Router {
         let status = match config.status_addr {
             None => None,
             Some(addr) => {
+                // The charts' samples (B94): a task on the timer thread, no
+                // thread of their own.
+                let history = Arc::new(History::default());
+                let sources = Sources {
+                    lot: resolver.lot().cloned(),
+                    recent: Arc::clone(&recent),
+                    metrics: metrics.clone(),
+                    clock: Arc::new(SystemClock),
+                };
+                Sampler::new(Arc::clone(&history), sources).start(timer.clone());
                 let page = Arc::new(StatusPage::new(
                     config.clone(),
                     resolver.clone(),
                     recent,
+                    history,
                     Arc::clone(&ateapi),
                     metrics.clone(),
                 ));

@@ -318,7 +318,10 @@ fn b69_two_atespaces_compete_for_a_small_lot() {
     }
     let (_, html) = http_get(status, "/statusz");
     assert!(
-        html.contains("<table id=\"atespaces\">") && html.contains("<td>greedy</td><td>2</td>"),
+        html.contains("<table class=\"rows\" id=\"atespaces\">")
+            && html.contains(
+                "<td data-label=\"atespace\">greedy</td><td class=\"n\" data-label=\"slots\">2</td>"
+            ),
         "{html}"
     );
     // The pool frees up: every parked caller is served.

@@ -47,7 +47,7 @@ use crate::proto::EXT_PROC_PROCESS;
 use crate::cli::config::CidrRange;
 use crate::parking::resolver::{Abandon, ResolveError, Resolver, ResumeLabel, ResumeOutcome};
 use crate::ateapi::resume::{BadWorkerIp, Resumed};
-use crate::ops::status::{Answered, RecentRequests, RecentVerdict};
+use crate::ops::recent::{Answered, RecentRequests, RecentVerdict};
 use crate::envoy::streams::{StreamSlots, FIRST_MESSAGE_TIMEOUT};
 use crate::ateapi::target::{self, ActorId, Target, ACTOR_HEADER};
 use crate::parking::timer::{sleep_until, Scheduler, Sleep};

@@ -14,10 +14,10 @@
 
 use std::sync::Arc;
 
-use prometheus::core::Collector;
+use prometheus::core::{Collector, Metric as _};
 use prometheus::{
-    Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts,
-    Registry, TextEncoder,
+    Encoder, Gauge, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec,
+    Opts, Registry, TextEncoder,
 };
 
 use crate::parking::lot::{LotDecision, LotInstruments, WaitOutcome};
@@ -49,6 +49,7 @@ struct Instruments {
     drain_cancelled: IntCounter,
     invalid_targets: IntCounter,
     flights_active: IntGauge,
+    oldest_attempt: Gauge,
     flights_rejected: IntCounter,
     flights_abandoned: IntCounter,
     /// `atenet_router_atespace_refused_total` by [`AtespaceShare`].
@@ -199,6 +200,11 @@ impl Metrics {
                 "atenet_router_flights_active",
                 "Flights in progress: actors being resumed, each with at most one ResumeActor call running.",
             ),
+            oldest_attempt: Gauge::new(
+                "atenet_router_oldest_attempt_seconds",
+                "How long the longest-running ResumeActor attempt has run; 0 when none runs (B95).",
+            )
+            .expect("a valid metric name"),
             flights_rejected: counter(
                 "atenet_router_flights_rejected_total",
                 "Requests refused because --flight-max flights were in progress (B58).",
@@ -238,6 +244,7 @@ impl Metrics {
             Box::new(instruments.drain_cancelled.clone()),
             Box::new(instruments.invalid_targets.clone()),
             Box::new(instruments.flights_active.clone()),
+            Box::new(instruments.oldest_attempt.clone()),
             Box::new(instruments.flights_rejected.clone()),
             Box::new(instruments.flights_abandoned.clone()),
             Box::new(atespace_refused),
@@ -267,6 +274,22 @@ impl Metrics {
     /// ResumeActor attempts so far that ended with `code`.
     pub fn attempts(&self, code: Code) -> u64 {
         self.inner.attempts[code as usize].get()
+    }
+
+    /// The parked-wait histogram (B32) of every outcome together: its
+    /// bucket bounds, and the cumulative count of each bucket with `+Inf`
+    /// last, for the status page's wait percentiles (B94).
+    pub fn parked_wait_buckets(&self) -> (&'static [f64], Vec<u64>) {
+        let mut cumulative = vec![0; WAIT_BUCKETS.len() + 1];
+        for histogram in &self.inner.lot.waits {
+            let metric = histogram.metric();
+            let histogram = metric.get_histogram();
+            for (sum, bucket) in cumulative.iter_mut().zip(histogram.get_bucket()) {
+                *sum += bucket.get_cumulative_count();
+            }
+            cumulative[WAIT_BUCKETS.len()] += histogram.get_sample_count();
+        }
+        (WAIT_BUCKETS, cumulative)
     }
 
     /// Requests shed by a full lot so far (B34).
@@ -310,6 +333,11 @@ impl Metrics {
     /// Sets `atenet_router_flights_active`.
     pub fn set_flights_active(&self, flights: usize) {
         self.inner.flights_active.set(i64::try_from(flights).unwrap_or(i64::MAX));
+    }
+
+    /// Sets `atenet_router_oldest_attempt_seconds`: 0 when no attempt runs.
+    pub fn set_oldest_attempt(&self, running_for: Option<std::time::Duration>) {
+        self.inner.oldest_attempt.set(running_for.map_or(0.0, |d| d.as_secs_f64()));
     }
 
     /// The timer thread's lateness histogram.
@@ -401,6 +429,19 @@ mod tests {
         assert!(ResumeLabel::ALL.iter().enumerate().all(|(i, r)| *r as usize == i));
         assert!(Code::ALL.iter().enumerate().all(|(i, c)| *c as usize == i && *c as i32 == i as i32));
         assert!(AtespaceShare::ALL.iter().enumerate().all(|(i, s)| *s as usize == i));
+    }
+
+    #[test]
+    fn b94_parked_wait_buckets_add_every_outcome_up() {
+        let metrics = Metrics::new();
+        let lot = metrics.lot_instruments();
+        lot.waits[WaitOutcome::Served as usize].observe(0.3);
+        lot.waits[WaitOutcome::Canceled as usize].observe(0.3);
+        lot.waits[WaitOutcome::BudgetExhausted as usize].observe(99.0);
+        let (bounds, cumulative) = metrics.parked_wait_buckets();
+        assert_eq!((bounds.len() + 1, cumulative.len()), (17, 17));
+        let at = |bound: f64| cumulative[bounds.iter().position(|b| *b == bound).unwrap()];
+        assert_eq!((at(0.25), at(0.5), at(60.0), cumulative[16]), (0, 2, 2, 3), "{cumulative:?}");
     }
 
     #[test]

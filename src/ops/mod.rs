@@ -2,6 +2,9 @@
 //!
 //! - `http`, `status`, `metrics`: the bounded HTTP listeners, the
 //!   `/statusz` page, and the Prometheus registry;
+//! - `recent`, `history`, `chart`, `html`: what the status page shows of
+//!   the last requests and the verdicts given, its last ten minutes
+//!   (sampled on the timer thread) and their inline SVG charts, HTML text;
 //! - [`logging`], [`process`], [`version`]: the log sink, the process
 //!   wiring (panic policy, open files), the build's identity;
 //! - [`systemd`], [`drain`], [`handover`], `listen`: the notify protocol,
@@ -20,4 +23,4 @@ pub mod process;
 pub mod systemd;
 pub mod version;
 
-internal!(http, listen, metrics, status);
+internal!(chart, history, html, http, listen, metrics, recent, status);

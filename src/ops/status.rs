@@ -1,146 +1,46 @@
 //! The status page, `/statusz` on `--status-port` (B42): what the router is
 //! doing now, for a person (HTML) or a program (JSON).
 //!
-//! It shows counts and names only. Request headers other than the method and
-//! the path never reach it, and the path loses its query string before it is
-//! stored, so no authorization, cookie, query string or token can appear.
+//! It shows counts and names only: of requests, what [`RecentRequests`]
+//! keeps, which is never a secret. Its lists are bounded (B96), so a
+//! saturated router answers it with the same few tens of kilobytes as an
+//! idle one.
 
 use std::fmt::Write;
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime};
-
-use parking_lot::Mutex;
+use std::time::{Duration, Instant};
 
 use crate::ateapi::client::AteapiClient;
+use crate::ateapi::resume::Code;
 use crate::cli::config::{AteapiTransport, Config};
 use crate::cli::{godur, size};
+use crate::ops::chart::{nice_ceiling, Chart, Line};
+use crate::ops::history::{History, Sample, SAMPLE_INTERVAL, WAIT_QUANTILES, WINDOW};
+use crate::ops::html::escape;
 use crate::ops::http::{Handler, Reply, Request};
-use crate::parking::lot::AtespaceView;
 use crate::ops::logging::json_string;
 use crate::ops::metrics::Metrics;
+use crate::ops::recent::{RecentRequest, RecentRequests, VerdictKind};
+use crate::parking::flight::FlightSnapshot;
+use crate::parking::lot::AtespaceView;
 use crate::parking::resolver::Resolver;
-use crate::ateapi::resume::Code;
 
 /// How many atespaces the page lists (B69).
 const TOP_ATESPACES: usize = 20;
 
-/// How many recent requests the page keeps.
-pub const RECENT_CAPACITY: usize = 100;
-/// Longest path kept per request.
-const MAX_PATH: usize = 200;
-
-/// One answered request.
-#[derive(Clone, Debug)]
-pub struct RecentRequest {
-    pub at: SystemTime,
-    pub method: String,
-    /// The path without its query string.
-    pub path: String,
-    pub actor: String,
-    pub verdict: RecentVerdict,
-    /// The worker address when routed.
-    pub target: String,
-    pub duration: Duration,
-}
-
-/// How a recent request was answered.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum RecentVerdict {
-    Routed,
-    /// The status and reason token of a rejection.
-    Rejected { status: u16, reason: &'static str },
-}
-
-impl std::fmt::Display for RecentVerdict {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            RecentVerdict::Routed => f.write_str("200 routed"),
-            RecentVerdict::Rejected { status, reason } => write!(f, "{status} {reason}"),
-        }
-    }
-}
-
-/// A request as the extproc service saw it, borrowed for [`RecentRequests::record`].
-pub struct Answered<'a> {
-    pub method: &'a [u8],
-    pub path: &'a [u8],
-    pub actor: &'a str,
-    pub verdict: RecentVerdict,
-    pub target: &'a str,
-    pub duration: Duration,
-}
-
-/// The last [`RECENT_CAPACITY`] requests. Every request on the fast path is
-/// recorded, so the ring reuses its entries' buffers instead of allocating.
-#[derive(Default)]
-pub struct RecentRequests {
-    ring: Mutex<Ring>,
-}
-
-#[derive(Default)]
-struct Ring {
-    entries: Vec<RecentRequest>,
-    /// Where the next entry goes once the ring is full.
-    next: usize,
-}
-
-impl RecentRequests {
-    /// Keeps `answered`, stripping the path's query and bounding lengths.
-    pub fn record(&self, answered: Answered<'_>) {
-        let at = SystemTime::now();
-        let mut ring = self.ring.lock();
-        let entry = if ring.entries.len() < RECENT_CAPACITY {
-            ring.entries.push(RecentRequest {
-                at,
-                method: String::new(),
-                path: String::new(),
-                actor: String::new(),
-                verdict: answered.verdict,
-                target: String::new(),
-                duration: answered.duration,
-            });
-            ring.entries.last_mut().expect("just pushed")
-        } else {
-            let next = ring.next;
-            ring.next = (next + 1) % RECENT_CAPACITY;
-            &mut ring.entries[next]
-        };
-        entry.at = at;
-        entry.verdict = answered.verdict;
-        entry.duration = answered.duration;
-        let path = answered.path.split(|b| *b == b'?' || *b == b'#').next().unwrap_or_default();
-        refill(&mut entry.method, answered.method, 16);
-        refill(&mut entry.path, path, MAX_PATH);
-        refill(&mut entry.actor, answered.actor.as_bytes(), 128);
-        refill(&mut entry.target, answered.target.as_bytes(), 64);
-    }
-
-    /// The entries, newest first.
-    pub fn snapshot(&self) -> Vec<RecentRequest> {
-        let ring = self.ring.lock();
-        // In time order: from the slot written next (the oldest) to the end,
-        // then the slots before it.
-        let (newest, oldest) = ring.entries.split_at(ring.next.min(ring.entries.len()));
-        oldest.iter().chain(newest).rev().cloned().collect()
-    }
-}
-
-/// Replaces `into`'s text with at most `chars` characters of `bytes`
-/// (invalid UTF-8 shown as U+FFFD), keeping its allocation.
-fn refill(into: &mut String, bytes: &[u8], chars: usize) {
-    into.clear();
-    match std::str::from_utf8(bytes) {
-        // The usual case, copied whole: no more bytes than allowed characters.
-        Ok(text) if text.len() <= chars => into.push_str(text),
-        _ => into.extend(String::from_utf8_lossy(bytes).chars().take(chars)),
-    }
-}
+/// How many flights, and how many actors with parked requests, the page
+/// lists: the oldest (B96). Fifty rows are what a person reads; a program
+/// that wants every actor has `/metrics` for counts and the log for names,
+/// and a page that grew with the table would cost a saturated router
+/// megabytes every two seconds per viewer.
+pub const LISTED: usize = 50;
 
 /// Everything the page reads.
 pub struct StatusPage {
     config: Config,
     resolver: Resolver,
     recent: Arc<RecentRequests>,
+    history: Arc<History>,
     ateapi: Arc<AteapiClient>,
     metrics: Metrics,
     started: Instant,
@@ -154,27 +54,56 @@ struct Snapshot {
     active: usize,
     max_parked: usize,
     max_wait: Duration,
+    /// Flights in progress (B96: the total, however many are listed).
     flights: usize,
+    /// The oldest [`LISTED`] flights, oldest first (B95).
+    oldest_flights: Vec<FlightView>,
+    /// How long the longest-running attempt has run, if one runs (B95).
+    oldest_attempt: Option<Duration>,
     shed: u64,
-    parked_actors: Vec<ParkedActor>,
-    /// The atespaces holding slots now, most first (B69).
+    /// The oldest [`LISTED`] flights with parked callers.
+    parked_actors: Vec<FlightView>,
+    /// How many flights have parked callers.
+    parked_actors_total: usize,
+    /// The atespaces holding slots now, most first (B69), and how many do.
     atespaces: Vec<AtespaceView>,
+    atespaces_total: usize,
     ateapi_address: String,
     connectivity: &'static str,
     /// ResumeActor attempts by code, for the codes seen, by name.
     attempts: Vec<(&'static str, u64)>,
+    /// Verdicts since startup, by [`VerdictKind`].
+    verdicts: [u64; VerdictKind::ALL.len()],
+    /// The last ten minutes, oldest first, as seconds ago (B94).
+    history: Vec<(f64, Sample)>,
     flags: Vec<(&'static str, String)>,
     recent: Vec<RecentRequest>,
 }
 
-/// One actor with parked requests, as shown.
-struct ParkedActor {
+/// One flight, as shown.
+struct FlightView {
     actor: String,
-    waiting: usize,
-    oldest: Duration,
+    age: Duration,
+    /// `None` between attempts.
+    attempt: Option<Duration>,
     attempts: u32,
     last_code: &'static str,
+    parked: usize,
     budget_left: Duration,
+}
+
+impl FlightView {
+    fn of(f: &FlightSnapshot) -> FlightView {
+        FlightView {
+            actor: f.actor.to_string(),
+            age: f.age,
+            attempt: f.attempt_age,
+            attempts: f.attempts,
+            last_code: f.last_code.map_or("-", Code::name),
+            parked: f.parked_callers,
+            budget_left: f.budget_left,
+        }
+    }
 }
 
 impl StatusPage {
@@ -182,10 +111,11 @@ impl StatusPage {
         config: Config,
         resolver: Resolver,
         recent: Arc<RecentRequests>,
+        history: Arc<History>,
         ateapi: Arc<AteapiClient>,
         metrics: Metrics,
     ) -> StatusPage {
-        StatusPage { config, resolver, recent, ateapi, metrics, started: Instant::now() }
+        StatusPage { config, resolver, recent, history, ateapi, metrics, started: Instant::now() }
     }
 
     /// The handler for `/statusz`.
@@ -206,27 +136,31 @@ impl StatusPage {
     }
 
     fn snapshot(&self) -> Snapshot {
-        let parked_actors = self
-            .resolver
-            .flights()
-            .snapshot()
-            .into_iter()
-            .filter(|f| f.parked_callers > 0)
-            .map(|f| ParkedActor {
-                actor: f.actor.to_string(),
-                waiting: f.parked_callers,
-                oldest: f.age,
-                attempts: f.attempts,
-                last_code: f.last_code.map_or("-", Code::name),
-                budget_left: f.budget_left,
-            })
-            .collect();
+        // Every flight is looked at, for the totals; only the oldest are
+        // kept (B96). Equal ages list by name, so rows keep their places.
+        let mut flights = self.resolver.flights().snapshot();
+        flights.sort_by(|a, b| b.age.cmp(&a.age).then_with(|| a.actor.as_str().cmp(b.actor.as_str())));
+        let parked: Vec<&FlightSnapshot> = flights.iter().filter(|f| f.parked_callers > 0).collect();
+        let parked_actors = parked.iter().take(LISTED).map(|f| FlightView::of(f)).collect();
+        let parked_actors_total = parked.len();
+        let oldest_attempt = flights.iter().filter_map(|f| f.attempt_age).max();
+        let oldest_flights = flights.iter().take(LISTED).map(FlightView::of).collect();
         let mut attempts: Vec<(&'static str, u64)> = Code::ALL
             .iter()
             .map(|&code| (code.name(), self.metrics.attempts(code)))
             .filter(|(_, n)| *n > 0)
             .collect();
         attempts.sort();
+        let (atespaces, atespaces_total) =
+            self.resolver.lot().map_or_else(|| (Vec::new(), 0), |lot| lot.atespaces(TOP_ATESPACES));
+        let now = Instant::now();
+        let history = self
+            .history
+            .samples()
+            .into_iter()
+            .map(|s| (now.saturating_duration_since(s.at).as_secs_f64(), s))
+            .filter(|(ago, _)| *ago <= WINDOW.as_secs_f64())
+            .collect();
         let parking = &self.config.parking;
         Snapshot {
             uptime: Duration::from_secs(self.started.elapsed().as_secs()),
@@ -234,17 +168,54 @@ impl StatusPage {
             active: self.resolver.lot().map_or(0, |l| l.active()),
             max_parked: parking.max,
             max_wait: parking.budget,
-            flights: self.resolver.flights().len(),
+            flights: flights.len(),
+            oldest_flights,
+            oldest_attempt,
             shed: self.metrics.parking_rejected(),
             parked_actors,
-            atespaces: self.resolver.lot().map_or_else(Vec::new, |lot| lot.atespaces(TOP_ATESPACES)),
+            parked_actors_total,
+            atespaces,
+            atespaces_total,
             ateapi_address: self.config.ateapi_address.clone(),
             connectivity: self.ateapi.connectivity(),
             attempts,
+            verdicts: self.recent.verdict_counts(),
+            history,
             flags: effective_flags(&self.config),
             recent: self.recent.snapshot(),
         }
     }
+}
+
+/// A JSON number: at most three decimals, no trailing zeros.
+fn number(value: f64) -> String {
+    let text = format!("{:.3}", if value.is_finite() { value } else { 0.0 });
+    let text = text.trim_end_matches('0').trim_end_matches('.');
+    if text == "-0" { "0".into() } else { text.into() }
+}
+
+/// `"name":[...]` of one history column, `null` where `value` has none.
+fn column(j: &mut String, name: &str, history: &[(f64, Sample)], value: impl Fn(f64, &Sample) -> Option<f64>) {
+    let _ = write!(j, ",{}:[", json_string(name));
+    for (i, (ago, sample)) in history.iter().enumerate() {
+        let cell = value(*ago, sample).map_or_else(|| "null".into(), number);
+        let _ = write!(j, "{}{cell}", if i > 0 { "," } else { "" });
+    }
+    j.push(']');
+}
+
+fn json_flight(j: &mut String, f: &FlightView) {
+    let _ = write!(
+        j,
+        "{{\"actor\":{},\"age_seconds\":{:.3},\"attempt_seconds\":{},\"attempts\":{},\"last_code\":{},\"parked\":{},\"budget_left_seconds\":{:.3}}}",
+        json_string(&f.actor),
+        f.age.as_secs_f64(),
+        f.attempt.map_or_else(|| "null".into(), |a| format!("{:.3}", a.as_secs_f64())),
+        f.attempts,
+        json_string(f.last_code),
+        f.parked,
+        f.budget_left.as_secs_f64()
+    );
 }
 
 /// The page as JSON.
@@ -265,14 +236,19 @@ fn json(s: &Snapshot) -> String {
             "{}{{\"actor\":{},\"waiting\":{},\"oldest_wait_seconds\":{:.3},\"attempts\":{},\"last_code\":{},\"budget_left_seconds\":{:.3}}}",
             if i > 0 { "," } else { "" },
             json_string(&a.actor),
-            a.waiting,
-            a.oldest.as_secs_f64(),
+            a.parked,
+            a.age.as_secs_f64(),
             a.attempts,
             json_string(a.last_code),
             a.budget_left.as_secs_f64()
         );
     }
-    j.push_str("],\"atespaces\":[");
+    let _ = write!(
+        j,
+        "],\"parked_actors_total\":{},\"parked_actors_more\":{},\"atespaces\":[",
+        s.parked_actors_total,
+        s.parked_actors_total - s.parked_actors.len()
+    );
     for (i, a) in s.atespaces.iter().enumerate() {
         let _ = write!(
             j,
@@ -286,8 +262,45 @@ fn json(s: &Snapshot) -> String {
     }
     let _ = write!(
         j,
-        "],\"flights\":{},\"ateapi\":{{\"address\":{},\"connectivity\":{},\"attempts\":{{",
-        s.flights,
+        "],\"atespaces_total\":{},\"atespaces_more\":{},\"flights\":{},\"oldest_flights\":[",
+        s.atespaces_total,
+        s.atespaces_total - s.atespaces.len(),
+        s.flights
+    );
+    for (i, f) in s.oldest_flights.iter().enumerate() {
+        if i > 0 {
+            j.push(',');
+        }
+        json_flight(&mut j, f);
+    }
+    let _ = write!(
+        j,
+        "],\"oldest_flights_more\":{},\"oldest_attempt_seconds\":{},\"verdicts\":{{",
+        s.flights - s.oldest_flights.len(),
+        s.oldest_attempt.map_or_else(|| "null".into(), |a| format!("{:.3}", a.as_secs_f64()))
+    );
+    for (i, kind) in VerdictKind::ALL.iter().enumerate() {
+        let _ = write!(j, "{}{}:{}", if i > 0 { "," } else { "" }, json_string(kind.name()), s.verdicts[i]);
+    }
+    let _ = write!(
+        j,
+        "}},\"history\":{{\"interval_seconds\":{},\"window_seconds\":{}",
+        SAMPLE_INTERVAL.as_secs(),
+        WINDOW.as_secs()
+    );
+    column(&mut j, "seconds_ago", &s.history, |ago, _| Some((ago * 10.0).round() / 10.0));
+    column(&mut j, "parked", &s.history, |_, sample| Some(sample.parked as f64));
+    for kind in VerdictKind::ALL {
+        let name = format!("{}_per_second", kind.name());
+        column(&mut j, &name, &s.history, |_, sample| Some(sample.verdicts_per_second[kind as usize]));
+    }
+    for (i, q) in WAIT_QUANTILES.iter().enumerate() {
+        let name = format!("wait_p{}_seconds", q * 100.0);
+        column(&mut j, &name, &s.history, |_, sample| sample.waits.map(|w| w[i]));
+    }
+    let _ = write!(
+        j,
+        "}},\"ateapi\":{{\"address\":{},\"connectivity\":{},\"attempts\":{{",
         json_string(&s.ateapi_address),
         json_string(s.connectivity)
     );
@@ -317,105 +330,309 @@ fn json(s: &Snapshot) -> String {
     j
 }
 
+/// `n` with a comma between thousands: `20,000`.
+fn count(n: usize) -> String {
+    let digits = n.to_string();
+    let mut out = String::with_capacity(digits.len() + digits.len() / 3);
+    for (i, c) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i).is_multiple_of(3) {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}
+
+/// A rate for a legend or a scale: `0/s`, `2.5/s`, `1,200/s`.
+fn rate(per_second: f64) -> String {
+    match per_second {
+        r if r <= 0.0 => "0/s".into(),
+        r if r < 10.0 => format!("{}/s", number((r * 10.0).round() / 10.0)),
+        r => format!("{}/s", count(r.round() as usize)),
+    }
+}
+
+/// A wait for a legend or a scale: `250 ms`, `1.25 s`, `12.5 s`.
+fn seconds(value: f64) -> String {
+    match value {
+        v if v < 1.0 => format!("{} ms", number((v * 1000.0).round())),
+        v if v < 10.0 => format!("{} s", number((v * 100.0).round() / 100.0)),
+        v => format!("{} s", number((v * 10.0).round() / 10.0)),
+    }
+}
+
+/// One history series: `None` where `value` has none, and where samples are
+/// further apart than a few intervals (the timer fell behind), so that the
+/// chart never draws a line through time it has no sample for.
+fn series(history: &[(f64, Sample)], value: impl Fn(&Sample) -> Option<f64>) -> Vec<Option<(f64, f64)>> {
+    let gap = (SAMPLE_INTERVAL * 3).as_secs_f64();
+    let mut points = Vec::with_capacity(history.len() + 1);
+    let mut previous: Option<f64> = None;
+    for (ago, sample) in history {
+        if previous.is_some_and(|p| p - ago > gap) {
+            points.push(None);
+        }
+        points.push(value(sample).map(|v| (*ago, v)));
+        previous = Some(*ago);
+    }
+    points
+}
+
+/// The three charts of the last ten minutes (B94).
+fn charts(s: &Snapshot) -> [Chart<'static>; 3] {
+    let latest = s.history.last().map(|(_, sample)| sample);
+    let peak = s.history.iter().map(|(_, sample)| sample.parked).max().unwrap_or(0);
+    // The lot is the top once the peak comes near it; until then a scale
+    // of its own, so that 20 parked of 5,000 still show their shape.
+    let scale = nice_ceiling(peak as f64 * 1.25, 5.0);
+    let (top, top_is_limit) =
+        if scale >= s.max_parked as f64 { (s.max_parked as f64, true) } else { (scale, false) };
+    let parked = Chart {
+        id: "chart-parked",
+        title: "Parked now, against the lot",
+        top,
+        top_label: if top_is_limit { format!("{} lot", count(s.max_parked)) } else { count(top as usize) },
+        top_is_limit,
+        area: true,
+        lines: vec![Line {
+            class: "s-parked",
+            name: "parked",
+            now: count(s.active),
+            points: if s.parking_enabled { series(&s.history, |x| Some(x.parked as f64)) } else { Vec::new() },
+        }],
+        notes: vec![("lot", count(s.max_parked)), ("peak", count(peak))],
+        empty: if s.parking_enabled { "no sample yet" } else { "parking is off" },
+    };
+    let kinds = [
+        (VerdictKind::Routed, "s-routed", "routed"),
+        (VerdictKind::Shed, "s-shed", "shed"),
+        (VerdictKind::BudgetExhausted, "s-budget", "budget exhausted"),
+        (VerdictKind::Error, "s-error", "errors"),
+    ];
+    let fastest = s.history.iter().flat_map(|(_, x)| x.verdicts_per_second).fold(0.0, f64::max);
+    let top = nice_ceiling(fastest, 1.0);
+    let verdicts = Chart {
+        id: "chart-verdicts",
+        title: "Verdicts per second",
+        top,
+        top_label: rate(top),
+        top_is_limit: false,
+        area: false,
+        lines: kinds
+            .iter()
+            .map(|&(kind, class, name)| Line {
+                class,
+                name,
+                now: rate(latest.map_or(0.0, |x| x.verdicts_per_second[kind as usize])),
+                points: series(&s.history, |x| Some(x.verdicts_per_second[kind as usize])),
+            })
+            .collect(),
+        notes: Vec::new(),
+        empty: "no sample yet",
+    };
+    let slowest = s.history.iter().filter_map(|(_, x)| x.waits).flatten().fold(0.0, f64::max);
+    let top = nice_ceiling(slowest, 0.01);
+    let waits = Chart {
+        id: "chart-waits",
+        title: "Parked wait, by percentile",
+        top,
+        top_label: seconds(top),
+        top_is_limit: false,
+        area: false,
+        lines: ["s-p50", "s-p90", "s-p99"]
+            .into_iter()
+            .zip(["p50", "p90", "p99"])
+            .enumerate()
+            .map(|(i, (class, name))| Line {
+                class,
+                name,
+                now: latest.and_then(|x| x.waits).map_or_else(|| "-".into(), |w| seconds(w[i])),
+                points: series(&s.history, |x| x.waits.map(|w| w[i])),
+            })
+            .collect(),
+        notes: Vec::new(),
+        empty: "no parked wait ended in the last 10 minutes",
+    };
+    [parked, verdicts, waits]
+}
+
+/// Opens a table whose rows stack into label-value lists on a narrow
+/// screen: `columns` are `(header, numeric)`.
+fn table_head(h: &mut String, id: &str, columns: &[(&str, bool)]) {
+    let _ = write!(h, "<table class=\"rows\" id=\"{id}\"><thead><tr>");
+    for (name, numeric) in columns {
+        let _ = write!(h, "<th{}>{name}</th>", if *numeric { " class=\"n\"" } else { "" });
+    }
+    h.push_str("</tr></thead><tbody>");
+}
+
+/// One cell of a [`table_head`] table: its column's name goes with it, for
+/// the stacked layout.
+fn cell(h: &mut String, label: &str, numeric: bool, text: &str) {
+    let _ = write!(h, "<td{} data-label=\"{label}\">{text}</td>", if numeric { " class=\"n\"" } else { "" });
+}
+
+/// "Showing the oldest 50 of 20,000 (19,950 more)", or nothing when all
+/// are shown (B96).
+fn more(h: &mut String, id: &str, what: &str, shown: usize, total: usize) {
+    if total > shown {
+        let _ = write!(
+            h,
+            "<p class=\"more\" id=\"{id}\">Showing {what} {} of {} (<b>{}</b> more).</p>",
+            count(shown),
+            count(total),
+            count(total - shown)
+        );
+    }
+}
+
+const FLIGHT_COLUMNS: &[(&str, bool)] = &[
+    ("actor", false),
+    ("age", true),
+    ("attempt", false),
+    ("attempts", true),
+    ("last code", false),
+    ("parked", true),
+    ("budget left", true),
+];
+
+const PARKED_COLUMNS: &[(&str, bool)] = &[
+    ("actor", false),
+    ("waiting", true),
+    ("oldest", true),
+    ("attempts", true),
+    ("last code", false),
+    ("budget left", true),
+];
+
 /// The page as HTML: self-contained, refreshing itself every 2 seconds.
 fn html(s: &Snapshot) -> String {
     let mut h = String::new();
     let _ = write!(
         h,
         "<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\">\
+         <meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\
          <meta http-equiv=\"refresh\" content=\"2\"><title>atenet Router Status</title><style>{STYLE}</style></head>\
          <body><h1>atenet Router Status</h1><p class=\"sub\">up {} &middot; refreshes every 2 s &middot; \
-         <a href=\"?format=json\">JSON</a></p><div class=\"cards\">",
+         <a href=\"?format=json\">JSON</a></p><div class=\"row charts\">",
         godur::format(s.uptime)
     );
+    for chart in charts(s) {
+        h.push_str(&chart.card());
+    }
     let _ = write!(
         h,
-        "<section class=\"card\" id=\"parking\"><h2>Request Parking</h2><dl>\
+        "</div><div class=\"row\"><section class=\"card\" id=\"parking\"><h2>Request Parking</h2><dl>\
          <dt>enabled</dt><dd id=\"parking-enabled\">{}</dd>\
          <dt>parked</dt><dd><span id=\"parking-active\">{}</span> / <span id=\"parking-max\">{}</span></dd>\
          <dt>max wait</dt><dd id=\"parking-max-wait\">{}</dd>\
          <dt>flights</dt><dd id=\"flights\">{}</dd>\
-         <dt>shed (lot full)</dt><dd>{}</dd></dl>",
+         <dt>actors parked</dt><dd id=\"parked-actors-total\">{}</dd>\
+         <dt>oldest attempt</dt><dd id=\"oldest-attempt\">{}</dd>\
+         <dt>shed (lot full)</dt><dd>{}</dd></dl></section>",
         if s.parking_enabled { "yes" } else { "no" },
-        s.active,
-        s.max_parked,
+        count(s.active),
+        count(s.max_parked),
         escape(&godur::format(s.max_wait)),
-        s.flights,
+        count(s.flights),
+        count(s.parked_actors_total),
+        s.oldest_attempt.map_or_else(|| "none running".into(), |a| format!("{:.1}s", a.as_secs_f64())),
         s.shed
     );
-    if s.parked_actors.is_empty() {
-        h.push_str("<p class=\"quiet\">No actor has parked requests.</p>");
-    } else {
-        h.push_str(
-            "<table id=\"parked-actors\"><tr><th>actor</th><th>waiting</th><th>oldest</th>\
-             <th>attempts</th><th>last code</th><th>budget left</th></tr>",
-        );
-        for a in &s.parked_actors {
-            let _ = write!(
-                h,
-                "<tr><td>{}</td><td>{}</td><td>{:.1}s</td><td>{}</td><td>{}</td><td>{:.1}s</td></tr>",
-                escape(&a.actor),
-                a.waiting,
-                a.oldest.as_secs_f64(),
-                a.attempts,
-                escape(a.last_code),
-                a.budget_left.as_secs_f64()
-            );
-        }
-        h.push_str("</table>");
-    }
-    if !s.atespaces.is_empty() {
-        h.push_str(
-            "<table id=\"atespaces\"><tr><th>atespace</th><th>slots</th><th>oldest wait</th>\
-             <th>shed by its cap (1 min)</th></tr>",
-        );
-        for a in &s.atespaces {
-            let _ = write!(
-                h,
-                "<tr><td>{}</td><td>{}</td><td>{:.1}s</td><td>{}</td></tr>",
-                escape(&a.atespace),
-                a.slots,
-                a.oldest_wait.as_secs_f64(),
-                a.sheds_last_minute
-            );
-        }
-        h.push_str("</table>");
-    }
-    h.push_str("</section>");
     let _ = write!(
         h,
         "<section class=\"card\" id=\"ateapi\"><h2>ateapi connectivity</h2><dl>\
          <dt>address</dt><dd>{}</dd><dt>channel</dt><dd id=\"ateapi-state\">{}</dd></dl><table>\
-         <tr><th>ResumeActor result</th><th>attempts</th></tr>",
+         <thead><tr><th>ResumeActor result</th><th class=\"n\">attempts</th></tr></thead><tbody>",
         escape(&s.ateapi_address),
         s.connectivity
     );
     for (code, n) in &s.attempts {
-        let _ = write!(h, "<tr><td>{}</td><td>{n}</td></tr>", escape(code));
+        let _ = write!(h, "<tr><td>{}</td><td class=\"n\">{n}</td></tr>", escape(code));
     }
-    h.push_str("</table></section>");
-    h.push_str(
-        "<section class=\"card wide\" id=\"recent\"><h2>Recent requests</h2><table><tr><th>time</th>\
-         <th>method</th><th>path</th><th>actor</th><th>verdict</th><th>target</th><th>duration</th></tr>",
-    );
+    h.push_str("</tbody></table></section><section class=\"card\" id=\"atespaces-card\"><h2>Atespaces holding slots</h2>");
+    if s.atespaces.is_empty() {
+        h.push_str("<p class=\"quiet\">No atespace holds a slot.</p>");
+    } else {
+        let columns = [("atespace", false), ("slots", true), ("oldest wait", true), ("shed by its cap (1 min)", true)];
+        table_head(&mut h, "atespaces", &columns);
+        for a in &s.atespaces {
+            h.push_str("<tr>");
+            cell(&mut h, "atespace", false, &escape(&a.atespace));
+            cell(&mut h, "slots", true, &count(a.slots));
+            cell(&mut h, "oldest wait", true, &format!("{:.1}s", a.oldest_wait.as_secs_f64()));
+            cell(&mut h, "shed by its cap (1 min)", true, &a.sheds_last_minute.to_string());
+            h.push_str("</tr>");
+        }
+        h.push_str("</tbody></table>");
+        more(&mut h, "atespaces-more", "the top", s.atespaces.len(), s.atespaces_total);
+    }
+    h.push_str("</section></div><section class=\"card\" id=\"flights-card\"><h2>Flights: actors being resumed</h2>");
+    if s.oldest_flights.is_empty() {
+        h.push_str("<p class=\"quiet\">No flight is in progress.</p>");
+    } else {
+        table_head(&mut h, "flight-list", FLIGHT_COLUMNS);
+        for f in &s.oldest_flights {
+            h.push_str("<tr>");
+            cell(&mut h, "actor", false, &escape(&f.actor));
+            cell(&mut h, "age", true, &format!("{:.1}s", f.age.as_secs_f64()));
+            let attempt =
+                f.attempt.map_or_else(|| "retry pending".into(), |a| format!("running {:.1}s", a.as_secs_f64()));
+            cell(&mut h, "attempt", false, &attempt);
+            cell(&mut h, "attempts", true, &f.attempts.to_string());
+            cell(&mut h, "last code", false, f.last_code);
+            cell(&mut h, "parked", true, &count(f.parked));
+            cell(&mut h, "budget left", true, &format!("{:.1}s", f.budget_left.as_secs_f64()));
+            h.push_str("</tr>");
+        }
+        h.push_str("</tbody></table>");
+        more(&mut h, "flights-more", "the oldest", s.oldest_flights.len(), s.flights);
+    }
+    h.push_str("</section><section class=\"card\" id=\"parked-card\"><h2>Actors with parked requests</h2>");
+    if s.parked_actors.is_empty() {
+        h.push_str("<p class=\"quiet\">No actor has parked requests.</p>");
+    } else {
+        table_head(&mut h, "parked-actors", PARKED_COLUMNS);
+        for a in &s.parked_actors {
+            h.push_str("<tr>");
+            cell(&mut h, "actor", false, &escape(&a.actor));
+            cell(&mut h, "waiting", true, &count(a.parked));
+            cell(&mut h, "oldest", true, &format!("{:.1}s", a.age.as_secs_f64()));
+            cell(&mut h, "attempts", true, &a.attempts.to_string());
+            cell(&mut h, "last code", false, a.last_code);
+            cell(&mut h, "budget left", true, &format!("{:.1}s", a.budget_left.as_secs_f64()));
+            h.push_str("</tr>");
+        }
+        h.push_str("</tbody></table>");
+        more(&mut h, "parked-actors-more", "the oldest", s.parked_actors.len(), s.parked_actors_total);
+    }
+    h.push_str("</section><section class=\"card\" id=\"recent\"><h2>Recent requests</h2>");
+    let columns = [
+        ("time", false),
+        ("method", false),
+        ("path", false),
+        ("actor", false),
+        ("verdict", false),
+        ("target", false),
+        ("duration", true),
+    ];
+    table_head(&mut h, "recent-requests", &columns);
     for r in &s.recent {
-        let _ = write!(
-            h,
-            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{:.1}ms</td></tr>",
-            escape(&crate::ops::logging::rfc3339(r.at)),
-            escape(&r.method),
-            escape(&r.path),
-            escape(&r.actor),
-            escape(&r.verdict.to_string()),
-            escape(&r.target),
-            r.duration.as_secs_f64() * 1000.0
-        );
+        h.push_str("<tr>");
+        cell(&mut h, "time", false, &escape(&crate::ops::logging::rfc3339(r.at)));
+        cell(&mut h, "method", false, &escape(&r.method));
+        cell(&mut h, "path", false, &escape(&r.path));
+        cell(&mut h, "actor", false, &escape(&r.actor));
+        cell(&mut h, "verdict", false, &escape(&r.verdict.to_string()));
+        cell(&mut h, "target", false, &escape(&r.target));
+        cell(&mut h, "duration", true, &format!("{:.1}ms", r.duration.as_secs_f64() * 1000.0));
+        h.push_str("</tr>");
     }
-    h.push_str("</table></section><section class=\"card wide\" id=\"flags\"><h2>Effective flags</h2><table>");
+    h.push_str("</tbody></table></section><section class=\"card\" id=\"flags\"><h2>Effective flags</h2><table class=\"flags\">");
     for (flag, value) in &s.flags {
         let _ = write!(h, "<tr><td><code>{flag}</code></td><td>{}</td></tr>", escape(value));
     }
-    h.push_str("</table></section></div></body></html>\n");
+    h.push_str("</table></section></body></html>\n");
     h
 }
 
@@ -482,93 +699,151 @@ pub fn effective_flags(config: &Config) -> Vec<(&'static str, String)> {
     ]
 }
 
-const STYLE: &str = "body{font-family:system-ui,sans-serif;margin:1.5rem;background:#f6f7f9;color:#1d2330}\
+/// The page's look: a grid of cards that fits any width from a phone's up
+/// (B94): grid tracks never wider than the page, text that wraps anywhere
+/// rather than push a card wider, and tables that turn into label-value
+/// lists on a narrow screen.
+const STYLE: &str = "*{box-sizing:border-box}\
+body{font-family:system-ui,sans-serif;margin:0;padding:1.5rem;background:#f6f7f9;color:#1d2330}\
 h1{margin:0 0 .2rem;font-size:1.4rem}.sub{margin:0 0 1rem;color:#5b6475}\
-.cards{display:grid;grid-template-columns:repeat(auto-fit,minmax(30rem,1fr));gap:1rem}\
-.card{background:#fff;border:1px solid #dde1e8;border-radius:8px;padding:1rem;overflow-x:auto}.wide{grid-column:1/-1}\
-h2{font-size:1.05rem;margin:0 0 .6rem}dl{display:grid;grid-template-columns:max-content 1fr;gap:.2rem 1rem;margin:0}\
-dt{color:#5b6475}dd{margin:0;font-variant-numeric:tabular-nums}table{border-collapse:collapse;width:100%;margin-top:.6rem}\
-th,td{text-align:left;padding:.2rem .5rem;border-bottom:1px solid #eef0f4;font-size:.9rem;white-space:nowrap}.quiet{color:#5b6475}";
-
-/// HTML-escapes text.
-pub fn escape(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    for c in text.chars() {
-        match c {
-            '&' => out.push_str("&amp;"),
-            '<' => out.push_str("&lt;"),
-            '>' => out.push_str("&gt;"),
-            '"' => out.push_str("&quot;"),
-            '\'' => out.push_str("&#39;"),
-            c => out.push(c),
-        }
-    }
-    out
-}
+.row{display:grid;gap:1rem;margin-bottom:1rem;grid-template-columns:repeat(auto-fit,minmax(min(20rem,100%),1fr))}\
+.card{background:#fff;border:1px solid #dde1e8;border-radius:8px;padding:1rem;min-width:0;overflow-x:auto;margin-bottom:1rem}\
+.row .card{margin:0}h2{font-size:1.05rem;margin:0 0 .6rem}\
+dl{display:grid;grid-template-columns:max-content minmax(0,1fr);gap:.2rem 1rem;margin:0}\
+dt{color:#5b6475}dd{margin:0;font-variant-numeric:tabular-nums;overflow-wrap:anywhere}\
+table{border-collapse:collapse;width:100%;margin-top:.6rem}\
+th,td{text-align:left;padding:.25rem .5rem;border-bottom:1px solid #eef0f4;font-size:.9rem;vertical-align:top}\
+th{font-weight:600;color:#3d4657}td{overflow-wrap:anywhere}\
+.n{text-align:right;font-variant-numeric:tabular-nums}td.n{white-space:nowrap}\
+code{font-size:.85rem}.quiet{color:#5b6475}.more{margin:.5rem 0 0;color:#5b6475;font-size:.85rem}\
+.chart h2{margin-bottom:.4rem}.plot{position:relative;height:clamp(7.5rem,11vw,12rem)}\
+.plot svg{display:block;width:100%;height:100%}\
+.plot .top{position:absolute;top:.15rem;left:.25rem;font-size:.75rem;color:#5b6475;background:#ffffffd9;padding:0 .2rem;border-radius:3px}\
+.plot .empty{position:absolute;inset:0;display:flex;align-items:center;justify-content:center;text-align:center;color:#5b6475;font-size:.85rem}\
+.axis{display:flex;justify-content:space-between;font-size:.75rem;color:#5b6475;margin-top:.2rem}\
+.legend{list-style:none;margin:.5rem 0 0;padding:0;display:flex;flex-wrap:wrap;gap:.15rem 1rem;font-size:.85rem}\
+.legend i{display:inline-block;width:.8rem;height:.25rem;border-radius:2px;margin-right:.35rem;vertical-align:middle;background:currentColor}\
+.legend b{font-weight:600;font-variant-numeric:tabular-nums}.legend .note{color:#5b6475}\
+path.grid{fill:none;stroke:#e6e9ef;stroke-width:1;vector-effect:non-scaling-stroke}\
+path.grid.base{stroke:#c3c9d4}path.grid.limit{stroke:#c53030;stroke-dasharray:5 4}\
+path.line{fill:none;stroke-width:2;stroke-linejoin:round;stroke-linecap:round;vector-effect:non-scaling-stroke}\
+path.area{stroke:none;fill-opacity:.14}\
+.s-parked{color:#2b6cb0;stroke:#2b6cb0;fill:#2b6cb0}.s-routed{color:#2f855a;stroke:#2f855a}\
+.s-shed{color:#dd6b20;stroke:#dd6b20}.s-budget{color:#c53030;stroke:#c53030}.s-error{color:#6b46c1;stroke:#6b46c1}\
+.s-p50{color:#3182ce;stroke:#3182ce}.s-p90{color:#d69e2e;stroke:#d69e2e}.s-p99{color:#c53030;stroke:#c53030}\
+@media (max-width:44rem){body{padding:.75rem}.card{padding:.75rem}\
+table.rows,table.rows tbody{display:block}table.rows thead{display:none}\
+table.rows tr{display:flex;flex-wrap:wrap;gap:0 .9rem;padding:.35rem .25rem;border-bottom:1px solid #eef0f4}\
+table.rows td{display:block;min-width:0;border:0;padding:0;text-align:left;white-space:normal}\
+table.rows td:first-child{flex-basis:100%;font-weight:600}\
+table.rows td::before{content:attr(data-label) \" \";color:#5b6475;font-weight:400}table.rows td:first-child::before{content:none}}";
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::ops::history::CAPACITY;
+    use crate::ops::recent::{RecentVerdict, RECENT_CAPACITY};
 
     #[test]
-    fn b42_recent_requests_drop_the_query_and_keep_the_last_hundred() {
-        let recent = RecentRequests::default();
-        for i in 0..150 {
-            let path = format!("/api/{i}?token=secret&x=1");
-            let verdict = if i % 2 == 0 {
-                RecentVerdict::Routed
-            } else {
-                RecentVerdict::Rejected { status: 503, reason: "atenet_lot_full" }
-            };
-            let answered = Answered {
-                method: b"GET",
-                path: path.as_bytes(),
-                actor: "demo/a",
-                verdict,
-                target: "",
-                duration: Duration::ZERO,
-            };
-            recent.record(answered);
-        }
-        let all = recent.snapshot();
-        assert_eq!(all.len(), RECENT_CAPACITY);
-        assert_eq!(all[0].path, "/api/149", "newest first, no query");
-        assert_eq!(all[99].path, "/api/50", "oldest last");
-        assert!(all.windows(2).all(|w| w[0].at >= w[1].at));
-        assert_eq!(all[0].verdict.to_string(), "503 atenet_lot_full");
-        assert_eq!(all[1].verdict.to_string(), "200 routed");
-        assert!(all.iter().all(|r| !r.path.contains("secret")));
-        let few = RecentRequests::default();
-        for path in ["/a", "/b"] {
-            let answered = Answered {
-                method: b"GET",
-                path: path.as_bytes(),
-                actor: "",
-                verdict: RecentVerdict::Routed,
-                target: "",
-                duration: Duration::ZERO,
-            };
-            few.record(answered);
-        }
-        let paths: Vec<String> = few.snapshot().into_iter().map(|r| r.path).collect();
-        assert_eq!(paths, ["/b", "/a"]);
+    fn figures_read_well() {
+        assert_eq!((count(0), count(999), count(1000), count(20_000), count(1_234_567)), (
+            "0".into(),
+            "999".into(),
+            "1,000".into(),
+            "20,000".into(),
+            "1,234,567".into()
+        ));
+        assert_eq!((rate(0.0), rate(2.54), rate(1234.4)), ("0/s".into(), "2.5/s".into(), "1,234/s".into()));
+        assert_eq!((seconds(0.25), seconds(1.234), seconds(12.34)), ("250 ms".into(), "1.23 s".into(), "12.3 s".into()));
+        assert_eq!((number(1.0), number(0.1234), number(-0.0001), number(f64::NAN)), (
+            "1".into(),
+            "0.123".into(),
+            "0".into(),
+            "0".into()
+        ));
+    }
+
+    /// B96: the page at its largest, whatever is parked: every list full of
+    /// the longest names an actor id allows (63 + 1 + 63 bytes), a full ring
+    /// of samples each with a different figure in every series, 100 recent
+    /// requests at their longest.
+    #[test]
+    fn b96_the_page_at_its_largest_stays_bounded() {
+        let at = Instant::now();
+        let name = |i: usize| format!("{:a<63}/{:b<63}", format!("space-{i}-"), format!("actor-{i}-"));
+        let flight = |i: usize| FlightView {
+            actor: name(i),
+            age: Duration::from_millis(123_456 + i as u64),
+            attempt: Some(Duration::from_millis(98_765 + i as u64)),
+            attempts: 1234,
+            last_code: "ResourceExhausted",
+            parked: 12_345,
+            budget_left: Duration::from_millis(45_678),
+        };
+        let history = (0..CAPACITY)
+            .map(|i| {
+                let x = 1.0 + i as f64 / 7.0;
+                let sample = Sample {
+                    at,
+                    parked: 10_000 + i,
+                    verdicts_per_second: [1234.567 + x, 123.456 + x, 12.345 + x, 1.234 + x],
+                    waits: Some([0.123_4 + x, 1.234_5 + x, 12.345_6 + x]),
+                };
+                (((CAPACITY - i) * 2) as f64, sample)
+            })
+            .collect();
+        let recent = (0..RECENT_CAPACITY)
+            .map(|i| RecentRequest {
+                at: std::time::SystemTime::now(),
+                method: "OPTIONS".into(),
+                path: format!("/{:x<199}", i),
+                actor: name(i),
+                verdict: RecentVerdict::Rejected { status: 503, reason: "atenet_budget_exhausted" },
+                target: "[fd00:1234:5678:9abc:def0:1234:5678:9abc]:65535".into(),
+                duration: Duration::from_millis(12_345),
+            })
+            .collect();
+        let snapshot = Snapshot {
+            uptime: Duration::from_secs(1_234_567),
+            parking_enabled: true,
+            active: 20_000,
+            max_parked: 25_000,
+            max_wait: Duration::from_secs(600),
+            flights: 20_000,
+            oldest_flights: (0..LISTED).map(flight).collect(),
+            oldest_attempt: Some(Duration::from_secs(99)),
+            shed: 123_456_789,
+            parked_actors: (0..LISTED).map(flight).collect(),
+            parked_actors_total: 20_000,
+            atespaces: (0..TOP_ATESPACES)
+                .map(|i| AtespaceView {
+                    atespace: name(i)[..63].to_string(),
+                    slots: 1_000,
+                    oldest_wait: Duration::from_millis(123_456),
+                    sheds_last_minute: 12_345,
+                })
+                .collect(),
+            atespaces_total: 1_000,
+            ateapi_address: format!("{:z<253}:443", "ateapi."),
+            connectivity: "TRANSIENT_FAILURE",
+            attempts: Code::ALL.iter().map(|c| (c.name(), 123_456_789)).collect(),
+            verdicts: [123_456_789; 4],
+            history,
+            flags: (0..40).map(|_| ("--parked-request-max-per-atespace", "v".repeat(100))).collect(),
+            recent,
+        };
+        let (json, html) = (json(&snapshot).len(), html(&snapshot).len());
+        println!("statusz at its largest: JSON {json} B, HTML {html} B");
+        assert!(json <= 128 * 1024 && html <= 192 * 1024, "JSON {json} B, HTML {html} B");
     }
 
     #[test]
-    fn refill_bounds_characters_and_shows_bad_bytes() {
-        let mut s = String::from("old text");
-        refill(&mut s, b"/short", 16);
-        assert_eq!(s, "/short");
-        refill(&mut s, "é".repeat(20).as_bytes(), 16);
-        assert_eq!(s, "é".repeat(16), "characters, not bytes");
-        refill(&mut s, b"abcdefghij", 4);
-        assert_eq!(s, "abcd");
-        refill(&mut s, b"a\xffb", 16);
-        assert_eq!(s, "a\u{fffd}b");
-    }
-
-    #[test]
-    fn escaping() {
-        assert_eq!(escape("<a href='x'>&\"</a>"), "&lt;a href=&#39;x&#39;&gt;&amp;&quot;&lt;/a&gt;");
+    fn b94_a_series_breaks_where_samples_are_missing() {
+        let at = Instant::now();
+        let sample = |parked| Sample { at, parked, verdicts_per_second: [0.0; 4], waits: None };
+        let history = [(30.0, sample(1)), (28.0, sample(2)), (10.0, sample(3)), (8.0, sample(4))];
+        let points = series(&history, |s| Some(s.parked as f64));
+        assert_eq!(points, [Some((30.0, 1.0)), Some((28.0, 2.0)), None, Some((10.0, 3.0)), Some((8.0, 4.0))]);
+        assert_eq!(series(&history[..2], |s| s.waits.map(|w| w[0])), [None, None]);
     }
 }

@@ -217,6 +217,8 @@ struct FlightState {
     waiters: Waiters,
     /// Callers holding a lot slot on this flight (for the status page).
     parked_callers: usize,
+    /// When the running attempt started; `None` between attempts (B95).
+    attempt_started: Option<Instant>,
     /// The deadline check that tells callers about overtime, cancelled when
     /// the flight ends early: most flights end in a millisecond, and their
     /// checks should not keep the timer busy for a whole budget.
@@ -280,6 +282,7 @@ impl Flight {
             actor: self.actor.clone(),
             age: now.saturating_duration_since(self.started),
             budget_left: self.deadline.saturating_duration_since(now),
+            attempt_age: state.attempt_started.map(|at| now.saturating_duration_since(at)),
             attempts: state.attempts,
             parked_callers: state.parked_callers,
             #[cfg(feature = "testkit")]
@@ -295,6 +298,8 @@ pub struct FlightSnapshot {
     pub actor: ActorId,
     pub age: Duration,
     pub budget_left: Duration,
+    /// How long the running attempt has run; `None` between attempts (B95).
+    pub attempt_age: Option<Duration>,
     pub attempts: u32,
     pub parked_callers: usize,
     /// Callers currently waiting on this flight, parked or not.
@@ -419,6 +424,7 @@ impl FlightTable {
                     backoff: Backoff::new(self.inner.policy.backoff),
                     waiters: Waiters::default(),
                     parked_callers: 0,
+                    attempt_started: None,
                     deadline_timer: None,
                 }),
             });
@@ -455,6 +461,16 @@ impl FlightTable {
         views.sort_by_key(|v| std::cmp::Reverse(v.age));
         views
     }
+
+    /// How long the longest-running attempt has run, if one runs (B95):
+    /// `atenet_router_oldest_attempt_seconds`, read at scrape time.
+    pub fn oldest_attempt(&self) -> Option<Duration> {
+        let now = self.inner.clock.now();
+        let flights: Vec<Arc<Flight>> =
+            self.inner.shards.iter().flat_map(|s| s.lock().values().cloned().collect::<Vec<_>>()).collect();
+        let started = flights.iter().filter_map(|f| f.state.lock().attempt_started).min()?;
+        Some(now.saturating_duration_since(started))
+    }
 }
 
 impl Inner {
@@ -465,7 +481,11 @@ impl Inner {
     }
 
     fn start_attempt(inner: &Arc<Inner>, flight: &Arc<Flight>) {
-        flight.state.lock().attempts += 1;
+        {
+            let mut state = flight.state.lock();
+            state.attempts += 1;
+            state.attempt_started = Some(inner.clock.now());
+        }
         let done = AttemptDone { table: Arc::clone(inner), flight: Arc::clone(flight) };
         inner.resumer.start(&flight.actor, done);
     }
@@ -497,6 +517,7 @@ impl Inner {
             }
             drop(shard);
             state.last_code = Some(error.code);
+            state.attempt_started = None;
             let first_park = !state.phase.parked();
             state.phase = Phase::Retrying { attempt_running: false, last: error };
             let wake = if first_park { state.waiters.take_all() } else { Vec::new() };
@@ -555,6 +576,7 @@ impl Inner {
             return;
         }
         state.last_code = Some(code);
+        state.attempt_started = None;
         state.phase = Phase::Done(Arc::new(outcome));
         self.leave_table(shard, flight, state);
     }
@@ -989,6 +1011,37 @@ pub(crate) mod tests {
         assert!(matches!(*flight.outcome().unwrap(), FlightOutcome::BudgetExhausted(_)));
         let snapshot_free = h.table.snapshot();
         assert!(snapshot_free.is_empty());
+    }
+
+    #[test]
+    fn b95_snapshots_show_the_running_attempts_age_and_none_between_attempts() {
+        let h = harness(5000, 100, true);
+        let (a, b) = (actor("a"), actor("b"));
+        let ms = Duration::from_millis;
+        let view = |x: &ActorId| h.table.snapshot().into_iter().find(|f| &f.actor == x).unwrap();
+        assert_eq!(h.table.oldest_attempt(), None, "no flight, no attempt");
+        // Callers held, so that the flights retry (B78).
+        let _caller_a = h.table.join(&a).unwrap();
+        h.scheduler.advance(ms(30));
+        let _caller_b = h.table.join(&b).unwrap();
+        h.scheduler.advance(ms(20));
+        assert_eq!(view(&a).attempt_age, Some(ms(50)));
+        assert_eq!(view(&b).attempt_age, Some(ms(20)));
+        assert_eq!(h.table.oldest_attempt(), Some(ms(50)));
+        h.resumer.answer(&a, err(Code::ResourceExhausted, "full"));
+        assert_eq!(view(&a).attempt_age, None, "between attempts: the retry timer is set");
+        assert_eq!(view(&a).age, ms(50), "the flight itself goes on ageing");
+        assert_eq!(h.table.oldest_attempt(), Some(ms(20)), "b's attempt is now the oldest");
+        h.scheduler.advance(ms(100));
+        assert_eq!(view(&a).attempt_age, Some(ms(0)), "the retry's own age, from its start");
+        h.scheduler.advance(ms(10));
+        assert_eq!((view(&a).attempt_age, view(&a).attempts), (Some(ms(10)), 2));
+        assert_eq!(h.table.oldest_attempt(), Some(ms(130)));
+        h.resumer.answer(&b, ok(true));
+        assert_eq!(h.table.oldest_attempt(), Some(ms(10)));
+        h.resumer.answer(&a, ok(true));
+        assert_eq!(h.table.oldest_attempt(), None);
+        assert!(h.table.is_empty());
     }
 
     #[test]

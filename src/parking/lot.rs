@@ -272,8 +272,9 @@ impl ParkingLot {
         Ok(Slot { lot: Some(Arc::clone(self)), atespace: Box::from(atespace), taken: now })
     }
 
-    /// The atespaces holding slots now, most slots first, at most `top`.
-    pub fn atespaces(&self, top: usize) -> Vec<AtespaceView> {
+    /// The atespaces holding slots now, most slots first, at most `top`, and
+    /// how many hold slots in all (B96).
+    pub fn atespaces(&self, top: usize) -> (Vec<AtespaceView>, usize) {
         self.shares.views(self.clock.now(), top)
     }
 
@@ -426,7 +427,7 @@ impl Shares {
         }
     }
 
-    fn views(&self, now: Instant, top: usize) -> Vec<AtespaceView> {
+    fn views(&self, now: Instant, top: usize) -> (Vec<AtespaceView>, usize) {
         let second = self.second(now);
         let mut views: Vec<AtespaceView> = Vec::new();
         for shard in self.shards.iter() {
@@ -439,8 +440,9 @@ impl Shares {
             }));
         }
         views.sort_by(|a, b| b.slots.cmp(&a.slots).then_with(|| a.atespace.cmp(&b.atespace)));
+        let total = views.len();
         views.truncate(top);
-        views
+        (views, total)
     }
 }
 
@@ -514,7 +516,7 @@ mod tests {
         assert_eq!(m.wait(WaitOutcome::Canceled).get_sample_count(), 1, "B28: dropped = canceled");
         let decided = |d| m.decision(d).get();
         assert_eq!((decided(LotDecision::Admitted), decided(LotDecision::Shed)), (2, 1));
-        assert!(lot.atespaces(20).is_empty(), "nothing held, nothing shown");
+        assert_eq!(lot.atespaces(20), (vec![], 0), "nothing held, nothing shown");
     }
 
     #[test]
@@ -554,8 +556,9 @@ mod tests {
         let m = &lot.instruments;
         assert_eq!((m.atespace_rejected.get(), m.rejected.get()), (2, 0));
         assert_eq!(m.decision(LotDecision::AtespaceFull).get(), 2);
-        let views = lot.atespaces(20);
-        assert_eq!(views.len(), 2);
+        let (views, total) = lot.atespaces(20);
+        assert_eq!((views.len(), total), (2, 2));
+        assert_eq!(lot.atespaces(1).1, 2, "B96: the total counts what the top leaves out");
         assert_eq!(
             views[0],
             AtespaceView {
@@ -570,7 +573,7 @@ mod tests {
         drop(greedy.next());
         let again = lot.try_admit("greedy").expect("room again once a slot is freed");
         clock.advance(Duration::from_secs(61));
-        let view = lot.atespaces(20).into_iter().find(|v| v.atespace == "greedy").unwrap();
+        let view = lot.atespaces(20).0.into_iter().find(|v| v.atespace == "greedy").unwrap();
         assert_eq!((view.slots, view.sheds_last_minute), (2, 0), "sheds older than a minute are forgotten");
         drop((again, polite, greedy));
         // Bounded by the lot, not by tenants: nothing is kept for an
@@ -624,7 +627,7 @@ mod tests {
         drop(slots);
         assert_eq!(lot.active(), 0);
         assert_eq!(lot.instruments.active.get(), 0);
-        assert!(lot.atespaces(20).is_empty());
+        assert_eq!(lot.atespaces(20), (vec![], 0));
     }
 
     #[test]

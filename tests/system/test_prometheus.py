@@ -4,12 +4,14 @@ and evaluates the shipped rules (alerts.yml). Through Prometheus' HTTP API the
 tests check that every series the alerts and the Grafana dashboard query exists
 (names and label matchers are read from the expressions themselves, so a renamed
 metric or label fails here), that every rule evaluates, that
-AtenetRouterShedding fires when the router sheds, and that AtenetRouterDown
+AtenetRouterShedding fires when the router sheds, that AtenetRouterAttemptStuck
+fires while the simulator holds a ResumeActor call, and that AtenetRouterDown
 fires when the router goes away.
 
 The copies handed to Prometheus differ from the shipped files only where a test
 must: the scrape target (the router started here), 1 s scrape and evaluation
-intervals, and a shorter `for:` on the alerts driven to firing (FAST_FOR).
+intervals, a shorter `for:` on the alerts driven to firing (FAST_FOR), and
+AtenetRouterAttemptStuck's 120 s threshold lowered to STUCK_AFTER seconds.
 """
 
 import json
@@ -36,7 +38,11 @@ README = ROOT / "README.md"
 JOB = "atenet-router"
 
 # The alerts this file drives to firing, with the `for:` their copies get.
-FAST_FOR = {"AtenetRouterShedding": "5s", "AtenetRouterDown": "3s"}
+FAST_FOR = {"AtenetRouterShedding": "5s", "AtenetRouterDown": "3s", "AtenetRouterAttemptStuck": "2s"}
+# AtenetRouterAttemptStuck's threshold in the copy: the simulator holds
+# demo/stuck's ResumeActor call for STUCK_HOLD, far longer.
+STUCK_AFTER = 3
+STUCK_HOLD = 60
 
 # demo/parks parks once and is served; demo/internal is an unexpected
 # control-plane error; demo/full never gets a worker, so with a lot of one
@@ -46,7 +52,8 @@ demo/parks     ResourceExhausted  0s  -         false  no free workers available
 demo/parks     OK                 0s  10.0.0.9  true   -
 demo/internal  Internal           0s  -         false  boom
 demo/full      ResourceExhausted  0s  -         false  no free workers available
-"""
+demo/stuck     OK                 {hold}s  10.0.0.9  true   -
+""".format(hold=STUCK_HOLD)
 
 # AtenetRouterShedding needs rate(...[5m]) > 1/s, i.e. over 300 sheds in the
 # window; ask for ten times that.
@@ -248,6 +255,9 @@ def write_config_copies(tmp, router_metrics):
                 rule["for"] = FAST_FOR[rule["alert"]]
                 shortened.add(rule["alert"])
     assert shortened == set(FAST_FOR), f"alerts.yml lacks {set(FAST_FOR) - shortened}"
+    (stuck,) = [r for g in rules["groups"] for r in g["rules"] if r.get("alert") == "AtenetRouterAttemptStuck"]
+    assert stuck["expr"].strip().endswith("> 120"), stuck["expr"]
+    stuck["expr"] = stuck["expr"].strip()[:-len("120")] + str(STUCK_AFTER)
     (tmp / "alerts.yml").write_text(yaml.safe_dump(rules, sort_keys=False))
     return static.get("labels", {})
 
@@ -327,7 +337,7 @@ def monitored():
             assert verdicts["full"].get("503 atenet_lot_full", 0) >= MIN_SHED, verdicts
             assert verdicts["full"].get("503 atenet_budget_exhausted", 0) >= 1, verdicts
 
-            yield {"prom": prom, "router": router, "metrics": metrics, "labels": labels}
+            yield {"prom": prom, "router": router, "metrics": metrics, "labels": labels, "extproc": extproc}
         finally:
             if prom:
                 prom.proc.terminate()
@@ -394,6 +404,29 @@ def test_shedding_fires_the_alert(monitored):
     assert float(alert["value"]) > 1
     assert alert["annotations"]["summary"] == f"atenet-router {labels['pod']} sheds requests: lot full"
     assert alert["annotations"]["runbook_url"] == "README.md#runbook-atenetroutershedding"
+
+
+def test_an_attempt_ateapi_holds_fires_the_alert(monitored):
+    """The truth is the test's clock: the attempt started after the request
+    was sent, so the alert's value (its age) is at most the time since."""
+    prom, labels = monitored["prom"], monitored["labels"]
+    assert not prom.alerts("AtenetRouterAttemptStuck"), "no attempt runs long before demo/stuck's"
+    sent = time.monotonic()
+    client = subprocess.Popen(
+        [f"{BIN}/parkload", "--target", monitored["extproc"], "--count", "1", "--actors", "demo/stuck",
+         "--progress", "0"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        (alert,) = poll("firing AtenetRouterAttemptStuck", lambda: prom.firing("AtenetRouterAttemptStuck"),
+                        ALERT_TIMEOUT)
+        assert STUCK_AFTER < float(alert["value"]) <= time.monotonic() - sent
+        assert alert["labels"] == {"alertname": "AtenetRouterAttemptStuck", "severity": "warning", **labels}
+        assert alert["annotations"]["runbook_url"] == "README.md#runbook-atenetrouterattemptstuck"
+    finally:
+        # The simulator answers at STUCK_HOLD; the router then ends the flight.
+        client.wait(timeout=STUCK_HOLD + ALERT_TIMEOUT)
+    poll("the attempt's answer, seen by Prometheus",
+         lambda: prom.api("query", query="atenet_router_oldest_attempt_seconds")["result"], SCRAPE_TIMEOUT,
+         ok=lambda result: result and all(float(r["value"][1]) == 0 for r in result))
 
 
 def router_not_down(prom):
