@@ -20,6 +20,7 @@ use grpcio::{ChannelBuilder, EnvBuilder, Environment, Server, ServerBuilder, Ser
 use crate::ateapi::client::{AteapiClient, CredentialsError};
 use crate::cli::config::{AteapiTransport, Config};
 use crate::envoy::extproc::{ExtProc, ExtProcSettings};
+use crate::envoy::health::Health;
 use crate::envoy::streams::StreamSlots;
 use crate::ops::http::{self, BindError, HttpServer, Limits};
 use crate::ops::metrics::Metrics;
@@ -164,6 +165,9 @@ pub struct Router {
     resolver: Resolver,
     metrics: Metrics,
     ready: Arc<AtomicBool>,
+    /// What the gRPC health service answers (B78): flipped by a drain, not
+    /// by a hand-over.
+    health: Arc<Health>,
     extproc_addr: SocketAddr,
     credentials: Option<CredentialWatcher>,
     _env: Arc<Environment>,
@@ -268,6 +272,7 @@ impl Router {
         });
         let resolver = Resolver::new(flights, lot, Arc::new(SystemClock), timer.clone());
         let ready = Arc::new(AtomicBool::new(true));
+        let health = Health::new();
         let recent = Arc::new(RecentRequests::default());
         let streams = StreamSlots::new(config.extproc_max_streams, metrics.clone());
         let extproc = ExtProc::new(
@@ -297,6 +302,7 @@ impl Router {
         let mut grpc = ServerBuilder::new(Arc::clone(&env))
             .channel_args(args)
             .register_service(extproc.service())
+            .register_service(health.service())
             .build()
             .map_err(StartError::ExtProcServer)?;
         let port = grpc
@@ -351,6 +357,7 @@ impl Router {
             resolver,
             metrics,
             ready,
+            health,
             extproc_addr,
             credentials,
             _env: env,
@@ -384,10 +391,18 @@ impl Router {
         &self.resolver
     }
 
-    /// Flips `/readyz`; not ready also means "draining" to the ext_proc
-    /// service's drain counters.
+    /// Flips `/readyz` and the gRPC health service (B78): a drain starts.
+    /// Not ready also means "draining" to the ext_proc service's drain
+    /// counters.
     pub fn set_ready(&self, ready: bool) {
         self.ready.store(ready, Ordering::Release);
+        self.health.set_serving(ready);
+    }
+
+    /// The gRPC health service's state.
+    #[cfg(feature = "testkit")]
+    pub fn health(&self) -> &Arc<Health> {
+        &self.health
     }
 
     /// Whether every stream still open has sent nothing: none holds a
@@ -414,8 +429,11 @@ impl Router {
     /// Stops accepting streams, lets in-flight ones finish for up to
     /// `timeout` (or until `interrupt` delivers), then cancels the rest.
     /// Returns whether every stream finished, and how many were cut.
+    ///
+    /// The gRPC health service keeps its answer: a drain has already said
+    /// NOT_SERVING, and a hand-over must not (B78).
     pub fn stop(mut self, timeout: Duration, interrupt: &Receiver<()>) -> (bool, usize) {
-        self.set_ready(false);
+        self.ready.store(false, Ordering::Release);
         let shutdown = self.grpc.shutdown();
         let (done_tx, done_rx) = bounded(1);
         // The shutdown notification arrives on a completion queue; a short

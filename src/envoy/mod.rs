@@ -5,6 +5,8 @@
 //! - `extproc`: the service and one task per stream, from the first message
 //!   to the verdict that ends it;
 //! - `streams`: the bound on open streams;
+//! - `health`: gRPC's health service on the same port, which Envoy's
+//!   health checks call;
 //! - `verdict`: what a caller's outcome becomes on the wire;
 //! - [`bootstrap`]: the Envoy configuration, generated from the same flags.
 //!
@@ -14,4 +16,4 @@
 
 pub mod bootstrap;
 
-internal!(extproc, streams, verdict);
+internal!(extproc, health, streams, verdict);
