@@ -83,8 +83,11 @@ pub struct Config {
     pub caller_deadlines: bool,
     /// Effective Envoy circuit breaker for the ext_proc cluster (B39).
     pub extproc_max_requests: u64,
-    /// Effective cap on open ext_proc streams (B74).
+    /// Effective cap on open ext_proc streams (B74, B79).
     pub extproc_max_streams: usize,
+    /// How many Envoys send this router streams (B79): 1 is a sidecar's
+    /// router, more a fleet router's.
+    pub envoys: u32,
     /// Effective cap on flights in progress (B58).
     pub flight_max: usize,
     /// Effective count of gRPC completion-queue threads (B72).
@@ -159,6 +162,7 @@ impl Config {
         let (drain_delay, drain_timeout) = drain(args, &parking, late_serve_limit)?;
         let envoy = envoy_ports(args)?;
         let (ateapi_transport, ateapi_token_file) = ateapi(args)?;
+        let envoys = envoys(args.envoys)?;
         let extproc_port = listen_port("--port-extproc", args.port_extproc)?;
         let extproc_addr = socket_addr("--extproc-address", &args.extproc_address, extproc_port)?;
         let metrics_addr = listen_addr("--metrics-listen-addr", &args.metrics_listen_addr)?;
@@ -191,7 +195,8 @@ impl Config {
             parking,
             caller_deadlines: args.caller_deadlines,
             extproc_max_requests,
-            extproc_max_streams: stream_cap(args.extproc_max_streams, extproc_max_requests)?,
+            extproc_max_streams: stream_cap(args.extproc_max_streams, extproc_max_requests, envoys)?,
+            envoys,
             flight_max,
             grpc_threads: grpc_threads(args.grpc_threads)?,
             worker_port: port("--worker-port", args.worker_port)?,
@@ -210,6 +215,12 @@ impl Config {
             port_health: envoy.health,
             port_stats: envoy.stats,
         })
+    }
+
+    /// Whether several Envoys share this router (B79): its drain then only
+    /// leaves the fleet, and drains no Envoy.
+    pub fn is_fleet_router(&self) -> bool {
+        self.envoys > 1
     }
 
     /// How long the drain waits for Envoy's client connections to close
@@ -362,17 +373,35 @@ fn capacities(args: &ServeArgs, parking: &Parking) -> Result<(u64, usize), Confi
     Ok((breaker, flight_max))
 }
 
-/// `--extproc-max-streams` (B74): 0 is twice the breaker, room for a second
-/// Envoy beside the one whose breaker it is (a hot restart, a rolling one)
-/// and for streams Envoy has reset that the router has not yet seen end.
-/// Below the breaker, Envoy could hold streams the router refuses.
-fn stream_cap(flag: i64, breaker: u64) -> Result<usize, ConfigError> {
+/// The most Envoys `--envoys` may name: far beyond any fleet one router
+/// serves, and few enough that the derived stream cap stays meaningful.
+pub const MAX_ENVOYS: u32 = 1024;
+
+/// `--envoys` (B79): 1 (a sidecar's router) to [`MAX_ENVOYS`].
+fn envoys(flag: i64) -> Result<u32, ConfigError> {
+    u32::try_from(flag).ok().filter(|n| (1..=MAX_ENVOYS).contains(n)).ok_or_else(|| {
+        invalid(format!(
+            "--envoys must be 1 (a sidecar's router) to {MAX_ENVOYS} (the Envoys of a fleet that send this \
+             router streams), got {flag}"
+        ))
+    })
+}
+
+/// `--extproc-max-streams` (B74, B79): 0 is (envoys + 1) x the breaker.
+/// Each Envoy holds at most its breaker open towards the router cluster,
+/// and may send all of it to this router (hashing can put a hot set of
+/// actors on one host); one more breaker is room for an Envoy restarting
+/// beside its old self (a hot restart, a rolling one) and for streams
+/// Envoy has reset that the router has not yet seen end. A sidecar's
+/// router (one Envoy) gets 2 x the breaker. Below the breaker, Envoy could
+/// hold streams the router refuses.
+fn stream_cap(flag: i64, breaker: u64, envoys: u32) -> Result<usize, ConfigError> {
     match u64::try_from(flag) {
-        Ok(0) => Ok(usize::try_from(breaker.saturating_mul(2)).unwrap_or(usize::MAX)),
+        Ok(0) => Ok(usize::try_from(breaker.saturating_mul(u64::from(envoys) + 1)).unwrap_or(usize::MAX)),
         Ok(n) if n >= breaker => Ok(usize::try_from(n).unwrap_or(usize::MAX)),
         _ => Err(invalid(format!(
-            "--extproc-max-streams must be 0 (2 x the circuit breaker) or at least the ext_proc circuit \
-             breaker ({breaker}, --extproc-max-requests): Envoy may hold that many streams open, got {flag}"
+            "--extproc-max-streams must be 0 ((--envoys + 1) x the circuit breaker) or at least the ext_proc \
+             circuit breaker ({breaker}, --extproc-max-requests): Envoy may hold that many streams open, got {flag}"
         ))),
     }
 }
@@ -858,6 +887,13 @@ mod tests {
             "10",
         ]);
         assert_eq!(c.unwrap().extproc_max_streams, 10, "the breaker itself is enough");
+        let fleet = parse(&["--envoys", "3"]).unwrap();
+        assert_eq!((fleet.envoys, fleet.extproc_max_streams), (3, 8192), "B79: (3 + 1) x 2048");
+        assert!(fleet.is_fleet_router() && !parse(&[]).unwrap().is_fleet_router());
+        assert_eq!(parse(&["--envoys", "1024"]).unwrap().extproc_max_streams, 1025 * 2048);
+        for bad in ["0", "-1", "1025", "x"] {
+            assert!(error(&["--envoys", bad]).contains("--envoys"), "{bad}");
+        }
         for bad in ["9", "-1"] {
             let e = parse(&[
                 "--parked-request-max",

@@ -68,7 +68,7 @@ pub struct ServeArgs {
     /// circuit breaker of the ext_proc cluster in Envoy (default: 0 = max(2 x lot, 1024))
     #[argh(option, default = "0")]
     pub extproc_max_requests: i64,
-    /// ext_proc streams open at once, from every Envoy together; more are refused (default: 0 = 2 x the circuit breaker)
+    /// ext_proc streams open at once, from every Envoy together; more are refused (default: 0 = (envoys + 1) x the circuit breaker)
     #[argh(option, default = "0")]
     pub extproc_max_streams: i64,
     /// max actors resumed at once: flights and ResumeActor calls in progress (default: 0 = max(4 x lot, 4096))
@@ -80,6 +80,9 @@ pub struct ServeArgs {
     /// port the workers serve on (default: 443)
     #[argh(option, default = "443")]
     pub worker_port: i64,
+    /// how many Envoys send this router streams: 1 is a sidecar, whose Envoy the drain drains; more is a fleet router, whose drain only leaves the fleet (1..=1024) (default: 1)
+    #[argh(option, default = "1")]
+    pub envoys: i64,
     /// drain: wait this long after readiness flips (Go duration) (default: 13s)
     #[argh(option, default = "String::from(\"13s\")")]
     pub drain_delay: String,

@@ -455,6 +455,7 @@ pub fn effective_flags(config: &Config) -> Vec<(&'static str, String)> {
         ("--flight-max", config.flight_max.to_string()),
         ("--grpc-threads", config.grpc_threads.to_string()),
         ("--worker-port", config.worker_port.to_string()),
+        ("--envoys", config.envoys.to_string()),
         ("--drain-delay", godur::format(config.drain_delay)),
         ("--drain-timeout", godur::format(config.drain_timeout)),
         ("--envoy-admin-address", opt(&config.envoy_admin_address)),
