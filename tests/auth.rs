@@ -374,8 +374,17 @@ fn b60_bad_credential_files_are_clear_startup_errors_never_panics() {
         [pki.read("client1.pem"), pki.read("client1.enc.key")].concat(),
     )
     .unwrap();
+    // B60: a key that is not the certificate's.
+    std::fs::write(pki.path("mismatch.bundle"), [pki.read("client1.pem"), pki.read("client2.key")].concat())
+        .unwrap();
     let good_ca = pki.path("ca1.pem");
     let cases: Vec<(PathBuf, Vec<String>, &str, &str)> = vec![
+        (
+            good_ca.clone(),
+            vec!["--ateapi-client-cert".into(), pki.path("mismatch.bundle").display().to_string()],
+            "--ateapi-client-cert",
+            "the private key does not belong to the bundle's first certificate",
+        ),
         (pki.path("ca1.der"), vec![], "--ateapi-ca-file", "not a PEM file"),
         (pki.path("empty.pem"), vec![], "--ateapi-ca-file", "no CERTIFICATE block"),
         (pki.path("half.pem"), vec![], "--ateapi-ca-file", "no end marker"),
@@ -474,7 +483,6 @@ fn b60_a_bad_rotation_keeps_the_last_good_credentials_and_is_logged_once() {
     assert_eq!(reports.len(), 1, "logged once, not every second: {reports:#?}");
     assert!(reports[0].contains("--ateapi-ca-file") && reports[0].contains("no end marker"), "{reports:?}");
     assert_eq!(routed(&envoy.route_now("demo/a")).0, None, "the last good credentials stay");
-    // The rotation completes: picked up, and said so.
     std::fs::write(&ca, [good.clone(), b"\n".to_vec()].concat()).unwrap();
     let deadline = std::time::Instant::now() + PATIENCE;
     while !log.lock().iter().any(|l| l.contains("reloaded") && !l.contains("not reloaded")) {
@@ -632,4 +640,34 @@ fn b60_sec1_and_pkcs1_client_keys_work() {
         assert_eq!(routed(&envoy.route_now("demo/a")).0, None, "{label}");
         stop(router);
     }
+}
+
+/// B60: a rotated client bundle whose key belongs to another certificate is
+/// refused and logged, and the last good bundle stays in use.
+#[test]
+fn b60_a_rotated_key_that_does_not_match_is_refused_and_the_last_good_bundle_stays() {
+    let pki = Pki::new("mismatchrotation");
+    let sim = pki.sim();
+    sim.script("demo/a", vec![Answer::ok("10.0.0.1", true)]);
+    let bundle = pki.rotating("live.bundle", "client1.bundle");
+    let args = tls_flags(&sim, &pki.path("ca1.pem"), &bundle, true, &[]);
+    let (child, extproc, log) = spawn_tls_router(&args);
+    let envoy = Envoy::connect(extproc);
+    assert_eq!(routed(&envoy.route_now("demo/a")).0, None);
+    std::fs::write(&bundle, [pki.read("client1.pem"), pki.read("client2.key")].concat()).unwrap();
+    let deadline = std::time::Instant::now() + PATIENCE;
+    while !log.lock().iter().any(|l| l.contains("not reloaded")) {
+        assert!(std::time::Instant::now() < deadline, "the mismatch is reported: {:#?}", log.lock());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let report = log.lock().iter().find(|l| l.contains("not reloaded")).cloned().unwrap();
+    assert!(
+        report.contains("--ateapi-client-cert")
+            && report.contains("does not belong to the bundle's first certificate"),
+        "{report}"
+    );
+    // A new connection (a new channel would be built on a reload) still
+    // authenticates with the last good bundle.
+    assert_eq!(routed(&envoy.route_now("demo/a")).0, None, "the last good bundle stays");
+    terminate(child);
 }
