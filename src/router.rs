@@ -4,7 +4,7 @@
 //! Threads: grpcio's completion-queue threads (`--grpc-threads`, one per
 //! core by default; shared by the ext_proc server and the ateapi channel),
 //! one timer thread, one thread per HTTP listener (its `poll(2)` loop), a
-//! credential-file watcher when ateapi uses TLS or a token, and the
+//! credential-file watcher when ateapi uses TLS or a token or ext_proc TLS, and the
 //! caller's own; gRPC core adds its own executor threads as its work needs
 //! them, up to a bound of its own (README, "Threads"). Parked requests and
 //! HTTP connections add none.
@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::{bounded, Receiver};
 use grpcio::{ChannelBuilder, EnvBuilder, Environment, Server, ServerBuilder, ServerCredentials};
 
-use crate::ateapi::client::{AteapiClient, CredentialsError};
+use crate::ateapi::client::AteapiClient;
 use crate::cli::config::{AteapiTransport, Config};
 use crate::envoy::extproc::{ExtProc, ExtProcSettings};
 use crate::envoy::health::Health;
@@ -30,6 +30,8 @@ use crate::parking::flight::{FlightPolicy, FlightTable};
 use crate::parking::lot::ParkingLot;
 use crate::parking::resolver::Resolver;
 use crate::parking::timer::TimerThread;
+use crate::tls::files::CredentialsError;
+use crate::tls::server::{ServerCredentialFiles, ServerFiles};
 
 /// Whether a router binds its ports alone or beside its predecessor.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -64,6 +66,8 @@ const SILENT_GRACE: Duration = Duration::from_secs(1);
 pub enum StartError {
     /// ateapi's credentials are unusable.
     Ateapi(CredentialsError),
+    /// The ext_proc listener's TLS files are unusable (B80).
+    ExtProcTls(CredentialsError),
     /// gRPC could not build the ext_proc server.
     ExtProcServer(grpcio::Error),
     /// The ext_proc port could not be bound.
@@ -78,6 +82,7 @@ impl std::fmt::Display for StartError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             StartError::Ateapi(e) => write!(f, "ateapi client: {e}"),
+            StartError::ExtProcTls(e) => write!(f, "ext_proc TLS: {e}"),
             StartError::ExtProcServer(e) => write!(f, "building the ext_proc server: {e}"),
             StartError::ExtProcListen { addr, source } => {
                 write!(f, "cannot listen for ext_proc on {addr}: {source}")
@@ -96,14 +101,14 @@ impl StartError {
     /// refused flag (B70). A port taken by another process may free up, and
     /// is not.
     pub fn is_configuration(&self) -> bool {
-        matches!(self, StartError::Ateapi(_))
+        matches!(self, StartError::Ateapi(_) | StartError::ExtProcTls(_))
     }
 }
 
 impl std::error::Error for StartError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
-            StartError::Ateapi(e) => Some(e),
+            StartError::Ateapi(e) | StartError::ExtProcTls(e) => Some(e),
             StartError::ExtProcServer(e) | StartError::ExtProcListen { source: e, .. } => Some(e),
             StartError::ExtProcTaken { source, .. } => Some(source),
             StartError::Http { source, .. } => Some(source),
@@ -173,16 +178,20 @@ pub struct Router {
     _env: Arc<Environment>,
 }
 
-/// Re-reads ateapi's credential files every [`CREDENTIALS_CHECK`] on a
-/// thread of its own: file reads have no place on the timer thread, whose
-/// tasks must never wait.
+/// Re-reads the credential files (ateapi's, the ext_proc listener's)
+/// every [`CREDENTIALS_CHECK`] on a thread of its own: file reads have no
+/// place on the timer thread, whose tasks must never wait, nor in gRPC's
+/// handshakes.
 struct CredentialWatcher {
     stop: Option<crossbeam_channel::Sender<()>>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
 
+/// One set of credential files to re-read.
+type Refresh = Box<dyn Fn() + Send>;
+
 impl CredentialWatcher {
-    fn start(ateapi: Arc<AteapiClient>) -> CredentialWatcher {
+    fn start(refreshes: Vec<Refresh>) -> CredentialWatcher {
         let (stop, stopped) = bounded::<()>(0);
         let thread = std::thread::Builder::new()
             .name("atenet-credentials".into())
@@ -190,7 +199,7 @@ impl CredentialWatcher {
                 while let Err(crossbeam_channel::RecvTimeoutError::Timeout) =
                     stopped.recv_timeout(CREDENTIALS_CHECK)
                 {
-                    ateapi.refresh();
+                    refreshes.iter().for_each(|refresh| refresh());
                 }
             })
             .expect("spawning the credentials thread");
@@ -242,6 +251,19 @@ impl Router {
             .map(|(flag, value)| format!("{flag}={value}"))
             .collect();
         log::debug!("effective flags: {}", flags.join(" "));
+        // Checked before anything starts, so that bad files leave nothing
+        // running (B70, B80).
+        let extproc_tls = match &config.extproc_tls {
+            Some(tls) => Some(
+                ServerCredentialFiles::load(ServerFiles {
+                    cert: tls.cert_file.clone(),
+                    key: tls.key_file.clone(),
+                    client_ca: tls.client_ca_file.clone(),
+                })
+                .map_err(StartError::ExtProcTls)?,
+            ),
+            None => None,
+        };
         let env =
             Arc::new(EnvBuilder::new().cq_count(config.grpc_threads).name_prefix("atenet-grpc").build());
         let metrics = Metrics::new();
@@ -305,15 +327,25 @@ impl Router {
             .register_service(health.service())
             .build()
             .map_err(StartError::ExtProcServer)?;
+        let credentials =
+            extproc_tls.as_ref().map_or_else(ServerCredentials::insecure, |tls| tls.credentials());
         let port = grpc
-            .add_listening_port(config.extproc_addr.to_string(), ServerCredentials::insecure())
+            .add_listening_port(config.extproc_addr.to_string(), credentials)
             .map_err(|source| StartError::ExtProcListen { addr: config.extproc_addr, source })?;
         let extproc_addr = SocketAddr::new(config.extproc_addr.ip(), port);
         if !extproc_addr.ip().is_loopback() {
-            log::warn!(
-                "ext_proc listens on {extproc_addr}, not loopback: it is unauthenticated, so only Envoy \
-                 should be able to reach it (a firewall or network policy must ensure that)"
-            );
+            match &config.extproc_tls {
+                None => log::warn!(
+                    "ext_proc listens on {extproc_addr} in plaintext (--extproc-insecure): anyone who reaches \
+                     the port can route requests and read their headers, so a firewall or network policy \
+                     must let only Envoy reach it"
+                ),
+                Some(tls) if tls.client_ca_file.is_none() => log::warn!(
+                    "ext_proc listens on {extproc_addr} over TLS without --extproc-client-ca-file: any client \
+                     that reaches the port can route requests"
+                ),
+                Some(_) => {}
+            }
         }
 
         let sample = {
@@ -343,9 +375,15 @@ impl Router {
                 Some(server)
             }
         };
-        let credentials = (config.ateapi_transport != AteapiTransport::Insecure
-            || config.ateapi_token_file.is_some())
-        .then(|| CredentialWatcher::start(Arc::clone(&ateapi)));
+        let mut refreshes: Vec<Refresh> = Vec::new();
+        if config.ateapi_transport != AteapiTransport::Insecure || config.ateapi_token_file.is_some() {
+            let ateapi = Arc::clone(&ateapi);
+            refreshes.push(Box::new(move || ateapi.refresh()));
+        }
+        if let Some(tls) = extproc_tls {
+            refreshes.push(Box::new(move || tls.refresh()));
+        }
+        let credentials = (!refreshes.is_empty()).then(|| CredentialWatcher::start(refreshes));
         grpc.start();
         Ok(Router {
             grpc,

@@ -52,7 +52,12 @@ pub fn parse_command(args: &[String]) -> Result<Command, ConfigError> {
                 "envoy-config needs the ext_proc port Envoy connects to: \
                  --port-extproc 0 (any free port) cannot be written into a bootstrap",
             )),
-            parsed => Ok(parsed.map_or_else(Command::Help, Command::EnvoyConfig)),
+            Ok(config) => {
+                // Envoy's side of ext_proc TLS is checked here only (B80).
+                crate::cli::config::envoy_router_tls(&config)?;
+                Ok(Command::EnvoyConfig(config))
+            }
+            Err(help) => Ok(Command::Help(help)),
         },
         "help" | "--help" | "-h" => Ok(Command::Help(HELP.to_string())),
         "version" | "--version" | "-V" => Ok(Command::Version),

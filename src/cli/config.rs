@@ -52,6 +52,26 @@ pub enum AteapiTransport {
     Tls { ca_file: PathBuf, client_cert: Option<PathBuf>, server_name: Option<String> },
 }
 
+/// The ext_proc listener's TLS files (B80).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ExtprocTls {
+    pub cert_file: PathBuf,
+    pub key_file: PathBuf,
+    /// With it, only clients with a certificate these CAs signed get in.
+    pub client_ca_file: Option<PathBuf>,
+}
+
+/// Envoy's side of ext_proc TLS, for `envoy-config` (B80): the files Envoy
+/// reads, named in the SDS files `envoy-config` writes into `sds_dir`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EnvoyRouterTls {
+    pub ca_file: PathBuf,
+    /// Envoy's client certificate and key, when the router asks for one.
+    pub client_cert: Option<(PathBuf, PathBuf)>,
+    pub server_name: Option<String>,
+    pub sds_dir: PathBuf,
+}
+
 /// Parking settings after normalisation (B38).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Parking {
@@ -76,6 +96,14 @@ pub struct Config {
     /// A bearer token file, sent as `authorization: Bearer ...` (TLS only).
     pub ateapi_token_file: Option<PathBuf>,
     pub extproc_addr: SocketAddr,
+    /// TLS on the ext_proc listener; `None` is plaintext, which only
+    /// loopback or `--extproc-insecure` allows (B80).
+    pub extproc_tls: Option<ExtprocTls>,
+    /// `--extproc-insecure`: plaintext off the loopback, knowingly.
+    pub extproc_insecure: bool,
+    /// Envoy's TLS to the router, for `envoy-config`; read by
+    /// [`envoy_router_tls`] there, ignored by `serve`.
+    pub envoy_router_tls: EnvoyRouterTlsFlags,
     pub metrics_addr: SocketAddr,
     pub status_addr: Option<SocketAddr>,
     pub parking: Parking,
@@ -165,6 +193,7 @@ impl Config {
         let envoys = envoys(args.envoys)?;
         let extproc_port = listen_port("--port-extproc", args.port_extproc)?;
         let extproc_addr = socket_addr("--extproc-address", &args.extproc_address, extproc_port)?;
+        let extproc_tls = extproc_tls(args, extproc_addr)?;
         let metrics_addr = listen_addr("--metrics-listen-addr", &args.metrics_listen_addr)?;
         let status_addr = match args.status_port {
             p if p <= 0 => None,
@@ -190,6 +219,15 @@ impl Config {
             ateapi_transport,
             ateapi_token_file,
             extproc_addr,
+            extproc_tls,
+            extproc_insecure: args.extproc_insecure,
+            envoy_router_tls: EnvoyRouterTlsFlags {
+                ca_file: non_empty(&args.envoy_router_ca_file).map(PathBuf::from),
+                cert_file: non_empty(&args.envoy_router_cert_file).map(PathBuf::from),
+                key_file: non_empty(&args.envoy_router_key_file).map(PathBuf::from),
+                server_name: non_empty(&args.envoy_router_server_name),
+                sds_dir: non_empty(&args.envoy_sds_dir).map(PathBuf::from),
+            },
             metrics_addr,
             status_addr,
             parking,
@@ -665,6 +703,118 @@ fn listen_addr(flag: &str, value: &str) -> Result<SocketAddr, ConfigError> {
     socket_addr(flag, host, port)
 }
 
+/// Envoy's TLS flags as given, checked only by `envoy-config`
+/// ([`envoy_router_tls`]): `serve` never reads Envoy's files.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct EnvoyRouterTlsFlags {
+    pub ca_file: Option<PathBuf>,
+    pub cert_file: Option<PathBuf>,
+    pub key_file: Option<PathBuf>,
+    pub server_name: Option<String>,
+    pub sds_dir: Option<PathBuf>,
+}
+
+/// The ext_proc listener's transport (B80): TLS from a certificate and its
+/// key (and, optionally, a client CA), or plaintext, which off the loopback
+/// needs `--extproc-insecure`: anyone who reaches the port could route
+/// requests and read their headers.
+fn extproc_tls(args: &ServeArgs, addr: SocketAddr) -> Result<Option<ExtprocTls>, ConfigError> {
+    let (cert, key, ca) = (
+        non_empty(&args.extproc_cert_file),
+        non_empty(&args.extproc_key_file),
+        non_empty(&args.extproc_client_ca_file),
+    );
+    if args.extproc_insecure {
+        let given: Vec<&str> =
+            [("--extproc-cert-file", &cert), ("--extproc-key-file", &key), ("--extproc-client-ca-file", &ca)]
+                .into_iter()
+                .filter(|(_, v)| v.is_some())
+                .map(|(flag, _)| flag)
+                .collect();
+        if !given.is_empty() {
+            return Err(invalid(format!("--extproc-insecure cannot be combined with {}", given.join(", "))));
+        }
+    }
+    let tls =
+        match (cert, key) {
+            (Some(cert), Some(key)) => Some(ExtprocTls {
+                cert_file: PathBuf::from(cert),
+                key_file: PathBuf::from(key),
+                client_ca_file: ca.map(PathBuf::from),
+            }),
+            (None, None) if ca.is_some() => return Err(invalid(
+                "--extproc-client-ca-file needs TLS on ext_proc: --extproc-cert-file and --extproc-key-file",
+            )),
+            (None, None) => None,
+            (Some(_), None) => {
+                return Err(invalid("--extproc-cert-file needs --extproc-key-file (its private key)"))
+            }
+            (None, Some(_)) => {
+                return Err(invalid("--extproc-key-file needs --extproc-cert-file (its certificate)"))
+            }
+        };
+    if tls.is_none() && !addr.ip().is_loopback() && !args.extproc_insecure {
+        return Err(invalid(format!(
+            "--extproc-address {} is not loopback: ext_proc there needs TLS (--extproc-cert-file and \
+             --extproc-key-file, and --extproc-client-ca-file so that only Envoys get in), or \
+             --extproc-insecure to accept that anyone who reaches the port can route requests and read \
+             their headers",
+            addr.ip()
+        )));
+    }
+    Ok(tls)
+}
+
+/// Envoy's side of ext_proc TLS, for `envoy-config` (B80): with TLS on
+/// the router, the CA that verifies it and the SDS directory are needed,
+/// and a client certificate exactly when the router asks for one; without
+/// TLS, none of these flags means anything and each is refused.
+pub fn envoy_router_tls(config: &Config) -> Result<Option<EnvoyRouterTls>, ConfigError> {
+    let flags = &config.envoy_router_tls;
+    let Some(tls) = &config.extproc_tls else {
+        let given: Vec<&str> = [
+            ("--envoy-router-ca-file", flags.ca_file.is_some()),
+            ("--envoy-router-cert-file", flags.cert_file.is_some()),
+            ("--envoy-router-key-file", flags.key_file.is_some()),
+            ("--envoy-router-server-name", flags.server_name.is_some()),
+            ("--envoy-sds-dir", flags.sds_dir.is_some()),
+        ]
+        .into_iter()
+        .filter(|(_, given)| *given)
+        .map(|(flag, _)| flag)
+        .collect();
+        if !given.is_empty() {
+            return Err(invalid(format!(
+                "{} configure Envoy's TLS to the router, which uses none (no --extproc-cert-file)",
+                given.join(", ")
+            )));
+        }
+        return Ok(None);
+    };
+    let ca_file = flags.ca_file.clone().ok_or_else(|| {
+        invalid("envoy-config needs --envoy-router-ca-file: the CAs with which Envoy verifies the router's certificate")
+    })?;
+    let sds_dir = flags.sds_dir.clone().ok_or_else(|| {
+        invalid("envoy-config needs --envoy-sds-dir: where it writes the SDS files through which Envoy reads its certificates")
+    })?;
+    let client_cert =
+        match (&tls.client_ca_file, &flags.cert_file, &flags.key_file) {
+            (Some(_), Some(cert), Some(key)) => Some((cert.clone(), key.clone())),
+            (Some(_), _, _) => return Err(invalid(
+                "the router requires a client certificate (--extproc-client-ca-file): give Envoy one with \
+                 --envoy-router-cert-file and --envoy-router-key-file",
+            )),
+            (None, None, None) => None,
+            (None, _, _) => {
+                return Err(invalid(
+                    "--envoy-router-cert-file and --envoy-router-key-file need --extproc-client-ca-file: \
+                 the router asks for no client certificate",
+                ))
+            }
+        };
+    Ok(Some(EnvoyRouterTls { ca_file, client_cert, server_name: flags.server_name.clone(), sds_dir }))
+}
+
 fn transport(args: &ServeArgs) -> Result<AteapiTransport, ConfigError> {
     let tls_flags: Vec<&str> = [
         ("--ateapi-ca-file", &args.ateapi_ca_file),
@@ -945,6 +1095,61 @@ mod tests {
         assert_eq!(c.extproc_max_requests, 1);
         assert_eq!(c.drain_timeout, Duration::from_secs(1));
         assert!(!parse(&["--parked-request-max", "-3"]).unwrap().parking.enabled);
+    }
+
+    #[test]
+    fn b80_ext_proc_off_the_loopback_needs_tls_or_the_explicit_flag() {
+        let e = error(&["--extproc-address", "0.0.0.0"]);
+        assert!(
+            e.contains("--extproc-address 0.0.0.0 is not loopback") && e.contains("--extproc-insecure"),
+            "{e}"
+        );
+        let insecure = parse(&["--extproc-address", "0.0.0.0", "--extproc-insecure"]).unwrap();
+        assert!(insecure.extproc_tls.is_none() && insecure.extproc_insecure);
+        let tls =
+            parse(&["--extproc-address", "::", "--extproc-cert-file", "/c", "--extproc-key-file", "/k"])
+                .unwrap();
+        assert_eq!(
+            tls.extproc_tls,
+            Some(ExtprocTls { cert_file: "/c".into(), key_file: "/k".into(), client_ca_file: None })
+        );
+        assert!(parse(&["--extproc-cert-file", "/c", "--extproc-key-file", "/k"])
+            .unwrap()
+            .extproc_tls
+            .is_some());
+        for (args, flag) in [
+            (&["--extproc-cert-file", "/c"][..], "--extproc-key-file"),
+            (&["--extproc-key-file", "/k"][..], "--extproc-cert-file"),
+            (&["--extproc-client-ca-file", "/ca"][..], "--extproc-client-ca-file"),
+            (
+                &["--extproc-insecure", "--extproc-cert-file", "/c", "--extproc-key-file", "/k"][..],
+                "--extproc-insecure",
+            ),
+        ] {
+            assert!(error(args).contains(flag), "{args:?}");
+        }
+        // Envoy's side, for envoy-config only.
+        let mtls = parse(&[
+            "--extproc-cert-file",
+            "/c",
+            "--extproc-key-file",
+            "/k",
+            "--extproc-client-ca-file",
+            "/ca",
+            "--envoy-router-ca-file",
+            "/eca",
+            "--envoy-sds-dir",
+            "/sds",
+        ])
+        .unwrap();
+        assert!(envoy_router_tls(&mtls).unwrap_err().to_string().contains("--envoy-router-cert-file"));
+        assert!(envoy_router_tls(&parse(&[]).unwrap()).unwrap().is_none());
+        let stray = parse(&["--envoy-router-ca-file", "/eca"]).unwrap();
+        assert!(envoy_router_tls(&stray).unwrap_err().to_string().contains("--envoy-router-ca-file"));
+        let no_ca =
+            parse(&["--extproc-cert-file", "/c", "--extproc-key-file", "/k", "--envoy-sds-dir", "/s"])
+                .unwrap();
+        assert!(envoy_router_tls(&no_ca).unwrap_err().to_string().contains("--envoy-router-ca-file"));
     }
 
     #[test]

@@ -32,6 +32,18 @@ pub struct ServeArgs {
     /// address the ext_proc gRPC server binds (default: 127.0.0.1)
     #[argh(option, default = "String::from(\"127.0.0.1\")")]
     pub extproc_address: String,
+    /// PEM certificate chain ext_proc presents (TLS; with --extproc-key-file; re-read on change) (default: none)
+    #[argh(option, default = "String::new()")]
+    pub extproc_cert_file: String,
+    /// PEM private key of --extproc-cert-file (unencrypted PKCS#8, PKCS#1 or SEC1; re-read on change) (default: none)
+    #[argh(option, default = "String::new()")]
+    pub extproc_key_file: String,
+    /// PEM CAs a client certificate must chain to: with it, only clients with such a certificate reach ext_proc (default: none)
+    #[argh(option, default = "String::new()")]
+    pub extproc_client_ca_file: String,
+    /// allow plaintext ext_proc off the loopback: anyone who reaches the port can route requests and read their headers (default: off)
+    #[argh(switch)]
+    pub extproc_insecure: bool,
     /// port of the ext_proc gRPC server (default: 50051)
     #[argh(option, default = "50051")]
     pub port_extproc: i64,
@@ -116,6 +128,21 @@ pub struct ServeArgs {
     /// source ranges (CIDRs, comma-separated; empty: none) from which the generated Envoy keeps a client's x-envoy-* headers, such as a gateway's deadline (default: loopback and the private ranges)
     #[argh(option, default = "String::from(DEFAULT_TRUSTED_RANGES)")]
     pub envoy_trusted_ranges: String,
+    /// for envoy-config with ext_proc TLS: PEM CAs with which Envoy verifies the router's certificate (default: none)
+    #[argh(option, default = "String::new()")]
+    pub envoy_router_ca_file: String,
+    /// for envoy-config: Envoy's client certificate chain for the router (required with --extproc-client-ca-file) (default: none)
+    #[argh(option, default = "String::new()")]
+    pub envoy_router_cert_file: String,
+    /// for envoy-config: the private key of --envoy-router-cert-file (default: none)
+    #[argh(option, default = "String::new()")]
+    pub envoy_router_key_file: String,
+    /// for envoy-config: the name Envoy sends as SNI and requires in the router certificate's DNS SANs (default: none: the chain alone is verified)
+    #[argh(option, default = "String::new()")]
+    pub envoy_router_server_name: String,
+    /// for envoy-config with ext_proc TLS: the directory where envoy-config writes, and Envoy reads, the SDS files naming Envoy's certificate files (default: none)
+    #[argh(option, default = "String::new()")]
+    pub envoy_sds_dir: String,
     /// port of the HTTP listener in the generated Envoy config (default: 8080)
     #[argh(option, default = "8080")]
     pub port_http: i64,

@@ -11,7 +11,7 @@ use std::net::{IpAddr, Ipv4Addr};
 use std::time::Duration;
 
 use crate::ateapi::target::{ACTOR_ATTRIBUTE, AUTHORITY_ATTRIBUTE};
-use crate::cli::config::Config;
+use crate::cli::config::{envoy_router_tls, Config, EnvoyRouterTls};
 use crate::envoy::extproc::ORIGINAL_DST_NAMESPACE;
 
 /// The cluster name of the router in the generated config.
@@ -64,6 +64,8 @@ pub fn bootstrap(config: &Config) -> String {
     let max_message_timeout = seconds(config.max_message_timeout());
     let route_timeout = config.route_timeout;
     let idle_timeout = (route_timeout + Duration::from_secs(30)).max(Duration::from_secs(300));
+    // Refused before this runs (cli::command), so never an error here.
+    let tls = envoy_router_tls(config).ok().flatten();
     let mut y = String::new();
     let w = &mut y;
     let _ = writeln!(
@@ -89,6 +91,16 @@ pub fn bootstrap(config: &Config) -> String {
         port_health = config.port_health,
         port_stats = config.port_stats,
     );
+    if let Some(tls) = &tls {
+        let _ = write!(
+            w,
+            "# ext_proc over TLS: Envoy's certificate files are named in the SDS files in {dir}\n\
+             # (written by envoy-config beside this bootstrap), which Envoy watches, so rotated files\n\
+             # are used by new connections. File-based SDS needs the node's id and cluster.\n\
+             node: {{ id: atenet-envoy, cluster: atenet }}\n",
+            dir = tls.sds_dir.display()
+        );
+    }
     let _ = write!(
         w,
         r#"admin:
@@ -279,7 +291,7 @@ static_resources:
       - priority: DEFAULT
         max_requests: {breaker}
         max_retries: {breaker}
-    load_assignment:
+{transport_socket}    load_assignment:
       cluster_name: {ROUTER_CLUSTER}
       endpoints:
       - lb_endpoints:
@@ -339,11 +351,126 @@ static_resources:
         port_health = config.port_health,
         port_stats = config.port_stats,
         breaker = config.extproc_max_requests,
+        transport_socket = tls.as_ref().map_or_else(String::new, transport_socket),
         extproc_port = config.extproc_addr.port(),
         worker_connections = WORKER_MAX_REQUESTS,
         worker_pending = WORKER_MAX_PENDING,
     );
     y
+}
+
+/// The SDS secret Envoy verifies the router with (B80).
+pub const ROUTER_CA_SECRET: &str = "atenet_router_ca";
+/// The SDS secret of Envoy's client certificate for the router (B80).
+pub const CLIENT_CERT_SECRET: &str = "atenet_router_client_cert";
+
+/// The SDS file of `secret` in the SDS directory.
+fn sds_path(tls: &EnvoyRouterTls, secret: &str) -> std::path::PathBuf {
+    tls.sds_dir.join(format!("{secret}.yaml"))
+}
+
+/// The router cluster's TLS (B80): HTTP/2 by ALPN, the router's name as
+/// SNI and as the SAN it must carry, and every file through file-based
+/// SDS, so that Envoy picks up rotated files without a restart.
+fn transport_socket(tls: &EnvoyRouterTls) -> String {
+    let mut y = String::from(
+        "    # ext_proc over TLS (B80): the router's certificate is verified against the CA in\n\
+         \x20   # the SDS file below; the files it names are re-read when they change.\n\
+         \x20   transport_socket:\n\
+         \x20     name: envoy.transport_sockets.tls\n\
+         \x20     typed_config:\n\
+         \x20       \"@type\": type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext\n",
+    );
+    if let Some(name) = &tls.server_name {
+        let _ = writeln!(y, "        sni: \"{name}\"");
+    }
+    y.push_str("        common_tls_context:\n          alpn_protocols: [h2]\n");
+    if tls.client_cert.is_some() {
+        let _ = write!(
+            y,
+            "          tls_certificate_sds_secret_configs:\n\
+             \x20         - name: {CLIENT_CERT_SECRET}\n\
+             \x20           sds_config: {{ path_config_source: {{ path: \"{}\" }}, resource_api_version: V3 }}\n",
+            sds_path(tls, CLIENT_CERT_SECRET).display()
+        );
+    }
+    let _ = write!(
+        y,
+        "          validation_context_sds_secret_config:\n\
+         \x20           name: {ROUTER_CA_SECRET}\n\
+         \x20           sds_config: {{ path_config_source: {{ path: \"{}\" }}, resource_api_version: V3 }}\n",
+        sds_path(tls, ROUTER_CA_SECRET).display()
+    );
+    y
+}
+
+/// The directory a file is in, which Envoy watches for the file's
+/// replacement (a Kubernetes Secret swaps its `..data` link there).
+fn watched(path: &std::path::Path) -> String {
+    path.parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(std::path::Path::new("."))
+        .display()
+        .to_string()
+}
+
+/// The SDS files `envoy-config` writes beside the bootstrap when the
+/// router uses TLS (B80): each a `Secret` naming Envoy's own files, path
+/// and contents. None without TLS.
+pub fn sds_files(config: &Config) -> Vec<(std::path::PathBuf, String)> {
+    let Some(tls) = envoy_router_tls(config).ok().flatten() else { return Vec::new() };
+    let header =
+        "# Generated by `atenet-router envoy-config`: the files Envoy reads for its TLS to the router.\n";
+    let mut ca = format!(
+        "{header}resources:\n\
+         - \"@type\": type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.Secret\n\
+         \x20 name: {ROUTER_CA_SECRET}\n\
+         \x20 validation_context:\n\
+         \x20   trusted_ca: {{ filename: \"{}\" }}\n\
+         \x20   watched_directory: {{ path: \"{}\" }}\n",
+        tls.ca_file.display(),
+        watched(&tls.ca_file)
+    );
+    if let Some(name) = &tls.server_name {
+        let _ = write!(
+            ca,
+            "    match_typed_subject_alt_names:\n    - {{ san_type: DNS, matcher: {{ exact: \"{name}\" }} }}\n"
+        );
+    }
+    let mut files = vec![(sds_path(&tls, ROUTER_CA_SECRET), ca)];
+    if let Some((cert, key)) = &tls.client_cert {
+        let client = format!(
+            "{header}resources:\n\
+             - \"@type\": type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.Secret\n\
+             \x20 name: {CLIENT_CERT_SECRET}\n\
+             \x20 tls_certificate:\n\
+             \x20   certificate_chain: {{ filename: \"{}\" }}\n\
+             \x20   private_key: {{ filename: \"{}\" }}\n\
+             \x20   watched_directory: {{ path: \"{}\" }}\n",
+            cert.display(),
+            key.display(),
+            watched(cert)
+        );
+        files.push((sds_path(&tls, CLIENT_CERT_SECRET), client));
+    }
+    files
+}
+
+/// Writes [`sds_files`], each replaced whole (written beside, then
+/// renamed: a watching Envoy never reads half a file), the directory
+/// created if missing. Returns the paths written.
+pub fn write_sds_files(config: &Config) -> std::io::Result<Vec<std::path::PathBuf>> {
+    let mut written = Vec::new();
+    for (path, text) in sds_files(config) {
+        if let Some(dir) = path.parent() {
+            std::fs::create_dir_all(dir)?;
+        }
+        let temp = path.with_extension("yaml.tmp");
+        std::fs::write(&temp, text)?;
+        std::fs::rename(&temp, &path)?;
+        written.push(path);
+    }
+    Ok(written)
 }
 
 /// The route of every actor request to its worker, with the target port
@@ -450,6 +577,57 @@ mod tests {
         };
         assert_eq!(idle(&[]), "idle_timeout: 75s");
         assert_eq!(idle(&["--envoy-idle-timeout", "1.5s"]), "idle_timeout: 1.500s");
+    }
+
+    #[test]
+    fn b80_tls_to_the_router_through_sds_files() {
+        let plain = bootstrap(&parse_serve_args(&["--ateapi-insecure"]).unwrap());
+        assert!(!plain.contains("transport_socket") && !plain.contains("node:"));
+        let c = parse_serve_args(&[
+            "--ateapi-insecure",
+            "--extproc-cert-file",
+            "/r/tls.crt",
+            "--extproc-key-file",
+            "/r/tls.key",
+            "--extproc-client-ca-file",
+            "/r/ca.crt",
+            "--envoy-router-ca-file",
+            "/e/ca/ca.crt",
+            "--envoy-router-cert-file",
+            "/e/certs/tls.crt",
+            "--envoy-router-key-file",
+            "/e/certs/tls.key",
+            "--envoy-router-server-name",
+            "atenet-router.test",
+            "--envoy-sds-dir",
+            "/e/sds",
+        ])
+        .unwrap();
+        let y = bootstrap(&c);
+        assert!(y.contains("node: { id: atenet-envoy, cluster: atenet }"), "{y}");
+        assert!(y.contains("UpstreamTlsContext") && y.contains("sni: \"atenet-router.test\""), "{y}");
+        assert!(y.contains("path: \"/e/sds/atenet_router_ca.yaml\""), "{y}");
+        assert!(y.contains("path: \"/e/sds/atenet_router_client_cert.yaml\""), "{y}");
+        let files = sds_files(&c);
+        assert_eq!(files.len(), 2);
+        assert!(files[0].1.contains("trusted_ca: { filename: \"/e/ca/ca.crt\" }"));
+        assert!(files[0].1.contains("watched_directory: { path: \"/e/ca\" }"));
+        assert!(files[0].1.contains("exact: \"atenet-router.test\""));
+        assert!(files[1].1.contains("private_key: { filename: \"/e/certs/tls.key\" }"));
+        let no_client = parse_serve_args(&[
+            "--ateapi-insecure",
+            "--extproc-cert-file",
+            "/r/tls.crt",
+            "--extproc-key-file",
+            "/r/tls.key",
+            "--envoy-router-ca-file",
+            "/e/ca.crt",
+            "--envoy-sds-dir",
+            "/e/sds",
+        ])
+        .unwrap();
+        assert_eq!(sds_files(&no_client).len(), 1);
+        assert!(!bootstrap(&no_client).contains("tls_certificate_sds_secret_configs"));
     }
 
     #[test]
