@@ -295,7 +295,7 @@ mod tests {
     }
 
     #[test]
-    fn keys_gRPC_loads_and_keys_it_does_not() {
+    fn keys_grpc_loads_and_keys_it_does_not() {
         let key = testing::key();
         let cert = String::from_utf8(testing::certificate(&key, 7).to_pem().unwrap()).unwrap();
         let sec1 = String::from_utf8(key.ec_key().unwrap().private_key_to_pem().unwrap()).unwrap();
