@@ -32,7 +32,7 @@ pub const ATEAPI_RESUME_ACTOR: Method<ResumeActorRequest, ResumeActorResponse> =
     resp_mar: Marshaller { ser: grpcio::pb_ser, de: grpcio::pb_de },
 };
 
-/// `grpc.health.v1.Health/Check`, served on the ext_proc port (B78).
+/// `grpc.health.v1.Health/Check`, served on the ext_proc port (B84).
 pub const HEALTH_CHECK: Method<HealthCheckRequest, HealthCheckResponse> = Method {
     ty: MethodType::Unary,
     name: "/grpc.health.v1.Health/Check",

@@ -66,7 +66,7 @@ const SILENT_GRACE: Duration = Duration::from_secs(1);
 pub enum StartError {
     /// ateapi's credentials are unusable.
     Ateapi(CredentialsError),
-    /// The ext_proc listener's TLS files are unusable (B80).
+    /// The ext_proc listener's TLS files are unusable (B86).
     ExtProcTls(CredentialsError),
     /// gRPC could not build the ext_proc server.
     ExtProcServer(grpcio::Error),
@@ -170,7 +170,7 @@ pub struct Router {
     resolver: Resolver,
     metrics: Metrics,
     ready: Arc<AtomicBool>,
-    /// What the gRPC health service answers (B78): flipped by a drain, not
+    /// What the gRPC health service answers (B84): flipped by a drain, not
     /// by a hand-over.
     health: Arc<Health>,
     extproc_addr: SocketAddr,
@@ -252,7 +252,7 @@ impl Router {
             .collect();
         log::debug!("effective flags: {}", flags.join(" "));
         // Checked before anything starts, so that bad files leave nothing
-        // running (B70, B80).
+        // running (B70, B86).
         let extproc_tls = match &config.extproc_tls {
             Some(tls) => Some(
                 ServerCredentialFiles::load(ServerFiles {
@@ -429,7 +429,7 @@ impl Router {
         &self.resolver
     }
 
-    /// Flips `/readyz` and the gRPC health service (B78): a drain starts.
+    /// Flips `/readyz` and the gRPC health service (B84): a drain starts.
     /// Not ready also means "draining" to the ext_proc service's drain
     /// counters.
     pub fn set_ready(&self, ready: bool) {
@@ -469,7 +469,7 @@ impl Router {
     /// Returns whether every stream finished, and how many were cut.
     ///
     /// The gRPC health service keeps its answer: a drain has already said
-    /// NOT_SERVING, and a hand-over must not (B78).
+    /// NOT_SERVING, and a hand-over must not (B84).
     pub fn stop(mut self, timeout: Duration, interrupt: &Receiver<()>) -> (bool, usize) {
         self.ready.store(false, Ordering::Release);
         let shutdown = self.grpc.shutdown();

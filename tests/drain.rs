@@ -1,4 +1,4 @@
-//! Graceful drain (B41, B43-B45, B79): in-process against a fake Envoy
+//! Graceful drain (B41, B43-B45, B85): in-process against a fake Envoy
 //! admin, and with real signals to the real binary.
 // The router's internals and the simulator: `--features testkit` (make test).
 #![cfg(feature = "testkit")]
@@ -360,12 +360,12 @@ fn health(client: &grpcio::Client) -> Option<i32> {
     answer.ok().map(|a| a.status.value())
 }
 
-/// B79: a fleet router leaves the fleet. At the signal its health says
+/// B85: a fleet router leaves the fleet. At the signal its health says
 /// NOT_SERVING while ext_proc still takes streams for the drain delay;
 /// then it stops taking them, finishes the parked requests it holds, and
 /// exits 0, without a single request to the Envoy admin it was given.
 #[test]
-fn b79_a_fleet_router_leaves_the_fleet_and_drains_no_envoy() {
+fn b85_a_fleet_router_leaves_the_fleet_and_drains_no_envoy() {
     let sim = scripted_sim();
     let admin = FakeAdmin::start(vec![0]);
     let mut router = spawn_router(&router_args(

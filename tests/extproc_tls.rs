@@ -1,4 +1,4 @@
-//! ext_proc over TLS (B80), with certificates made by the openssl command:
+//! ext_proc over TLS (B86), with certificates made by the openssl command:
 //! a client CA lets in only clients with a certificate it signed; a
 //! rotated server certificate is what new handshakes get, without a
 //! restart; bad files are refused at startup and at rotation.
@@ -92,7 +92,7 @@ fn serial_of(pki: &Pki, file: &str) -> String {
 }
 
 #[test]
-fn b80_with_a_client_ca_only_clients_with_a_certificate_it_signed_get_in() {
+fn b86_with_a_client_ca_only_clients_with_a_certificate_it_signed_get_in() {
     let pki = pki("clientca");
     pki.rotating("tls.crt", "router.pem");
     pki.rotating("tls.key", "router.key");
@@ -147,7 +147,7 @@ fn b80_with_a_client_ca_only_clients_with_a_certificate_it_signed_get_in() {
 }
 
 #[test]
-fn b80_a_rotated_certificate_is_presented_to_new_connections_without_a_restart() {
+fn b86_a_rotated_certificate_is_presented_to_new_connections_without_a_restart() {
     let pki = pki("rotation");
     pki.rotating("tls.crt", "router.pem");
     pki.rotating("tls.key", "router.key");
@@ -191,7 +191,7 @@ fn b80_a_rotated_certificate_is_presented_to_new_connections_without_a_restart()
 }
 
 #[test]
-fn b80_bad_tls_files_and_plaintext_off_the_loopback_exit_2() {
+fn b86_bad_tls_files_and_plaintext_off_the_loopback_exit_2() {
     let pki = pki("startup");
     std::fs::write(pki.path("mismatch.key"), pki.read("router2.key")).unwrap();
     let run = |extra: &[String]| {

@@ -1,4 +1,4 @@
-//! gRPC's health service on the ext_proc port (B78), over real gRPC: what
+//! gRPC's health service on the ext_proc port (B84), over real gRPC: what
 //! `Check` answers, that it costs no ext_proc stream slot and counts as no
 //! request, and that a drain flips it while a hand-over does not.
 // The router's internals and the simulator: `--features testkit` (make test).
@@ -44,7 +44,7 @@ const HEALTH_WATCH: Method<HealthCheckRequest, HealthCheckResponse> = Method {
 };
 
 #[test]
-fn b78_check_says_serving_until_the_drain_and_not_found_for_other_services() {
+fn b84_check_says_serving_until_the_drain_and_not_found_for_other_services() {
     let stack = Stack::start(&[]);
     let client = health_client(stack.router().extproc_addr());
     assert_eq!(check(&client, ""), Ok(ServingStatus::SERVING));
@@ -79,7 +79,7 @@ fn b78_check_says_serving_until_the_drain_and_not_found_for_other_services() {
 }
 
 #[test]
-fn b78_checks_take_no_stream_slot_and_count_as_no_request() {
+fn b84_checks_take_no_stream_slot_and_count_as_no_request() {
     // Room for exactly one ext_proc stream (B74).
     let stack = Stack::start(&[
         "--parked-request-max",
@@ -128,7 +128,7 @@ fn b78_checks_take_no_stream_slot_and_count_as_no_request() {
 }
 
 #[test]
-fn b78_a_hand_over_keeps_serving_while_the_predecessor_finishes() {
+fn b84_a_hand_over_keeps_serving_while_the_predecessor_finishes() {
     let mut stack = Stack::start(&[]);
     stack.sim.script(
         "demo/held",

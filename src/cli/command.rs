@@ -53,7 +53,7 @@ pub fn parse_command(args: &[String]) -> Result<Command, ConfigError> {
                  --port-extproc 0 (any free port) cannot be written into a bootstrap",
             )),
             Ok(config) => {
-                // Envoy's side of ext_proc TLS is checked here only (B80).
+                // Envoy's side of ext_proc TLS is checked here only (B86).
                 crate::cli::config::envoy_router_tls(&config)?;
                 Ok(Command::EnvoyConfig(config))
             }

@@ -52,7 +52,7 @@ pub enum AteapiTransport {
     Tls { ca_file: PathBuf, client_cert: Option<PathBuf>, server_name: Option<String> },
 }
 
-/// The ext_proc listener's TLS files (B80).
+/// The ext_proc listener's TLS files (B86).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ExtprocTls {
     pub cert_file: PathBuf,
@@ -61,7 +61,7 @@ pub struct ExtprocTls {
     pub client_ca_file: Option<PathBuf>,
 }
 
-/// Envoy's side of ext_proc TLS, for `envoy-config` (B80): the files Envoy
+/// Envoy's side of ext_proc TLS, for `envoy-config` (B86): the files Envoy
 /// reads, named in the SDS files `envoy-config` writes into `sds_dir`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct EnvoyRouterTls {
@@ -97,7 +97,7 @@ pub struct Config {
     pub ateapi_token_file: Option<PathBuf>,
     pub extproc_addr: SocketAddr,
     /// TLS on the ext_proc listener; `None` is plaintext, which only
-    /// loopback or `--extproc-insecure` allows (B80).
+    /// loopback or `--extproc-insecure` allows (B86).
     pub extproc_tls: Option<ExtprocTls>,
     /// `--extproc-insecure`: plaintext off the loopback, knowingly.
     pub extproc_insecure: bool,
@@ -111,9 +111,9 @@ pub struct Config {
     pub caller_deadlines: bool,
     /// Effective Envoy circuit breaker for the ext_proc cluster (B39).
     pub extproc_max_requests: u64,
-    /// Effective cap on open ext_proc streams (B74, B79).
+    /// Effective cap on open ext_proc streams (B74, B85).
     pub extproc_max_streams: usize,
-    /// How many Envoys send this router streams (B79): 1 is a sidecar's
+    /// How many Envoys send this router streams (B85): 1 is a sidecar's
     /// router, more a fleet router's.
     pub envoys: u32,
     /// Effective cap on flights in progress (B58).
@@ -255,7 +255,7 @@ impl Config {
         })
     }
 
-    /// Whether several Envoys share this router (B79): its drain then only
+    /// Whether several Envoys share this router (B85): its drain then only
     /// leaves the fleet, and drains no Envoy.
     pub fn is_fleet_router(&self) -> bool {
         self.envoys > 1
@@ -415,7 +415,7 @@ fn capacities(args: &ServeArgs, parking: &Parking) -> Result<(u64, usize), Confi
 /// serves, and few enough that the derived stream cap stays meaningful.
 pub const MAX_ENVOYS: u32 = 1024;
 
-/// `--envoys` (B79): 1 (a sidecar's router) to [`MAX_ENVOYS`].
+/// `--envoys` (B85): 1 (a sidecar's router) to [`MAX_ENVOYS`].
 fn envoys(flag: i64) -> Result<u32, ConfigError> {
     u32::try_from(flag).ok().filter(|n| (1..=MAX_ENVOYS).contains(n)).ok_or_else(|| {
         invalid(format!(
@@ -425,7 +425,7 @@ fn envoys(flag: i64) -> Result<u32, ConfigError> {
     })
 }
 
-/// `--extproc-max-streams` (B74, B79): 0 is (envoys + 1) x the breaker.
+/// `--extproc-max-streams` (B74, B85): 0 is (envoys + 1) x the breaker.
 /// Each Envoy holds at most its breaker open towards the router cluster,
 /// and may send all of it to this router (hashing can put a hot set of
 /// actors on one host); one more breaker is room for an Envoy restarting
@@ -714,7 +714,7 @@ pub struct EnvoyRouterTlsFlags {
     pub sds_dir: Option<PathBuf>,
 }
 
-/// The ext_proc listener's transport (B80): TLS from a certificate and its
+/// The ext_proc listener's transport (B86): TLS from a certificate and its
 /// key (and, optionally, a client CA), or plaintext, which off the loopback
 /// needs `--extproc-insecure`: anyone who reaches the port could route
 /// requests and read their headers.
@@ -765,7 +765,7 @@ fn extproc_tls(args: &ServeArgs, addr: SocketAddr) -> Result<Option<ExtprocTls>,
     Ok(tls)
 }
 
-/// Envoy's side of ext_proc TLS, for `envoy-config` (B80): with TLS on
+/// Envoy's side of ext_proc TLS, for `envoy-config` (B86): with TLS on
 /// the router, the CA that verifies it and the SDS directory are needed,
 /// and a client certificate exactly when the router asks for one; without
 /// TLS, none of these flags means anything and each is refused.
@@ -1038,7 +1038,7 @@ mod tests {
         ]);
         assert_eq!(c.unwrap().extproc_max_streams, 10, "the breaker itself is enough");
         let fleet = parse(&["--envoys", "3"]).unwrap();
-        assert_eq!((fleet.envoys, fleet.extproc_max_streams), (3, 8192), "B79: (3 + 1) x 2048");
+        assert_eq!((fleet.envoys, fleet.extproc_max_streams), (3, 8192), "B85: (3 + 1) x 2048");
         assert!(fleet.is_fleet_router() && !parse(&[]).unwrap().is_fleet_router());
         assert_eq!(parse(&["--envoys", "1024"]).unwrap().extproc_max_streams, 1025 * 2048);
         for bad in ["0", "-1", "1025", "x"] {
@@ -1098,7 +1098,7 @@ mod tests {
     }
 
     #[test]
-    fn b80_ext_proc_off_the_loopback_needs_tls_or_the_explicit_flag() {
+    fn b86_ext_proc_off_the_loopback_needs_tls_or_the_explicit_flag() {
         let e = error(&["--extproc-address", "0.0.0.0"]);
         assert!(
             e.contains("--extproc-address 0.0.0.0 is not loopback") && e.contains("--extproc-insecure"),

@@ -359,9 +359,9 @@ static_resources:
     y
 }
 
-/// The SDS secret Envoy verifies the router with (B80).
+/// The SDS secret Envoy verifies the router with (B86).
 pub const ROUTER_CA_SECRET: &str = "atenet_router_ca";
-/// The SDS secret of Envoy's client certificate for the router (B80).
+/// The SDS secret of Envoy's client certificate for the router (B86).
 pub const CLIENT_CERT_SECRET: &str = "atenet_router_client_cert";
 
 /// The SDS file of `secret` in the SDS directory.
@@ -369,12 +369,12 @@ fn sds_path(tls: &EnvoyRouterTls, secret: &str) -> std::path::PathBuf {
     tls.sds_dir.join(format!("{secret}.yaml"))
 }
 
-/// The router cluster's TLS (B80): HTTP/2 by ALPN, the router's name as
+/// The router cluster's TLS (B86): HTTP/2 by ALPN, the router's name as
 /// SNI and as the SAN it must carry, and every file through file-based
 /// SDS, so that Envoy picks up rotated files without a restart.
 fn transport_socket(tls: &EnvoyRouterTls) -> String {
     let mut y = String::from(
-        "    # ext_proc over TLS (B80): the router's certificate is verified against the CA in\n\
+        "    # ext_proc over TLS (B86): the router's certificate is verified against the CA in\n\
          \x20   # the SDS file below; the files it names are re-read when they change.\n\
          \x20   transport_socket:\n\
          \x20     name: envoy.transport_sockets.tls\n\
@@ -415,7 +415,7 @@ fn watched(path: &std::path::Path) -> String {
 }
 
 /// The SDS files `envoy-config` writes beside the bootstrap when the
-/// router uses TLS (B80): each a `Secret` naming Envoy's own files, path
+/// router uses TLS (B86): each a `Secret` naming Envoy's own files, path
 /// and contents. None without TLS.
 pub fn sds_files(config: &Config) -> Vec<(std::path::PathBuf, String)> {
     let Some(tls) = envoy_router_tls(config).ok().flatten() else { return Vec::new() };
@@ -580,7 +580,7 @@ mod tests {
     }
 
     #[test]
-    fn b80_tls_to_the_router_through_sds_files() {
+    fn b86_tls_to_the_router_through_sds_files() {
         let plain = bootstrap(&parse_serve_args(&["--ateapi-insecure"]).unwrap());
         assert!(!plain.contains("transport_socket") && !plain.contains("node:"));
         let c = parse_serve_args(&[

@@ -1,5 +1,5 @@
 //! The router's health where Envoy can see it: gRPC's standard health
-//! service (`grpc.health.v1.Health`) on the ext_proc port (B78).
+//! service (`grpc.health.v1.Health`) on the ext_proc port (B84).
 //!
 //! A fleet of routers behind one Envoy cluster needs each router's own
 //! word on whether to send it streams: Envoy's `grpc_health_check` (and a
@@ -13,7 +13,7 @@
 //! A hand-over (B75) is no drain: the port keeps serving through the
 //! successor, so the predecessor never says NOT_SERVING (an answer from it
 //! would eject a host whose address still serves). Only `Check` is served:
-//! `Watch` stays UNIMPLEMENTED (B78).
+//! `Watch` stays UNIMPLEMENTED (B84).
 //!
 //! A check takes no ext_proc stream slot and counts in no ext_proc metric:
 //! it is a call of another service, answered at once.
@@ -99,7 +99,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn b78_serving_until_the_drain_and_not_found_for_other_services() {
+    fn b84_serving_until_the_drain_and_not_found_for_other_services() {
         let health = Health::new();
         for service in SERVICES {
             assert_eq!(health.check(service).unwrap().status.enum_value(), Ok(ServingStatus::SERVING));

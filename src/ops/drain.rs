@@ -1,4 +1,4 @@
-//! Graceful drain on SIGTERM or SIGINT (B41, B43-B45, B79).
+//! Graceful drain on SIGTERM or SIGINT (B41, B43-B45, B85).
 //!
 //! The order matters. Readiness flips first, the router's and Envoy's
 //! (`/healthcheck/fail`) together, so a load balancer polling either gets
@@ -12,7 +12,7 @@
 //! marker file tells Envoy's preStop hook that it may exit. A second
 //! signal skips every remaining wait.
 //!
-//! A fleet router (`--envoys` above 1, B79) belongs to no Envoy: its drain
+//! A fleet router (`--envoys` above 1, B85) belongs to no Envoy: its drain
 //! flips readiness and the gRPC health answer, so that every Envoy's
 //! health check takes it out of rotation within the drain delay, and then
 //! stops ext_proc as above, without a word to any Envoy's admin and without
@@ -35,7 +35,7 @@ pub struct DrainPlan {
     pub delay: Duration,
     /// Envoy's admin address (`host:port`), when Envoy is to be drained.
     pub envoy_admin: Option<String>,
-    /// Whether the router leaves a fleet (B79): no Envoy is drained.
+    /// Whether the router leaves a fleet (B85): no Envoy is drained.
     pub fleet: bool,
     /// How long to wait for Envoy's downstream connections to close.
     pub envoy_window: Duration,
@@ -91,7 +91,7 @@ impl DrainPlan {
 pub enum EnvoyDrain {
     /// No admin address configured.
     Disabled,
-    /// A fleet router drains no Envoy (B79).
+    /// A fleet router drains no Envoy (B85).
     Fleet,
     /// Every non-admin downstream connection closed.
     Drained,

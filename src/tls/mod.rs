@@ -8,7 +8,7 @@
 //!   system OpenSSL gRPC links), and a key refused unless it matches its
 //!   certificate (B60);
 //! - `server`: the ext_proc listener's credentials, re-read while the
-//!   router runs and handed to gRPC for new connections (B80).
+//!   router runs and handed to gRPC for new connections (B86).
 //!
 //! Used by `ateapi` (the control plane's channel) and by the assembly
 //! (the ext_proc listener). May depend on nothing else of the crate.

@@ -1,5 +1,5 @@
 //! The ext_proc listener's TLS credentials, which follow the files on disk
-//! (B80).
+//! (B86).
 //!
 //! The certificate and key come as two PEM files (a Kubernetes TLS Secret's
 //! `tls.crt` and `tls.key`), with an optional client CA: with one, only a
@@ -199,7 +199,7 @@ mod tests {
     }
 
     #[test]
-    fn b80_a_rotation_is_checked_before_it_is_used() {
+    fn b86_a_rotation_is_checked_before_it_is_used() {
         let dir = dir("rotation");
         let files = ServerFiles { cert: dir.0.join("tls.crt"), key: dir.0.join("tls.key"), client_ca: None };
         let (cert, key) = pair(1);

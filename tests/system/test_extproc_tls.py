@@ -1,4 +1,4 @@
-"""ext_proc over TLS through a real Envoy 1.40 (B80): `envoy-config` of the
+"""ext_proc over TLS through a real Envoy 1.40 (B86): `envoy-config` of the
 router's TLS flags gives the router cluster an UpstreamTlsContext whose files
 Envoy reads through the SDS files envoy-config writes; a client request goes
 client -> Envoy -(mTLS)-> router and reaches the worker. Certificates are made
