@@ -104,6 +104,9 @@ pub struct Config {
     /// Envoy's TLS to the router, for `envoy-config`; read by
     /// [`envoy_router_tls`] there, ignored by `serve`.
     pub envoy_router_tls: EnvoyRouterTlsFlags,
+    /// `--routers`, for `envoy-config` (B87): the fleet the router cluster
+    /// spans; empty for a sidecar's one router.
+    pub routers: Vec<crate::cli::fleet::RouterHost>,
     pub metrics_addr: SocketAddr,
     pub status_addr: Option<SocketAddr>,
     pub parking: Parking,
@@ -228,6 +231,7 @@ impl Config {
                 server_name: non_empty(&args.envoy_router_server_name),
                 sds_dir: non_empty(&args.envoy_sds_dir).map(PathBuf::from),
             },
+            routers: crate::cli::fleet::parse_routers(&args.routers)?,
             metrics_addr,
             status_addr,
             parking,

@@ -143,6 +143,9 @@ pub struct ServeArgs {
     /// for envoy-config with ext_proc TLS: the directory where envoy-config writes, and Envoy reads, the SDS files naming Envoy's certificate files (default: none)
     #[argh(option, default = "String::new()")]
     pub envoy_sds_dir: String,
+    /// for envoy-config: a fleet of routers, HOST:PORT comma-separated (a DNS name, such as a headless Service, is resolved by Envoy), that the router cluster spans with consistent hashing on the actor, health checks and retries on another router (default: none: the one router at --extproc-address)
+    #[argh(option, default = "String::new()")]
+    pub routers: String,
     /// port of the HTTP listener in the generated Envoy config (default: 8080)
     #[argh(option, default = "8080")]
     pub port_http: i64,

@@ -3,7 +3,7 @@
 //! One direction only: [`flags`] parses what the operator typed into
 //! [`flags::ServeArgs`] and knows nothing else; [`config`] validates those
 //! values and derives every setting the router runs with; [`command`]
-//! joins the two into what `main` does. [`godur`] is the duration syntax
+//! joins the two into what `main` does; [`fleet`] reads `--routers`. [`godur`] is the duration syntax
 //! every flag and log line uses.
 //!
 //! May depend on: `parking::backoff` (the retry policy it derives) and
@@ -12,4 +12,5 @@
 pub mod command;
 pub mod config;
 pub mod flags;
+pub mod fleet;
 pub mod godur;

@@ -13,6 +13,7 @@ use std::time::Duration;
 use crate::ateapi::target::{ACTOR_ATTRIBUTE, AUTHORITY_ATTRIBUTE};
 use crate::cli::config::{envoy_router_tls, Config, EnvoyRouterTls};
 use crate::envoy::extproc::ORIGINAL_DST_NAMESPACE;
+use crate::envoy::fleet;
 
 /// The cluster name of the router in the generated config.
 pub const ROUTER_CLUSTER: &str = "atenet_router";
@@ -56,10 +57,6 @@ pub const STATS_STAT_PREFIX: &str = "atenet_stats";
 /// Renders the bootstrap as YAML.
 pub fn bootstrap(config: &Config) -> String {
     let (admin_ip, admin_port) = admin_socket(config);
-    let extproc_ip = match config.extproc_addr.ip() {
-        ip if ip.is_unspecified() => IpAddr::V4(Ipv4Addr::LOCALHOST),
-        ip => ip,
-    };
     let message_timeout = seconds(config.message_timeout());
     let max_message_timeout = seconds(config.max_message_timeout());
     let route_timeout = config.route_timeout;
@@ -75,7 +72,8 @@ pub fn bootstrap(config: &Config) -> String {
     );
     let _ = writeln!(
         w,
-        "# Needs Envoy {MIN_ENVOY_VERSION} or later. Regenerate it whenever the router's flags change."
+        "# Needs Envoy {} or later. Regenerate it whenever the router's flags change.",
+        fleet::min_envoy_version(config)
     );
     let _ = writeln!(
         w,
@@ -179,7 +177,7 @@ static_resources:
               "@type": type.googleapis.com/envoy.extensions.filters.http.ext_proc.v3.ExternalProcessor
               grpc_service:
                 envoy_grpc: {{ cluster_name: {ROUTER_CLUSTER} }}
-                # A stream on which the router has sent nothing yet (a
+{fleet_metadata}                # A stream on which the router has sent nothing yet (a
                 # request waiting for its actor) is retried, on a router
                 # restarted within a few seconds, or on the successor of a
                 # router that handed over (gRPC core cancels the streams
@@ -191,7 +189,7 @@ static_resources:
                   retry_on: connect-failure,refused-stream,unavailable,cancelled,reset
                   num_retries: 8
                   retry_back_off: {{ base_interval: 0.050s, max_interval: 1s }}
-              failure_mode_allow: false
+{fleet_retry_hosts}              failure_mode_allow: false
               # No router to ask: a retryable 503, not a 500.
               status_on_error: {{ code: 503 }}
               message_timeout: {message_timeout}
@@ -275,30 +273,7 @@ static_resources:
             typed_config:
               "@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router
   clusters:
-  - name: {ROUTER_CLUSTER}
-    type: STATIC
-    connect_timeout: 0.250s
-    typed_extension_protocol_options:
-      envoy.extensions.upstreams.http.v3.HttpProtocolOptions:
-        "@type": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions
-        explicit_http_config:
-          http2_protocol_options: {{}}
-    # Every open ext_proc stream, a parked request's included, holds one
-    # request; after a router restart every one of them may be retried at
-    # once (Envoy's default allows 3 retries in flight).
-    circuit_breakers:
-      thresholds:
-      - priority: DEFAULT
-        max_requests: {breaker}
-        max_retries: {breaker}
-{transport_socket}    load_assignment:
-      cluster_name: {ROUTER_CLUSTER}
-      endpoints:
-      - lb_endpoints:
-        - endpoint:
-            address:
-              socket_address: {{ address: "{extproc_ip}", port_value: {extproc_port} }}
-  - name: {WORKER_CLUSTER}
+{router_cluster}  - name: {WORKER_CLUSTER}
     type: ORIGINAL_DST
     lb_policy: CLUSTER_PROVIDED
     connect_timeout: 5s
@@ -350,9 +325,10 @@ static_resources:
         port_http = config.port_http,
         port_health = config.port_health,
         port_stats = config.port_stats,
-        breaker = config.extproc_max_requests,
-        transport_socket = tls.as_ref().map_or_else(String::new, transport_socket),
-        extproc_port = config.extproc_addr.port(),
+        router_cluster =
+            fleet::router_cluster(config, &tls.as_ref().map_or_else(String::new, transport_socket)),
+        fleet_metadata = fleet::ext_proc_metadata(config),
+        fleet_retry_hosts = fleet::ext_proc_retry_hosts(config),
         worker_connections = WORKER_MAX_REQUESTS,
         worker_pending = WORKER_MAX_PENDING,
     );
@@ -628,6 +604,41 @@ mod tests {
         .unwrap();
         assert_eq!(sds_files(&no_client).len(), 1);
         assert!(!bootstrap(&no_client).contains("tls_certificate_sds_secret_configs"));
+    }
+
+    #[test]
+    fn b87_routers_make_the_router_cluster_a_fleet() {
+        let sidecar = bootstrap(&parse_serve_args(&["--ateapi-insecure"]).unwrap());
+        for fleet_only in
+            ["MAGLEV", "initial_metadata", "previous_hosts", "health_checks", "outlier_detection"]
+        {
+            assert!(!sidecar.contains(fleet_only), "{fleet_only} in the sidecar's bootstrap");
+        }
+        let c = parse_serve_args(&[
+            "--ateapi-insecure",
+            "--routers",
+            "atenet-router-fleet.atenet.svc:50051,10.0.0.7:50052",
+            "--parked-request-max",
+            "3000",
+        ])
+        .unwrap();
+        let y = bootstrap(&c);
+        let ext_proc =
+            &y[y.find("envoy.filters.http.ext_proc").unwrap()..y.find("failure_mode_allow").unwrap()];
+        assert!(
+            ext_proc.contains(r#"- { key: ate-target-actor, value: "%REQ(ate-target-actor)%" }"#),
+            "{ext_proc}"
+        );
+        assert!(ext_proc.contains(r#"value: "%FILTER_STATE(dev.ate.target.actor:PLAIN)%""#));
+        assert!(ext_proc.contains("num_retries: 8") && ext_proc.contains("previous_hosts"), "{ext_proc}");
+        let cluster = &y[y.find("- name: atenet_router").unwrap()..y.find("- name: atenet_workers").unwrap()];
+        assert!(cluster.contains("lb_policy: MAGLEV") && cluster.contains("envoy.cluster.dns"), "{cluster}");
+        assert!(cluster.contains("max_requests: 6000"), "the breaker derived from the lot: {cluster}");
+        assert!(cluster.contains(r#"address: "atenet-router-fleet.atenet.svc", port_value: 50051"#));
+        assert!(cluster.contains(r#"address: "10.0.0.7", port_value: 50052"#));
+        assert!(!cluster.contains("127.0.0.1"), "not the sidecar's router: {cluster}");
+        assert!(y.contains("# Needs Envoy 1.37 or later."), "a cluster-level hash_policy");
+        assert!(sidecar.contains("# Needs Envoy 1.30 or later."));
     }
 
     #[test]

@@ -8,7 +8,8 @@
 //! - `health`: gRPC's health service on the same port, which Envoy's
 //!   health checks call;
 //! - `verdict`: what a caller's outcome becomes on the wire;
-//! - [`bootstrap`]: the Envoy configuration, generated from the same flags.
+//! - [`bootstrap`]: the Envoy configuration, generated from the same flags;
+//! - `fleet`: its router cluster, one sidecar's router or a fleet (B87).
 //!
 //! May depend on: `parking` (a stream's wait), `ateapi` (which actor, what
 //! a resume returned), `ops` (metrics, logs, the status page's recent
@@ -16,4 +17,4 @@
 
 pub mod bootstrap;
 
-internal!(extproc, health, streams, verdict);
+internal!(extproc, fleet, health, streams, verdict);

@@ -81,6 +81,19 @@ def test_the_tls_bootstrap_loads_in_envoy(tmp_path):
     assert result.returncode == 0, result.stdout
 
 
+def test_the_tls_fleet_bootstrap_loads_in_envoy(tmp_path):
+    """B87 with B86: a fleet's health checks use the cluster's TLS too (the
+    health service is on the ext_proc port)."""
+    make_pki(tmp_path)
+    path = tmp_path / "envoy.yaml"
+    path.write_text(render_config(["--ateapi-insecure", *tls_flags(tmp_path),
+                                   "--routers", "router.test:50051,127.0.0.1:50052"]))
+    text = path.read_text()
+    assert "UpstreamTlsContext" in text and "MAGLEV" in text and "grpc_health_check" in text
+    result = validate_config(path)
+    assert result.returncode == 0, result.stdout
+
+
 @pytest.mark.parametrize("drop,complaint", [
     ("--envoy-router-ca-file", "--envoy-router-ca-file"),
     ("--envoy-sds-dir", "--envoy-sds-dir"),
