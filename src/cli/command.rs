@@ -58,7 +58,8 @@ pub fn parse_command(args: &[String]) -> Result<Command, ConfigError> {
                 // Envoy's side of ext_proc TLS is checked here only (B86).
                 crate::cli::config::envoy_router_tls(&config)?;
                 if !config.routers.is_empty() {
-                    crate::cli::fleet::check_fleet_drain_delay(config.drain_delay)?;
+                    crate::cli::fleet::check_fleet_drain_delay(config.drain_delay)
+                        .map_err(ConfigError::new)?;
                 }
                 Ok(Command::EnvoyConfig(config))
             }

@@ -231,7 +231,7 @@ impl Config {
                 server_name: non_empty(&args.envoy_router_server_name),
                 sds_dir: non_empty(&args.envoy_sds_dir).map(PathBuf::from),
             },
-            routers: crate::cli::fleet::parse_routers(&args.routers)?,
+            routers: crate::cli::fleet::parse_routers(&args.routers).map_err(ConfigError::new)?,
             metrics_addr,
             status_addr,
             parking,

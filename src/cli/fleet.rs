@@ -5,12 +5,13 @@
 //! resolves itself (a Kubernetes headless Service names every router pod).
 //! The names end up inside the bootstrap's YAML, so only the characters of
 //! a DNS name are accepted: a value can never inject configuration.
+//!
+//! Errors are the message alone (naming the flag): [`crate::cli::config`]
+//! makes them a `ConfigError`, so this module does not depend on it.
 
 use std::fmt;
 use std::net::IpAddr;
 use std::time::Duration;
-
-use crate::cli::config::ConfigError;
 
 /// The most routers `--routers` may name: far beyond any fleet one Envoy
 /// hashes over (a headless Service counts as one entry, however many pods
@@ -34,7 +35,7 @@ pub const MIN_FLEET_DRAIN_DELAY: Duration =
     Duration::from_secs(2 * HEALTH_CHECK_INTERVAL.as_secs() + HEALTH_CHECK_TIMEOUT.as_secs());
 
 /// `envoy-config --routers` with the routers' `--drain-delay` (B87).
-pub fn check_fleet_drain_delay(drain_delay: Duration) -> Result<(), ConfigError> {
+pub fn check_fleet_drain_delay(drain_delay: Duration) -> Result<(), String> {
     if drain_delay < MIN_FLEET_DRAIN_DELAY {
         return Err(invalid(format!(
             "a fleet needs --drain-delay of at least {}s, got {}: every Envoy checks each router's health \
@@ -75,14 +76,14 @@ impl fmt::Display for RouterHost {
     }
 }
 
-fn invalid(message: impl Into<String>) -> ConfigError {
-    ConfigError::new(format!("--routers: {}", message.into()))
+fn invalid(message: impl Into<String>) -> String {
+    format!("--routers: {}", message.into())
 }
 
 /// Parses `--routers`: empty (or only blanks) is no fleet, the one router
 /// at `--extproc-address`; otherwise comma-separated `HOST:PORT` entries,
 /// none empty, none twice, at most [`MAX_ROUTERS`].
-pub fn parse_routers(text: &str) -> Result<Vec<RouterHost>, ConfigError> {
+pub fn parse_routers(text: &str) -> Result<Vec<RouterHost>, String> {
     if text.trim().is_empty() {
         return Ok(Vec::new());
     }
@@ -113,7 +114,7 @@ pub fn parse_routers(text: &str) -> Result<Vec<RouterHost>, ConfigError> {
 }
 
 /// One `HOST:PORT` entry.
-fn parse_entry(entry: &str) -> Result<RouterHost, ConfigError> {
+fn parse_entry(entry: &str) -> Result<RouterHost, String> {
     let (host, port) = entry
         .rsplit_once(':')
         .ok_or_else(|| invalid(format!("{entry:?} has no port: name each router as HOST:PORT")))?;
@@ -211,12 +212,12 @@ mod tests {
             ("a:1,A:1", "a second time"),
             ("[::1]:5,[0::1]:5", "a second time"),
         ] {
-            let e = parse_routers(bad).unwrap_err().to_string();
+            let e = parse_routers(bad).unwrap_err();
             assert!(e.contains("--routers") && e.contains(says), "{bad}: {e}");
         }
         let many: Vec<String> = (0..=MAX_ROUTERS).map(|i| format!("10.0.0.{}:1", i + 1)).collect();
         assert!(parse_routers(&many[..MAX_ROUTERS].join(",")).is_ok());
-        let e = parse_routers(&many.join(",")).unwrap_err().to_string();
+        let e = parse_routers(&many.join(",")).unwrap_err();
         assert!(e.contains("at most 64"), "{e}");
     }
 }

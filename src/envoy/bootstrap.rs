@@ -73,7 +73,7 @@ pub fn bootstrap(config: &Config) -> String {
     let _ = writeln!(
         w,
         "# Needs Envoy {} or later. Regenerate it whenever the router's flags change.",
-        fleet::min_envoy_version(config)
+        fleet::fleet_min_envoy_version(config).unwrap_or(MIN_ENVOY_VERSION)
     );
     let _ = writeln!(
         w,
@@ -325,8 +325,11 @@ static_resources:
         port_http = config.port_http,
         port_health = config.port_health,
         port_stats = config.port_stats,
-        router_cluster =
-            fleet::router_cluster(config, &tls.as_ref().map_or_else(String::new, transport_socket)),
+        router_cluster = fleet::router_cluster(
+            config,
+            ROUTER_CLUSTER,
+            &tls.as_ref().map_or_else(String::new, transport_socket)
+        ),
         fleet_metadata = fleet::ext_proc_metadata(config),
         fleet_retry_hosts = fleet::ext_proc_retry_hosts(config),
         worker_connections = WORKER_MAX_REQUESTS,

@@ -3,8 +3,10 @@
 //! Envoy hashes over, so that all requests for an actor, from every Envoy,
 //! reach the same router and share its one flight.
 //!
-//! Kept apart from [`super::bootstrap`]'s listeners: these are the parts
-//! that differ between the two layouts.
+//! Kept apart from the bootstrap's listeners: these are the parts
+//! that differ between the two layouts. The bootstrap uses this module,
+//! never the other way round, so it hands over what both name (the
+//! cluster's name).
 
 use std::fmt::Write;
 use std::net::{IpAddr, Ipv4Addr};
@@ -12,7 +14,6 @@ use std::time::Duration;
 
 use crate::cli::config::Config;
 use crate::cli::fleet::{RouterHost, HEALTH_CHECK_INTERVAL, HEALTH_CHECK_TIMEOUT};
-use crate::envoy::bootstrap::ROUTER_CLUSTER;
 
 /// The filter-state key of an actor named by B2 (the attribute
 /// `filter_state['dev.ate.target.actor']`).
@@ -40,13 +41,10 @@ const DNS_REFRESH: &str = "5s";
 /// PR #41928); everything else of it was measured on 1.40.
 pub const FLEET_MIN_ENVOY_VERSION: &str = "1.37";
 
-/// The oldest Envoy the bootstrap of `config` works on.
-pub fn min_envoy_version(config: &Config) -> &'static str {
-    if config.routers.is_empty() {
-        crate::envoy::bootstrap::MIN_ENVOY_VERSION
-    } else {
-        FLEET_MIN_ENVOY_VERSION
-    }
+/// The oldest Envoy a fleet's bootstrap works on; `None` for a sidecar's,
+/// which needs no more than the bootstrap's own minimum.
+pub fn fleet_min_envoy_version(config: &Config) -> Option<&'static str> {
+    (!config.routers.is_empty()).then_some(FLEET_MIN_ENVOY_VERSION)
 }
 
 fn seconds(d: Duration) -> String {
@@ -90,14 +88,14 @@ pub fn ext_proc_retry_hosts(config: &Config) -> String {
         .to_string()
 }
 
-/// The router cluster: the one router at `--extproc-address` (a sidecar),
-/// or the fleet of `--routers`. `transport_socket` is its TLS (B86), if
-/// any, already rendered.
-pub fn router_cluster(config: &Config, transport_socket: &str) -> String {
+/// The router cluster, named `name`: the one router at `--extproc-address`
+/// (a sidecar), or the fleet of `--routers`. `transport_socket` is its TLS
+/// (B86), if any, already rendered.
+pub fn router_cluster(config: &Config, name: &str, transport_socket: &str) -> String {
     if config.routers.is_empty() {
-        sidecar_cluster(config, transport_socket)
+        sidecar_cluster(config, name, transport_socket)
     } else {
-        fleet_cluster(config, &config.routers, transport_socket)
+        fleet_cluster(config, name, &config.routers, transport_socket)
     }
 }
 
@@ -116,13 +114,13 @@ fn breaker(config: &Config) -> String {
     )
 }
 
-fn sidecar_cluster(config: &Config, transport_socket: &str) -> String {
+fn sidecar_cluster(config: &Config, name: &str, transport_socket: &str) -> String {
     let extproc_ip = match config.extproc_addr.ip() {
         ip if ip.is_unspecified() => IpAddr::V4(Ipv4Addr::LOCALHOST),
         ip => ip,
     };
     format!(
-        r#"  - name: {ROUTER_CLUSTER}
+        r#"  - name: {name}
     type: STATIC
     connect_timeout: 0.250s
     typed_extension_protocol_options:
@@ -134,7 +132,7 @@ fn sidecar_cluster(config: &Config, transport_socket: &str) -> String {
     # request; after a router restart every one of them may be retried at
     # once (Envoy's default allows 3 retries in flight).
 {breaker}{transport_socket}    load_assignment:
-      cluster_name: {ROUTER_CLUSTER}
+      cluster_name: {name}
       endpoints:
       - lb_endpoints:
         - endpoint:
@@ -151,13 +149,13 @@ fn sidecar_cluster(config: &Config, transport_socket: &str) -> String {
 /// no panic mode (a router that is down is never chosen, even when most
 /// are); outlier detection for a router that dies between two checks;
 /// names resolved by Envoy (STRICT_DNS).
-fn fleet_cluster(config: &Config, routers: &[RouterHost], transport_socket: &str) -> String {
+fn fleet_cluster(config: &Config, name: &str, routers: &[RouterHost], transport_socket: &str) -> String {
     let mut y = String::new();
     let _ = write!(
         y,
         "  # A fleet of {count} router entr{plural} (B87): every Envoy hashes the actor over the\n\
          \x20 # healthy routers, so that one router holds each actor's flight.\n\
-         \x20 - name: {ROUTER_CLUSTER}\n",
+         \x20 - name: {name}\n",
         count = routers.len(),
         plural = if routers.len() == 1 { "y" } else { "ies" },
     );
@@ -221,7 +219,7 @@ fn fleet_cluster(config: &Config, routers: &[RouterHost], transport_socket: &str
       base_ejection_time: 10s
       max_ejection_percent: 100
 {transport_socket}    load_assignment:
-      cluster_name: {ROUTER_CLUSTER}
+      cluster_name: {name}
       endpoints:
       - lb_endpoints:
 "#,
@@ -257,7 +255,7 @@ mod tests {
         let c = parse_serve_args(&["--ateapi-insecure"]).unwrap();
         assert_eq!(ext_proc_metadata(&c), "");
         assert_eq!(ext_proc_retry_hosts(&c), "");
-        let y = router_cluster(&c, "");
+        let y = router_cluster(&c, "atenet_router", "");
         assert!(y.contains("type: STATIC") && y.contains(r#"address: "127.0.0.1", port_value: 50051"#), "{y}");
         assert!(!y.contains("MAGLEV") && !y.contains("health_checks"));
     }
@@ -265,7 +263,7 @@ mod tests {
     #[test]
     fn b87_a_fleet_of_addresses_is_static_and_hashes_the_actor() {
         let c = fleet("10.0.0.1:50051,[fd00::2]:50052");
-        let y = router_cluster(&c, "");
+        let y = router_cluster(&c, "atenet_router", "");
         assert!(y.contains("type: STATIC") && !y.contains("envoy.cluster.dns"), "{y}");
         assert!(y.contains("lb_policy: MAGLEV") && y.contains("healthy_panic_threshold: { value: 0 }"));
         assert!(y.contains("- header: { header_name: ate-target-actor }\n          terminal: true\n"));
@@ -281,7 +279,7 @@ mod tests {
 
     #[test]
     fn b87_a_name_is_resolved_by_envoy() {
-        let y = router_cluster(&fleet("atenet-router-fleet.atenet.svc.cluster.local:50051"), "");
+        let y = router_cluster(&fleet("atenet-router-fleet.atenet.svc.cluster.local:50051"), "atenet_router", "");
         assert!(y.contains("name: envoy.cluster.dns") && !y.contains("type: STATIC"), "{y}");
         assert!(y.contains(r#"address: "atenet-router-fleet.atenet.svc.cluster.local", port_value: 50051"#));
     }
