@@ -106,3 +106,20 @@ def test_envoy_config_refuses_an_incomplete_tls_side(tmp_path, drop, complaint):
     del flags[at:at + 2]
     with pytest.raises(RuntimeError, match=complaint):
         render_config(["--ateapi-insecure", *flags])
+
+
+def test_a_tls_fleet_health_checks_and_routes_over_mtls(tmp_path):
+    """B87 with B86, live: two routers requiring client certificates, one
+    Envoy from `envoy-config --routers`: its gRPC health checks pass over
+    mTLS (both routers in rotation) and a request reaches the worker."""
+    from envoy_stack import FleetStack
+    make_pki(tmp_path)
+    with FleetStack(routers=2, envoys=1, router_flags=tls_flags(tmp_path), script=SCRIPT, workers=1) as fleet:
+        assert fleet.healthy_routers(0) == 2, fleet.router_hosts(0)
+        conn = http.client.HTTPConnection(LOOPBACK, fleet.envoy_ports[0]["http"], timeout=60)
+        conn.request("GET", "/over-tls", headers={"ate-target-actor": "demo/tls"})
+        response = conn.getresponse()
+        response.read()
+        conn.close()
+        assert (response.status, response.getheader("x-atenet-reason")) == (200, None)
+        assert [r["actor"] for r in fleet.records()] == ["demo/tls"]
