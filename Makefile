@@ -62,7 +62,7 @@ APT_NO_START = $(SUDO) sh -ec '\
 	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "$$@"' sh
 
 .PHONY: help toolchain deps deps-test deps-docker venv envoy build run run-router load test test-rust test-system bench bench-memory bench-compare soak lint fmt \
-	install envoy-config k8s-envoy-config compose-envoy-config docker e2e package clean
+	install envoy-config k8s-envoy-config k8s-fleet-envoy-config compose-envoy-config docker e2e package clean
 
 help: ## lists the targets
 	@# Each target's text is the README's, without its markdown (test_demo.py
@@ -205,6 +205,10 @@ envoy-config: build ## prints the Envoy bootstrap make run gives Envoy, with RUN
 k8s-envoy-config: build ## regenerates packaging/kubernetes/envoy-bootstrap.yaml from the Deployment's flags
 	$(BIN)/atenet-router envoy-config $$(sed -n 's/^ *- \(--[a-z-]*=.*\)$$/\1/p' packaging/kubernetes/deployment.yaml) \
 		> packaging/kubernetes/envoy-bootstrap.yaml
+
+k8s-fleet-envoy-config: build ## regenerates packaging/kubernetes-fleet/envoy-bootstrap.yaml and sds/ from the routers' flags and envoy-config.flags
+	cd packaging/kubernetes-fleet && $(abspath $(BIN))/atenet-router envoy-config \
+		$$(sed -n 's/^ *- \(--[a-z-]*=.*\)$$/\1/p' router.yaml) $$(cat envoy-config.flags) > envoy-bootstrap.yaml
 
 compose-envoy-config: build ## regenerates packaging/compose/envoy.yaml from the compose router's flags
 	packaging/compose/envoy-config.sh $(BIN)

@@ -13,6 +13,7 @@ fn main() {
         "proto/envoy/type/v3/http_status.proto",
         "proto/envoy/service/ext_proc/v3/external_processor.proto",
         "proto/ateapi/ateapi.proto",
+        "proto/grpc/health/v1/health.proto",
     ];
     protobuf_codegen::Codegen::new()
         .pure()

@@ -20,6 +20,8 @@
 //! - [`ops`]: what an operator touches: the HTTP endpoints, metrics, logs,
 //!   systemd, the drain and the hand-over;
 //! - [`cli`]: the command line and the configuration derived from it;
+//! - `tls`: credential files, checked with OpenSSL, for the control
+//!   plane's channel and the ext_proc listener;
 //! - `tools` (with `testkit`): the simulator and the load generator, which
 //!   ship beside the router and are no part of it.
 //!
@@ -54,7 +56,7 @@ pub mod envoy;
 pub mod ops;
 pub mod router;
 
-internal!(ateapi, parking, proto);
+internal!(ateapi, parking, proto, tls);
 
 #[cfg(feature = "testkit")]
 pub mod tools;

@@ -23,7 +23,18 @@ fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     match parse_command(&args) {
         Ok(Command::Serve(config)) => serve(&config),
-        Ok(Command::EnvoyConfig(config)) => process::print(&bootstrap::bootstrap(&config)),
+        Ok(Command::EnvoyConfig(config)) => match bootstrap::write_sds_files(&config) {
+            Ok(written) => {
+                for path in written {
+                    eprintln!("envoy-config: wrote {}", path.display());
+                }
+                process::print(&bootstrap::bootstrap(&config))
+            }
+            Err(e) => {
+                eprintln!("envoy-config: cannot write the SDS files: {e}");
+                ExitCode::FAILURE
+            }
+        },
         Ok(Command::Help(text)) => process::print(&text),
         Ok(Command::Version) => process::print(&format!("{}\n", version::describe("atenet-router"))),
         Ok(Command::Usage) => {

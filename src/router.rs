@@ -4,7 +4,7 @@
 //! Threads: grpcio's completion-queue threads (`--grpc-threads`, one per
 //! core by default; shared by the ext_proc server and the ateapi channel),
 //! one timer thread, one thread per HTTP listener (its `poll(2)` loop), a
-//! credential-file watcher when ateapi uses TLS or a token, and the
+//! credential-file watcher when ateapi uses TLS or a token or ext_proc TLS, and the
 //! caller's own; gRPC core adds its own executor threads as its work needs
 //! them, up to a bound of its own (README, "Threads"). Parked requests and
 //! HTTP connections add none.
@@ -17,9 +17,10 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::{bounded, Receiver};
 use grpcio::{ChannelBuilder, EnvBuilder, Environment, Server, ServerBuilder, ServerCredentials};
 
-use crate::ateapi::client::{AteapiClient, CredentialsError};
+use crate::ateapi::client::AteapiClient;
 use crate::cli::config::{AteapiTransport, Config};
 use crate::envoy::extproc::{ExtProc, ExtProcSettings};
+use crate::envoy::health::Health;
 use crate::envoy::streams::StreamSlots;
 use crate::ops::history::{History, Sampler, Sources};
 use crate::ops::http::{self, BindError, HttpServer, Limits};
@@ -31,6 +32,8 @@ use crate::parking::flight::{FlightPolicy, FlightTable};
 use crate::parking::lot::ParkingLot;
 use crate::parking::resolver::Resolver;
 use crate::parking::timer::TimerThread;
+use crate::tls::files::CredentialsError;
+use crate::tls::server::{ServerCredentialFiles, ServerFiles};
 
 /// Whether a router binds its ports alone or beside its predecessor.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -68,6 +71,8 @@ pub enum StartError {
     NoAteapiTransport,
     /// ateapi's credentials are unusable.
     Ateapi(CredentialsError),
+    /// The ext_proc listener's TLS files are unusable (B86).
+    ExtProcTls(CredentialsError),
     /// gRPC could not build the ext_proc server.
     ExtProcServer(grpcio::Error),
     /// The ext_proc port could not be bound.
@@ -85,6 +90,7 @@ impl std::fmt::Display for StartError {
                 write!(f, "no ateapi transport: --ateapi-ca-file (or --ateapi-insecure) is required to serve")
             }
             StartError::Ateapi(e) => write!(f, "ateapi client: {e}"),
+            StartError::ExtProcTls(e) => write!(f, "ext_proc TLS: {e}"),
             StartError::ExtProcServer(e) => write!(f, "building the ext_proc server: {e}"),
             StartError::ExtProcListen { addr, source } => {
                 write!(f, "cannot listen for ext_proc on {addr}: {source}")
@@ -103,7 +109,7 @@ impl StartError {
     /// refused flag (B70). A port taken by another process may free up, and
     /// is not.
     pub fn is_configuration(&self) -> bool {
-        matches!(self, StartError::NoAteapiTransport | StartError::Ateapi(_))
+        matches!(self, StartError::NoAteapiTransport | StartError::Ateapi(_) | StartError::ExtProcTls(_))
     }
 }
 
@@ -111,7 +117,7 @@ impl std::error::Error for StartError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
             StartError::NoAteapiTransport => None,
-            StartError::Ateapi(e) => Some(e),
+            StartError::Ateapi(e) | StartError::ExtProcTls(e) => Some(e),
             StartError::ExtProcServer(e) | StartError::ExtProcListen { source: e, .. } => Some(e),
             StartError::ExtProcTaken { source, .. } => Some(source),
             StartError::Http { source, .. } => Some(source),
@@ -173,21 +179,28 @@ pub struct Router {
     resolver: Resolver,
     metrics: Metrics,
     ready: Arc<AtomicBool>,
+    /// What the gRPC health service answers (B84): flipped by a drain, not
+    /// by a hand-over.
+    health: Arc<Health>,
     extproc_addr: SocketAddr,
     credentials: Option<CredentialWatcher>,
     _env: Arc<Environment>,
 }
 
-/// Re-reads ateapi's credential files every [`CREDENTIALS_CHECK`] on a
-/// thread of its own: file reads have no place on the timer thread, whose
-/// tasks must never wait.
+/// Re-reads the credential files (ateapi's, the ext_proc listener's)
+/// every [`CREDENTIALS_CHECK`] on a thread of its own: file reads have no
+/// place on the timer thread, whose tasks must never wait, nor in gRPC's
+/// handshakes.
 struct CredentialWatcher {
     stop: Option<crossbeam_channel::Sender<()>>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
 
+/// One set of credential files to re-read.
+type Refresh = Box<dyn Fn() + Send>;
+
 impl CredentialWatcher {
-    fn start(ateapi: Arc<AteapiClient>) -> CredentialWatcher {
+    fn start(refreshes: Vec<Refresh>) -> CredentialWatcher {
         let (stop, stopped) = bounded::<()>(0);
         let thread = std::thread::Builder::new()
             // Linux keeps 15 bytes of a thread's name (`top -H`, /proc/PID/task).
@@ -196,7 +209,7 @@ impl CredentialWatcher {
                 while let Err(crossbeam_channel::RecvTimeoutError::Timeout) =
                     stopped.recv_timeout(CREDENTIALS_CHECK)
                 {
-                    ateapi.refresh();
+                    refreshes.iter().for_each(|refresh| refresh());
                 }
             })
             .expect("spawning the credentials thread");
@@ -249,6 +262,19 @@ impl Router {
             .map(|(flag, value)| format!("{flag}={value}"))
             .collect();
         log::debug!("effective flags: {}", flags.join(" "));
+        // Checked before anything starts, so that bad files leave nothing
+        // running (B70, B86).
+        let extproc_tls = match &config.extproc_tls {
+            Some(tls) => Some(
+                ServerCredentialFiles::load(ServerFiles {
+                    cert: tls.cert_file.clone(),
+                    key: tls.key_file.clone(),
+                    client_ca: tls.client_ca_file.clone(),
+                })
+                .map_err(StartError::ExtProcTls)?,
+            ),
+            None => None,
+        };
         let env =
             Arc::new(EnvBuilder::new().cq_count(config.grpc_threads).name_prefix("atenet-grpc").build());
         let metrics = Metrics::new();
@@ -292,6 +318,7 @@ impl Router {
             timer.clone(),
         );
         let ready = Arc::new(AtomicBool::new(true));
+        let health = Health::new();
         let recent = Arc::new(RecentRequests::default());
         let streams = StreamSlots::new(config.extproc_max_streams, metrics.clone());
         let extproc = ExtProc::new(
@@ -323,17 +350,28 @@ impl Router {
         let mut grpc = ServerBuilder::new(Arc::clone(&env))
             .channel_args(args)
             .register_service(extproc.service())
+            .register_service(health.service())
             .build()
             .map_err(StartError::ExtProcServer)?;
+        let credentials =
+            extproc_tls.as_ref().map_or_else(ServerCredentials::insecure, |tls| tls.credentials());
         let port = grpc
-            .add_listening_port(config.extproc_addr.to_string(), ServerCredentials::insecure())
+            .add_listening_port(config.extproc_addr.to_string(), credentials)
             .map_err(|source| StartError::ExtProcListen { addr: config.extproc_addr, source })?;
         let extproc_addr = SocketAddr::new(config.extproc_addr.ip(), port);
         if !extproc_addr.ip().is_loopback() {
-            log::warn!(
-                "ext_proc listens on {extproc_addr}, not loopback: it is unauthenticated, so only Envoy \
-                 should be able to reach it (a firewall or network policy must ensure that)"
-            );
+            match &config.extproc_tls {
+                None => log::warn!(
+                    "ext_proc listens on {extproc_addr} in plaintext (--extproc-insecure): anyone who reaches \
+                     the port can route requests and read their headers, so a firewall or network policy \
+                     must let only Envoy reach it"
+                ),
+                Some(tls) if tls.client_ca_file.is_none() => log::warn!(
+                    "ext_proc listens on {extproc_addr} over TLS without --extproc-client-ca-file: any client \
+                     that reaches the port can route requests"
+                ),
+                Some(_) => {}
+            }
         }
 
         // Gauges of the flight table, read when Prometheus asks: nothing on
@@ -379,8 +417,15 @@ impl Router {
                 Some(server)
             }
         };
-        let credentials = (*transport != AteapiTransport::Insecure || config.ateapi_token_file.is_some())
-            .then(|| CredentialWatcher::start(Arc::clone(&ateapi)));
+        let mut refreshes: Vec<Refresh> = Vec::new();
+        if *transport != AteapiTransport::Insecure || config.ateapi_token_file.is_some() {
+            let ateapi = Arc::clone(&ateapi);
+            refreshes.push(Box::new(move || ateapi.refresh()));
+        }
+        if let Some(tls) = extproc_tls {
+            refreshes.push(Box::new(move || tls.refresh()));
+        }
+        let credentials = (!refreshes.is_empty()).then(|| CredentialWatcher::start(refreshes));
         grpc.start();
         Ok(Router {
             grpc,
@@ -392,6 +437,7 @@ impl Router {
             resolver,
             metrics,
             ready,
+            health,
             extproc_addr,
             credentials,
             _env: env,
@@ -425,10 +471,18 @@ impl Router {
         &self.resolver
     }
 
-    /// Flips `/readyz`; not ready also means "draining" to the ext_proc
-    /// service's drain counters.
+    /// Flips `/readyz` and the gRPC health service (B84): a drain starts.
+    /// Not ready also means "draining" to the ext_proc service's drain
+    /// counters.
     pub fn set_ready(&self, ready: bool) {
         self.ready.store(ready, Ordering::Release);
+        self.health.set_serving(ready);
+    }
+
+    /// The gRPC health service's state.
+    #[cfg(feature = "testkit")]
+    pub fn health(&self) -> &Arc<Health> {
+        &self.health
     }
 
     /// Whether every stream still open has sent nothing: none holds a
@@ -455,8 +509,11 @@ impl Router {
     /// Stops accepting streams, lets in-flight ones finish for up to
     /// `timeout` (or until `interrupt` delivers), then cancels the rest.
     /// Returns whether every stream finished, and how many were cut.
+    ///
+    /// The gRPC health service keeps its answer: a drain has already said
+    /// NOT_SERVING, and a hand-over must not (B84).
     pub fn stop(mut self, timeout: Duration, interrupt: &Receiver<()>) -> (bool, usize) {
-        self.set_ready(false);
+        self.ready.store(false, Ordering::Release);
         let shutdown = self.grpc.shutdown();
         let (done_tx, done_rx) = bounded(1);
         // The shutdown notification arrives on a completion queue; a short

@@ -16,125 +16,26 @@ use atenet_router::cli::config::parse_serve_args;
 
 use atenet_router::router::Router;
 use atenet_router::tools::sim::{Answer, Sim, SimConfig, SimTls};
+use common::pki::Pki;
 use common::*;
 use futures::StreamExt;
 use parking_lot::Mutex;
 
-/// A throwaway PKI: two CAs; a server certificate for `ateapi.test` only
-/// (no IP), signed by `ca1`; client bundles signed by each CA.
-struct Pki {
-    dir: PathBuf,
-}
-
-impl Pki {
-    fn new(name: &str) -> Pki {
-        let dir = std::env::temp_dir().join(format!("atenet-pki-{}-{name}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        let pki = Pki { dir };
-        for ca in ["ca1", "ca2"] {
-            pki.openssl(&[
-                "req",
-                "-x509",
-                "-newkey",
-                "ec",
-                "-pkeyopt",
-                "ec_paramgen_curve:prime256v1",
-                "-nodes",
-                "-keyout",
-                &format!("{ca}.key"),
-                "-out",
-                &format!("{ca}.pem"),
-                "-days",
-                "2",
-                "-subj",
-                &format!("/CN={ca}"),
-            ]);
-        }
-        pki.issue("server", "ca1", "subjectAltName=DNS:ateapi.test");
-        pki.issue("client1", "ca1", "extendedKeyUsage=clientAuth");
-        pki.issue("client2", "ca2", "extendedKeyUsage=clientAuth");
-        pki
-    }
-
-    fn openssl(&self, args: &[&str]) {
-        let out =
-            Command::new("openssl").args(args).current_dir(&self.dir).output().expect("openssl is installed");
-        assert!(out.status.success(), "openssl {args:?}: {}", String::from_utf8_lossy(&out.stderr));
-    }
-
-    fn issue(&self, name: &str, ca: &str, ext: &str) {
-        std::fs::write(self.dir.join(format!("{name}.ext")), format!("{ext}\n")).unwrap();
-        self.openssl(&[
-            "req",
-            "-newkey",
-            "ec",
-            "-pkeyopt",
-            "ec_paramgen_curve:prime256v1",
-            "-nodes",
-            "-keyout",
-            &format!("{name}.key"),
-            "-out",
-            &format!("{name}.csr"),
-            "-subj",
-            &format!("/CN={name}"),
-        ]);
-        self.openssl(&[
-            "x509",
-            "-req",
-            "-in",
-            &format!("{name}.csr"),
-            "-CA",
-            &format!("{ca}.pem"),
-            "-CAkey",
-            &format!("{ca}.key"),
-            "-CAcreateserial",
-            "-out",
-            &format!("{name}.pem"),
-            "-days",
-            "2",
-            "-extfile",
-            &format!("{name}.ext"),
-        ]);
-        let bundle = [self.read(&format!("{name}.pem")), self.read(&format!("{name}.key"))].concat();
-        std::fs::write(self.dir.join(format!("{name}.bundle")), bundle).unwrap();
-    }
-
-    fn read(&self, file: &str) -> Vec<u8> {
-        std::fs::read(self.dir.join(file)).unwrap()
-    }
-
-    fn path(&self, file: &str) -> PathBuf {
-        self.dir.join(file)
-    }
-
-    /// A file the test rotates: starts as a copy of `from`.
-    fn rotating(&self, name: &str, from: &str) -> PathBuf {
-        let path = self.path(name);
-        std::fs::copy(self.path(from), &path).unwrap();
-        path
-    }
-
-    fn sim(&self) -> Sim {
-        Sim::start(SimConfig {
-            listen: "127.0.0.1:0".parse().unwrap(),
-            actors: 0,
-            workers: 0,
-            tls: Some(SimTls {
-                cert_chain: self.read("server.pem"),
-                key: self.read("server.key"),
-                client_ca: Some(self.read("ca1.pem")),
-            }),
-            ..SimConfig::default()
-        })
-        .unwrap()
-    }
-}
-
-impl Drop for Pki {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
+/// The simulated control plane over mTLS: `server.pem` for `ateapi.test`,
+/// clients must present a certificate `ca1` signed.
+fn ateapi_sim(pki: &Pki) -> Sim {
+    Sim::start(SimConfig {
+        listen: "127.0.0.1:0".parse().unwrap(),
+        actors: 0,
+        workers: 0,
+        tls: Some(SimTls {
+            cert_chain: pki.read("server.pem"),
+            key: pki.read("server.key"),
+            client_ca: Some(pki.read("ca1.pem")),
+        }),
+        ..SimConfig::default()
+    })
+    .unwrap()
 }
 
 /// `serve` flags for a router on loopback that reaches `sim` with `ca` and
@@ -181,7 +82,7 @@ fn stop(router: Router) {
 #[test]
 fn mtls_with_server_name_override_and_a_rotating_bearer_token() {
     let pki = Pki::new("mtls");
-    let sim = pki.sim();
+    let sim = ateapi_sim(&pki);
     sim.script("demo/a", vec![Answer::ok("10.0.0.1", true)]);
     let token = pki.path("token");
     std::fs::write(&token, "first-token\n").unwrap();
@@ -209,7 +110,7 @@ fn mtls_with_server_name_override_and_a_rotating_bearer_token() {
 #[test]
 fn server_name_must_match_without_the_override() {
     let pki = Pki::new("name");
-    let sim = pki.sim();
+    let sim = ateapi_sim(&pki);
     sim.script("demo/a", vec![Answer::ok("10.0.0.1", true)]);
     let args = tls_flags(
         &sim,
@@ -231,7 +132,7 @@ fn server_name_must_match_without_the_override() {
 #[test]
 fn rotated_client_certificate_and_ca_are_picked_up_without_restart() {
     let pki = Pki::new("rotate");
-    let sim = pki.sim();
+    let sim = ateapi_sim(&pki);
     sim.script("demo/a", vec![Answer::ok("10.0.0.1", true)]);
     // A client certificate the sim does not trust: every attempt fails.
     let bundle = pki.rotating("live.bundle", "client2.bundle");
@@ -252,7 +153,7 @@ fn rotated_client_certificate_and_ca_are_picked_up_without_restart() {
 #[test]
 fn wrong_ca_parks_then_503_and_the_log_names_the_tls_failure_once() {
     let pki = Pki::new("wrongca");
-    let sim = pki.sim();
+    let sim = ateapi_sim(&pki);
     sim.script("demo/a", vec![Answer::ok("10.0.0.1", true)]);
     let flags = tls_flags(
         &sim,
@@ -378,8 +279,17 @@ fn b60_bad_credential_files_are_clear_startup_errors_never_panics() {
         [pki.read("client1.pem"), pki.read("client1.enc.key")].concat(),
     )
     .unwrap();
+    // B60: a key that is not the certificate's.
+    std::fs::write(pki.path("mismatch.bundle"), [pki.read("client1.pem"), pki.read("client2.key")].concat())
+        .unwrap();
     let good_ca = pki.path("ca1.pem");
     let cases: Vec<(PathBuf, Vec<String>, &str, &str)> = vec![
+        (
+            good_ca.clone(),
+            vec!["--ateapi-client-cert".into(), pki.path("mismatch.bundle").display().to_string()],
+            "--ateapi-client-cert",
+            "the private key does not belong to the bundle's first certificate",
+        ),
         (pki.path("ca1.der"), vec![], "--ateapi-ca-file", "not a PEM file"),
         (pki.path("empty.pem"), vec![], "--ateapi-ca-file", "no CERTIFICATE block"),
         (pki.path("half.pem"), vec![], "--ateapi-ca-file", "no end marker"),
@@ -457,7 +367,7 @@ fn terminate(mut child: std::process::Child) {
 #[test]
 fn b60_a_bad_rotation_keeps_the_last_good_credentials_and_is_logged_once() {
     let pki = Pki::new("badrotation");
-    let sim = pki.sim();
+    let sim = ateapi_sim(&pki);
     sim.script("demo/a", vec![Answer::ok("10.0.0.1", true)]);
     let ca = pki.rotating("live-ca.pem", "ca1.pem");
     let args = tls_flags(&sim, &ca, &pki.path("client1.bundle"), true, &[]);
@@ -478,7 +388,6 @@ fn b60_a_bad_rotation_keeps_the_last_good_credentials_and_is_logged_once() {
     assert_eq!(reports.len(), 1, "logged once, not every second: {reports:#?}");
     assert!(reports[0].contains("--ateapi-ca-file") && reports[0].contains("no end marker"), "{reports:?}");
     assert_eq!(routed(&envoy.route_now("demo/a")).0, None, "the last good credentials stay");
-    // The rotation completes: picked up, and said so.
     std::fs::write(&ca, [good.clone(), b"\n".to_vec()].concat()).unwrap();
     let deadline = std::time::Instant::now() + PATIENCE;
     while !log.lock().iter().any(|l| l.contains("reloaded") && !l.contains("not reloaded")) {
@@ -492,7 +401,7 @@ fn b60_a_bad_rotation_keeps_the_last_good_credentials_and_is_logged_once() {
 #[test]
 fn b54_the_token_never_appears_in_logs_metrics_or_the_status_page() {
     let pki = Pki::new("secret");
-    let sim = pki.sim();
+    let sim = ateapi_sim(&pki);
     sim.script("demo/a", vec![Answer::ok("10.0.0.1", true)]);
     sim.script(
         "demo/down",
@@ -544,7 +453,7 @@ fn b54_the_token_never_appears_in_logs_metrics_or_the_status_page() {
 #[test]
 fn b60_b71_an_oversized_token_or_a_fifo_at_rotation_keeps_the_last_good_token() {
     let pki = Pki::new("fiforotation");
-    let sim = pki.sim();
+    let sim = ateapi_sim(&pki);
     sim.script("demo/a", vec![Answer::ok("10.0.0.1", true)]);
     let token = pki.path("token");
     std::fs::write(&token, "good-token\n").unwrap();
@@ -603,7 +512,7 @@ fn b60_b71_an_oversized_token_or_a_fifo_at_rotation_keeps_the_last_good_token() 
 #[test]
 fn b60_sec1_and_pkcs1_client_keys_work() {
     let pki = Pki::new("keyformats");
-    let sim = pki.sim();
+    let sim = ateapi_sim(&pki);
     sim.script("demo/a", vec![Answer::ok("10.0.0.1", true)]);
     pki.openssl(&["ec", "-in", "client1.key", "-out", "client1.sec1.key"]);
     pki.openssl(&["genrsa", "-traditional", "-out", "rsa.key", "2048"]);
@@ -691,4 +600,34 @@ fn b82_a_control_plane_that_never_finishes_tls_gets_the_verdict_at_the_budget() 
     }
     assert!(!accepted.lock().is_empty(), "the router did connect, and got no handshake");
     stop(router);
+}
+
+/// B60: a rotated client bundle whose key belongs to another certificate is
+/// refused and logged, and the last good bundle stays in use.
+#[test]
+fn b60_a_rotated_key_that_does_not_match_is_refused_and_the_last_good_bundle_stays() {
+    let pki = Pki::new("mismatchrotation");
+    let sim = ateapi_sim(&pki);
+    sim.script("demo/a", vec![Answer::ok("10.0.0.1", true)]);
+    let bundle = pki.rotating("live.bundle", "client1.bundle");
+    let args = tls_flags(&sim, &pki.path("ca1.pem"), &bundle, true, &[]);
+    let (child, extproc, log) = spawn_tls_router(&args);
+    let envoy = Envoy::connect(extproc);
+    assert_eq!(routed(&envoy.route_now("demo/a")).0, None);
+    std::fs::write(&bundle, [pki.read("client1.pem"), pki.read("client2.key")].concat()).unwrap();
+    let deadline = std::time::Instant::now() + PATIENCE;
+    while !log.lock().iter().any(|l| l.contains("not reloaded")) {
+        assert!(std::time::Instant::now() < deadline, "the mismatch is reported: {:#?}", log.lock());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let report = log.lock().iter().find(|l| l.contains("not reloaded")).cloned().unwrap();
+    assert!(
+        report.contains("--ateapi-client-cert")
+            && report.contains("does not belong to the bundle's first certificate"),
+        "{report}"
+    );
+    // A new connection (a new channel would be built on a reload) still
+    // authenticates with the last good bundle.
+    assert_eq!(routed(&envoy.route_now("demo/a")).0, None, "the last good bundle stays");
+    terminate(child);
 }

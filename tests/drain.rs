@@ -1,5 +1,5 @@
-//! Graceful drain (B41, B43-B45): in-process against a fake Envoy admin, and
-//! with real signals to the real binary.
+//! Graceful drain (B41, B43-B45, B85): in-process against a fake Envoy
+//! admin, and with real signals to the real binary.
 // The router's internals and the simulator: `--features testkit` (make test).
 #![cfg(feature = "testkit")]
 
@@ -66,6 +66,7 @@ fn plan(admin: Option<String>, timeout: Duration, marker: Option<std::path::Path
     DrainPlan {
         delay: Duration::ZERO,
         envoy_admin: admin,
+        fleet: false,
         envoy_window: Duration::from_secs(15),
         poll_every: Duration::from_millis(20),
         timeout,
@@ -349,4 +350,69 @@ fn b74_the_drain_does_not_wait_for_silent_streams() {
     let log = router.process.log.lock().join("\n");
     assert!(log.contains("drain: closing 3 ext_proc streams that never sent a message"), "{log}");
     assert!(!log.contains("cancelling"), "{log}");
+}
+
+/// `Check("")` on the router's ext_proc port, over `client`'s connection.
+fn health(client: &grpcio::Client) -> Option<i32> {
+    use atenet_router::proto::health::HealthCheckRequest;
+    let options = grpcio::CallOption::default().timeout(PATIENCE);
+    let answer = client.unary_call(&atenet_router::proto::HEALTH_CHECK, &HealthCheckRequest::new(), options);
+    answer.ok().map(|a| a.status.value())
+}
+
+/// B85: a fleet router leaves the fleet. At the signal its health says
+/// NOT_SERVING while ext_proc still takes streams for the drain delay;
+/// then it stops taking them, finishes the parked requests it holds, and
+/// exits 0, without a single request to the Envoy admin it was given.
+#[test]
+fn b85_a_fleet_router_leaves_the_fleet_and_drains_no_envoy() {
+    let sim = scripted_sim();
+    let admin = FakeAdmin::start(vec![0]);
+    let mut router = spawn_router(&router_args(
+        &sim.addr().to_string(),
+        &[
+            "--envoys",
+            "3",
+            "--envoy-admin-address",
+            &admin.addr,
+            "--drain-delay",
+            "4s",
+            "--parked-request-retry-interval",
+            "10ms",
+            "--parked-request-budget",
+            "60s",
+        ],
+    ));
+    sim.script("demo/hot", vec![Answer::error(Code::ResourceExhausted, "no free workers available")]);
+    sim.script("demo/new", vec![Answer::ok("10.0.0.2", true)]);
+    let envoy = Envoy::connect(router.extproc);
+    let env = Arc::new(grpcio::EnvBuilder::new().cq_count(1).build());
+    let checker = grpcio::Client::new(grpcio::ChannelBuilder::new(env).connect(&router.extproc.to_string()));
+    const SERVING: i32 = 1;
+    const NOT_SERVING: i32 = 2;
+    assert_eq!(health(&checker), Some(SERVING));
+    let parked = envoy.clone();
+    let requests = std::thread::spawn(move || {
+        block_on(futures::future::join_all((0..5).map(|_| parked.route("demo/hot"))))
+    });
+    let gauge = |m| Metrics(http_get(m, "/metrics").1).value("atenet_router_parking_active", &[]);
+    eventually_within(PATIENCE, "five parked", || gauge(router.metrics) == 5.0);
+    signal(&router.process.child, "TERM");
+    eventually_within(PATIENCE, "health NOT_SERVING", || health(&checker) == Some(NOT_SERVING));
+    assert_eq!(routed(&envoy.route_now("demo/new")).1, "10.0.0.2:443", "streams are taken through the delay");
+    // Then ext_proc stops taking streams: the port no longer accepts.
+    eventually_within(PATIENCE, "ext_proc stopped accepting", || {
+        std::net::TcpStream::connect(router.extproc).is_err()
+    });
+    assert_eq!(router.process.child.try_wait().unwrap(), None, "still finishing the parked requests");
+    sim.script("demo/hot", vec![Answer::ok("10.0.0.1", true)]);
+    let replies = requests.join().unwrap();
+    assert!(replies.iter().all(|r| routed(r).1 == "10.0.0.1:443"), "every parked request got its verdict");
+    assert_eq!(wait_exit(&mut router.process.child, PATIENCE), 0);
+    assert!(admin.log.lock().is_empty(), "no Envoy was drained: {:?}", admin.log.lock());
+    eventually_within(PATIENCE, "the last line", || {
+        router.process.log.lock().iter().any(|l| l.contains("drain complete"))
+    });
+    let log = router.process.log.lock().join("\n");
+    assert!(log.contains("Envoy not drained (a fleet router"), "{log}");
 }

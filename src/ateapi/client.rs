@@ -19,9 +19,6 @@
 //! sent as `authorization: Bearer ...` and is never logged or shown.
 
 use std::ffi::CString;
-use std::fs;
-use std::io::Read;
-use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -35,70 +32,14 @@ use parking_lot::{Mutex, RwLock};
 
 use crate::cli::config::AteapiTransport;
 use crate::ops::metrics::Metrics;
-use crate::ateapi::pem::{self, PemError};
+use crate::tls::files::{named, read};
+pub use crate::tls::files::CredentialsError;
+use crate::tls::pem;
 use crate::proto::ateapi::{ObjectRef, ResumeActorRequest, ResumeActorResponse};
 use crate::proto::ATEAPI_RESUME_ACTOR;
 use crate::parking::flight::{AttemptDone, Resumer};
 use crate::ateapi::resume::{AttemptResult, Code, ResumeError, Resumed};
 use crate::ateapi::target::ActorId;
-
-/// Why a credential file cannot be used (B60): which flag, which file, and
-/// the cause.
-#[derive(Debug)]
-pub enum CredentialsError {
-    /// The file could not be read.
-    Unreadable { flag: &'static str, path: PathBuf, source: std::io::Error },
-    /// The router may not read the file: which user and group it runs as
-    /// (a container's UID 65532, systemd's dynamic user) is what the
-    /// operator needs to fix the file's owner or mode.
-    Denied { flag: &'static str, path: PathBuf, uid: u32, gid: u32, source: std::io::Error },
-    /// The path names a FIFO, a device, a directory or a socket: reading
-    /// one could block for ever or never end.
-    NotRegular { flag: &'static str, path: PathBuf, kind: &'static str },
-    /// The file is far larger than any credential file.
-    TooLarge { flag: &'static str, path: PathBuf },
-    /// A CA file or client bundle that is not usable PEM.
-    Pem { flag: &'static str, path: PathBuf, source: PemError },
-    /// A token file that holds no usable bearer token (the reason never
-    /// quotes the token).
-    Token { path: PathBuf, reason: String },
-}
-
-impl std::fmt::Display for CredentialsError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            CredentialsError::Unreadable { flag, path, source } => write!(f, "{flag} {}: {source}", path.display()),
-            CredentialsError::Denied { flag, path, uid, gid, .. } => write!(
-                f,
-                "{flag} {}: permission denied (the router runs as uid {uid}, gid {gid})",
-                path.display()
-            ),
-            CredentialsError::NotRegular { flag, path, kind } => {
-                write!(f, "{flag} {}: a {kind}, not a regular file", path.display())
-            }
-            CredentialsError::TooLarge { flag, path } => write!(
-                f,
-                "{flag} {}: larger than {} KiB: not a credential file",
-                path.display(),
-                MAX_CREDENTIAL_FILE / 1024
-            ),
-            CredentialsError::Pem { flag, path, source } => write!(f, "{flag} {}: {source}", path.display()),
-            CredentialsError::Token { path, reason } => write!(f, "--ateapi-token-file {}: {reason}", path.display()),
-        }
-    }
-}
-
-impl std::error::Error for CredentialsError {
-    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        match self {
-            CredentialsError::Unreadable { source, .. } | CredentialsError::Denied { source, .. } => Some(source),
-            CredentialsError::Pem { source, .. } => Some(source),
-            CredentialsError::TooLarge { .. }
-            | CredentialsError::NotRegular { .. }
-            | CredentialsError::Token { .. } => None,
-        }
-    }
-}
 
 /// The credential files as last read.
 #[derive(Clone, Default, PartialEq, Eq)]
@@ -213,53 +154,6 @@ impl AteapiClient {
     }
 }
 
-/// Credential files are small; anything bigger is the wrong file (or a
-/// device), and is refused rather than read without bound.
-const MAX_CREDENTIAL_FILE: u64 = 1024 * 1024;
-
-fn read(flag: &'static str, path: &Path) -> Result<Vec<u8>, CredentialsError> {
-    let unreadable = |source: std::io::Error| {
-        let path = path.to_path_buf();
-        if source.kind() == std::io::ErrorKind::PermissionDenied {
-            // SAFETY: geteuid and getegid cannot fail and touch no memory.
-            let (uid, gid) = unsafe { (libc::geteuid(), libc::getegid()) };
-            CredentialsError::Denied { flag, path, uid, gid, source }
-        } else {
-            CredentialsError::Unreadable { flag, path, source }
-        }
-    };
-    // O_NONBLOCK: opening a FIFO for reading otherwise waits for a writer,
-    // for ever, at startup (deaf to SIGTERM) or on the watcher thread. The
-    // type is then checked on the open file, so a path swapped in between
-    // cannot slip past.
-    let file = fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NONBLOCK)
-        .open(path)
-        .map_err(unreadable)?;
-    let file_type = file.metadata().map_err(unreadable)?.file_type();
-    if !file_type.is_file() {
-        let kind = if file_type.is_fifo() {
-            "FIFO"
-        } else if file_type.is_dir() {
-            "directory"
-        } else if file_type.is_char_device() || file_type.is_block_device() {
-            "device"
-        } else if file_type.is_socket() {
-            "socket"
-        } else {
-            "special file"
-        };
-        return Err(CredentialsError::NotRegular { flag, path: path.to_path_buf(), kind });
-    }
-    let mut bytes = Vec::new();
-    file.take(MAX_CREDENTIAL_FILE + 1).read_to_end(&mut bytes).map_err(unreadable)?;
-    if bytes.len() as u64 > MAX_CREDENTIAL_FILE {
-        return Err(CredentialsError::TooLarge { flag, path: path.to_path_buf() });
-    }
-    Ok(bytes)
-}
-
 fn read_files(transport: &AteapiTransport, token_file: Option<&Path>) -> Result<Files, CredentialsError> {
     let mut files = Files::default();
     if let AteapiTransport::Tls { ca_file, client_cert, .. } = transport {
@@ -287,7 +181,11 @@ fn build(
     let authorization = match token_file {
         Some(path) => {
             let token = bearer_token(&files.token)
-                .map_err(|reason| CredentialsError::Token { path: path.to_path_buf(), reason })?;
+                .map_err(|reason| CredentialsError::Token {
+                    flag: "--ateapi-token-file",
+                    path: path.to_path_buf(),
+                    reason,
+                })?;
             Some(Arc::from(format!("Bearer {token}")))
         }
         None => None,
@@ -337,18 +235,10 @@ fn channel(
     Ok(match transport {
         AteapiTransport::Insecure => builder.connect(address),
         AteapiTransport::Tls { ca_file, client_cert, server_name } => {
-            let ca = pem::certificates(&files.ca).map_err(|source| CredentialsError::Pem {
-                flag: "--ateapi-ca-file",
-                path: ca_file.clone(),
-                source,
-            })?;
+            let ca = named("--ateapi-ca-file", ca_file, pem::certificates(&files.ca))?;
             let mut creds = ChannelCredentialsBuilder::new().root_cert(ca);
             if let Some(path) = client_cert {
-                let (chain, key) = pem::split_bundle(&files.bundle).map_err(|source| CredentialsError::Pem {
-                    flag: "--ateapi-client-cert",
-                    path: path.clone(),
-                    source,
-                })?;
+                let (chain, key) = named("--ateapi-client-cert", path, pem::split_bundle(&files.bundle))?;
                 creds = creds.cert(chain, key);
             }
             let mut builder = builder.set_credentials(creds.build());

@@ -7,10 +7,10 @@
 //! - `resume`: the vocabulary of a resume: its result, codes, and the
 //!   mapping of a `ResumeActorResponse` onto them;
 //! - `client`: the ateapi channel, one per completion queue, implementing
-//!   parking's `Resumer`;
-//! - `pem`: checks of the credential files before they are used.
+//!   parking's `Resumer`, with credentials read and checked by `tls`.
 //!
 //! May depend on: `proto`; `client` also on `parking::flight` (the seam it
-//! implements), `ops::metrics` and `cli::config` (its transport).
+//! implements), `ops::metrics`, `cli::config` (its transport) and `tls`
+//! (its credential files).
 
-internal!(client, pem, resume, target);
+internal!(client, resume, target);

@@ -50,11 +50,22 @@ pub fn parse_command(args: &[String]) -> Result<Command, ConfigError> {
         "envoy-config" => match config(command, Purpose::Bootstrap)? {
             // `serve --port-extproc 0` takes any free port, which a
             // bootstrap written beforehand cannot name (B70).
-            Ok(config) if config.extproc_addr.port() == 0 => Err(ConfigError::new(
-                "envoy-config needs the ext_proc port Envoy connects to: \
+            Ok(config) if config.routers.is_empty() && config.extproc_addr.port() == 0 => {
+                Err(ConfigError::new(
+                    "envoy-config needs the ext_proc port Envoy connects to: \
                  --port-extproc 0 (any free port) cannot be written into a bootstrap",
-            )),
-            parsed => Ok(parsed.map_or_else(Command::Help, Command::EnvoyConfig)),
+                ))
+            }
+            Ok(config) => {
+                // Envoy's side of ext_proc TLS is checked here only (B86).
+                crate::cli::config::envoy_router_tls(&config)?;
+                if !config.routers.is_empty() {
+                    crate::cli::fleet::check_fleet_drain_delay(config.drain_delay)
+                        .map_err(ConfigError::new)?;
+                }
+                Ok(Command::EnvoyConfig(config))
+            }
+            Err(help) => Ok(Command::Help(help)),
         },
         "help" | "--help" | "-h" => Ok(Command::Help(HELP.to_string())),
         "version" | "--version" | "-V" => Ok(Command::Version),

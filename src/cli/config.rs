@@ -53,6 +53,26 @@ pub enum AteapiTransport {
     Tls { ca_file: PathBuf, client_cert: Option<PathBuf>, server_name: Option<String> },
 }
 
+/// The ext_proc listener's TLS files (B86).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ExtprocTls {
+    pub cert_file: PathBuf,
+    pub key_file: PathBuf,
+    /// With it, only clients with a certificate these CAs signed get in.
+    pub client_ca_file: Option<PathBuf>,
+}
+
+/// Envoy's side of ext_proc TLS, for `envoy-config` (B86): the files Envoy
+/// reads, named in the SDS files `envoy-config` writes into `sds_dir`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EnvoyRouterTls {
+    pub ca_file: PathBuf,
+    /// Envoy's client certificate and key, when the router asks for one.
+    pub client_cert: Option<(PathBuf, PathBuf)>,
+    pub server_name: Option<String>,
+    pub sds_dir: PathBuf,
+}
+
 /// Parking settings after normalisation (B38).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Parking {
@@ -89,6 +109,17 @@ pub struct Config {
     /// A bearer token file, sent as `authorization: Bearer ...` (TLS only).
     pub ateapi_token_file: Option<PathBuf>,
     pub extproc_addr: SocketAddr,
+    /// TLS on the ext_proc listener; `None` is plaintext, which only
+    /// loopback or `--extproc-insecure` allows (B86).
+    pub extproc_tls: Option<ExtprocTls>,
+    /// `--extproc-insecure`: plaintext off the loopback, knowingly.
+    pub extproc_insecure: bool,
+    /// Envoy's TLS to the router, for `envoy-config`; read by
+    /// [`envoy_router_tls`] there, ignored by `serve`.
+    pub envoy_router_tls: EnvoyRouterTlsFlags,
+    /// `--routers`, for `envoy-config` (B87): the fleet the router cluster
+    /// spans; empty for a sidecar's one router.
+    pub routers: Vec<crate::cli::fleet::RouterHost>,
     pub metrics_addr: SocketAddr,
     pub status_addr: Option<SocketAddr>,
     pub parking: Parking,
@@ -96,8 +127,11 @@ pub struct Config {
     pub caller_deadlines: bool,
     /// Effective Envoy circuit breaker for the ext_proc cluster (B39).
     pub extproc_max_requests: u64,
-    /// Effective cap on open ext_proc streams (B74).
+    /// Effective cap on open ext_proc streams (B74, B85).
     pub extproc_max_streams: usize,
+    /// How many Envoys send this router streams (B85): 1 is a sidecar's
+    /// router, more a fleet router's.
+    pub envoys: u32,
     /// Effective cap on flights in progress (B58).
     pub flight_max: usize,
     /// Flights one atespace may have in progress (B79).
@@ -188,8 +222,10 @@ impl Config {
         let (drain_delay, drain_timeout) = drain(args, &parking, late_serve_limit)?;
         let envoy = envoy_ports(args)?;
         let (ateapi_transport, ateapi_token_file) = ateapi(args, purpose)?;
+        let envoys = envoys(args.envoys)?;
         let extproc_port = listen_port("--port-extproc", args.port_extproc)?;
         let extproc_addr = socket_addr("--extproc-address", &args.extproc_address, extproc_port)?;
+        let extproc_tls = extproc_tls(args, extproc_addr)?;
         let metrics_addr = listen_addr("--metrics-listen-addr", &args.metrics_listen_addr)?;
         let status_addr = match args.status_port {
             p if p <= 0 => None,
@@ -215,12 +251,23 @@ impl Config {
             ateapi_transport,
             ateapi_token_file,
             extproc_addr,
+            extproc_tls,
+            extproc_insecure: args.extproc_insecure,
+            envoy_router_tls: EnvoyRouterTlsFlags {
+                ca_file: non_empty(&args.envoy_router_ca_file).map(PathBuf::from),
+                cert_file: non_empty(&args.envoy_router_cert_file).map(PathBuf::from),
+                key_file: non_empty(&args.envoy_router_key_file).map(PathBuf::from),
+                server_name: non_empty(&args.envoy_router_server_name),
+                sds_dir: non_empty(&args.envoy_sds_dir).map(PathBuf::from),
+            },
+            routers: crate::cli::fleet::parse_routers(&args.routers).map_err(ConfigError::new)?,
             metrics_addr,
             status_addr,
             parking,
             caller_deadlines: args.caller_deadlines,
             extproc_max_requests,
-            extproc_max_streams: stream_cap(args.extproc_max_streams, extproc_max_requests)?,
+            extproc_max_streams: stream_cap(args.extproc_max_streams, extproc_max_requests, envoys)?,
+            envoys,
             flight_max,
             flight_max_per_atespace: share(
                 "--flight-max-per-atespace",
@@ -253,6 +300,12 @@ impl Config {
             port_health: envoy.health,
             port_stats: envoy.stats,
         })
+    }
+
+    /// Whether several Envoys share this router (B85): its drain then only
+    /// leaves the fleet, and drains no Envoy.
+    pub fn is_fleet_router(&self) -> bool {
+        self.envoys > 1
     }
 
     /// How long the drain waits for Envoy's client connections to close
@@ -456,17 +509,35 @@ fn share(flag: &str, value: i64, whole_flag: &str, whole: u64) -> Result<usize, 
     Ok(usize::try_from(n).unwrap_or(usize::MAX))
 }
 
-/// `--extproc-max-streams` (B74): 0 is twice the breaker, room for a second
-/// Envoy beside the one whose breaker it is (a hot restart, a rolling one)
-/// and for streams Envoy has reset that the router has not yet seen end.
-/// Below the breaker, Envoy could hold streams the router refuses.
-fn stream_cap(flag: i64, breaker: u64) -> Result<usize, ConfigError> {
+/// The most Envoys `--envoys` may name: far beyond any fleet one router
+/// serves, and few enough that the derived stream cap stays meaningful.
+pub const MAX_ENVOYS: u32 = 1024;
+
+/// `--envoys` (B85): 1 (a sidecar's router) to [`MAX_ENVOYS`].
+fn envoys(flag: i64) -> Result<u32, ConfigError> {
+    u32::try_from(flag).ok().filter(|n| (1..=MAX_ENVOYS).contains(n)).ok_or_else(|| {
+        invalid(format!(
+            "--envoys must be 1 (a sidecar's router) to {MAX_ENVOYS} (the Envoys of a fleet that send this \
+             router streams), got {flag}"
+        ))
+    })
+}
+
+/// `--extproc-max-streams` (B74, B85): 0 is (envoys + 1) x the breaker.
+/// Each Envoy holds at most its breaker open towards the router cluster,
+/// and may send all of it to this router (hashing can put a hot set of
+/// actors on one host); one more breaker is room for an Envoy restarting
+/// beside its old self (a hot restart, a rolling one) and for streams
+/// Envoy has reset that the router has not yet seen end. A sidecar's
+/// router (one Envoy) gets 2 x the breaker. Below the breaker, Envoy could
+/// hold streams the router refuses.
+fn stream_cap(flag: i64, breaker: u64, envoys: u32) -> Result<usize, ConfigError> {
     match u64::try_from(flag) {
-        Ok(0) => Ok(usize::try_from(breaker.saturating_mul(2)).unwrap_or(usize::MAX)),
+        Ok(0) => Ok(usize::try_from(breaker.saturating_mul(u64::from(envoys) + 1)).unwrap_or(usize::MAX)),
         Ok(n) if n >= breaker => Ok(usize::try_from(n).unwrap_or(usize::MAX)),
         _ => Err(invalid(format!(
-            "--extproc-max-streams must be 0 (2 x the circuit breaker) or at least the ext_proc circuit \
-             breaker ({breaker}, --extproc-max-requests): Envoy may hold that many streams open, got {flag}"
+            "--extproc-max-streams must be 0 ((--envoys + 1) x the circuit breaker) or at least the ext_proc \
+             circuit breaker ({breaker}, --extproc-max-requests): Envoy may hold that many streams open, got {flag}"
         ))),
     }
 }
@@ -760,6 +831,118 @@ fn listen_addr(flag: &str, value: &str) -> Result<SocketAddr, ConfigError> {
     socket_addr(flag, host, port)
 }
 
+/// Envoy's TLS flags as given, checked only by `envoy-config`
+/// ([`envoy_router_tls`]): `serve` never reads Envoy's files.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct EnvoyRouterTlsFlags {
+    pub ca_file: Option<PathBuf>,
+    pub cert_file: Option<PathBuf>,
+    pub key_file: Option<PathBuf>,
+    pub server_name: Option<String>,
+    pub sds_dir: Option<PathBuf>,
+}
+
+/// The ext_proc listener's transport (B86): TLS from a certificate and its
+/// key (and, optionally, a client CA), or plaintext, which off the loopback
+/// needs `--extproc-insecure`: anyone who reaches the port could route
+/// requests and read their headers.
+fn extproc_tls(args: &ServeArgs, addr: SocketAddr) -> Result<Option<ExtprocTls>, ConfigError> {
+    let (cert, key, ca) = (
+        non_empty(&args.extproc_cert_file),
+        non_empty(&args.extproc_key_file),
+        non_empty(&args.extproc_client_ca_file),
+    );
+    if args.extproc_insecure {
+        let given: Vec<&str> =
+            [("--extproc-cert-file", &cert), ("--extproc-key-file", &key), ("--extproc-client-ca-file", &ca)]
+                .into_iter()
+                .filter(|(_, v)| v.is_some())
+                .map(|(flag, _)| flag)
+                .collect();
+        if !given.is_empty() {
+            return Err(invalid(format!("--extproc-insecure cannot be combined with {}", given.join(", "))));
+        }
+    }
+    let tls =
+        match (cert, key) {
+            (Some(cert), Some(key)) => Some(ExtprocTls {
+                cert_file: PathBuf::from(cert),
+                key_file: PathBuf::from(key),
+                client_ca_file: ca.map(PathBuf::from),
+            }),
+            (None, None) if ca.is_some() => return Err(invalid(
+                "--extproc-client-ca-file needs TLS on ext_proc: --extproc-cert-file and --extproc-key-file",
+            )),
+            (None, None) => None,
+            (Some(_), None) => {
+                return Err(invalid("--extproc-cert-file needs --extproc-key-file (its private key)"))
+            }
+            (None, Some(_)) => {
+                return Err(invalid("--extproc-key-file needs --extproc-cert-file (its certificate)"))
+            }
+        };
+    if tls.is_none() && !addr.ip().is_loopback() && !args.extproc_insecure {
+        return Err(invalid(format!(
+            "--extproc-address {} is not loopback: ext_proc there needs TLS (--extproc-cert-file and \
+             --extproc-key-file, and --extproc-client-ca-file so that only Envoys get in), or \
+             --extproc-insecure to accept that anyone who reaches the port can route requests and read \
+             their headers",
+            addr.ip()
+        )));
+    }
+    Ok(tls)
+}
+
+/// Envoy's side of ext_proc TLS, for `envoy-config` (B86): with TLS on
+/// the router, the CA that verifies it and the SDS directory are needed,
+/// and a client certificate exactly when the router asks for one; without
+/// TLS, none of these flags means anything and each is refused.
+pub fn envoy_router_tls(config: &Config) -> Result<Option<EnvoyRouterTls>, ConfigError> {
+    let flags = &config.envoy_router_tls;
+    let Some(tls) = &config.extproc_tls else {
+        let given: Vec<&str> = [
+            ("--envoy-router-ca-file", flags.ca_file.is_some()),
+            ("--envoy-router-cert-file", flags.cert_file.is_some()),
+            ("--envoy-router-key-file", flags.key_file.is_some()),
+            ("--envoy-router-server-name", flags.server_name.is_some()),
+            ("--envoy-sds-dir", flags.sds_dir.is_some()),
+        ]
+        .into_iter()
+        .filter(|(_, given)| *given)
+        .map(|(flag, _)| flag)
+        .collect();
+        if !given.is_empty() {
+            return Err(invalid(format!(
+                "{} configure Envoy's TLS to the router, which uses none (no --extproc-cert-file)",
+                given.join(", ")
+            )));
+        }
+        return Ok(None);
+    };
+    let ca_file = flags.ca_file.clone().ok_or_else(|| {
+        invalid("envoy-config needs --envoy-router-ca-file: the CAs with which Envoy verifies the router's certificate")
+    })?;
+    let sds_dir = flags.sds_dir.clone().ok_or_else(|| {
+        invalid("envoy-config needs --envoy-sds-dir: where it writes the SDS files through which Envoy reads its certificates")
+    })?;
+    let client_cert =
+        match (&tls.client_ca_file, &flags.cert_file, &flags.key_file) {
+            (Some(_), Some(cert), Some(key)) => Some((cert.clone(), key.clone())),
+            (Some(_), _, _) => return Err(invalid(
+                "the router requires a client certificate (--extproc-client-ca-file): give Envoy one with \
+                 --envoy-router-cert-file and --envoy-router-key-file",
+            )),
+            (None, None, None) => None,
+            (None, _, _) => {
+                return Err(invalid(
+                    "--envoy-router-cert-file and --envoy-router-key-file need --extproc-client-ca-file: \
+                 the router asks for no client certificate",
+                ))
+            }
+        };
+    Ok(Some(EnvoyRouterTls { ca_file, client_cert, server_name: flags.server_name.clone(), sds_dir }))
+}
+
 /// The transport the ateapi flags name: `None` when they name none (no CA,
 /// not insecure).
 fn transport(args: &ServeArgs) -> Result<Option<AteapiTransport>, ConfigError> {
@@ -1023,6 +1206,13 @@ mod tests {
             "10",
         ]);
         assert_eq!(c.unwrap().extproc_max_streams, 10, "the breaker itself is enough");
+        let fleet = parse(&["--envoys", "3"]).unwrap();
+        assert_eq!((fleet.envoys, fleet.extproc_max_streams), (3, 8192), "B85: (3 + 1) x 2048");
+        assert!(fleet.is_fleet_router() && !parse(&[]).unwrap().is_fleet_router());
+        assert_eq!(parse(&["--envoys", "1024"]).unwrap().extproc_max_streams, 1025 * 2048);
+        for bad in ["0", "-1", "1025", "x"] {
+            assert!(error(&["--envoys", bad]).contains("--envoys"), "{bad}");
+        }
         for bad in ["9", "-1"] {
             let e = parse(&[
                 "--parked-request-max",
@@ -1074,6 +1264,61 @@ mod tests {
         assert_eq!(c.extproc_max_requests, 1);
         assert_eq!(c.drain_timeout, Duration::from_secs(1));
         assert!(!parse(&["--parked-request-max", "-3"]).unwrap().parking.enabled);
+    }
+
+    #[test]
+    fn b86_ext_proc_off_the_loopback_needs_tls_or_the_explicit_flag() {
+        let e = error(&["--extproc-address", "0.0.0.0"]);
+        assert!(
+            e.contains("--extproc-address 0.0.0.0 is not loopback") && e.contains("--extproc-insecure"),
+            "{e}"
+        );
+        let insecure = parse(&["--extproc-address", "0.0.0.0", "--extproc-insecure"]).unwrap();
+        assert!(insecure.extproc_tls.is_none() && insecure.extproc_insecure);
+        let tls =
+            parse(&["--extproc-address", "::", "--extproc-cert-file", "/c", "--extproc-key-file", "/k"])
+                .unwrap();
+        assert_eq!(
+            tls.extproc_tls,
+            Some(ExtprocTls { cert_file: "/c".into(), key_file: "/k".into(), client_ca_file: None })
+        );
+        assert!(parse(&["--extproc-cert-file", "/c", "--extproc-key-file", "/k"])
+            .unwrap()
+            .extproc_tls
+            .is_some());
+        for (args, flag) in [
+            (&["--extproc-cert-file", "/c"][..], "--extproc-key-file"),
+            (&["--extproc-key-file", "/k"][..], "--extproc-cert-file"),
+            (&["--extproc-client-ca-file", "/ca"][..], "--extproc-client-ca-file"),
+            (
+                &["--extproc-insecure", "--extproc-cert-file", "/c", "--extproc-key-file", "/k"][..],
+                "--extproc-insecure",
+            ),
+        ] {
+            assert!(error(args).contains(flag), "{args:?}");
+        }
+        // Envoy's side, for envoy-config only.
+        let mtls = parse(&[
+            "--extproc-cert-file",
+            "/c",
+            "--extproc-key-file",
+            "/k",
+            "--extproc-client-ca-file",
+            "/ca",
+            "--envoy-router-ca-file",
+            "/eca",
+            "--envoy-sds-dir",
+            "/sds",
+        ])
+        .unwrap();
+        assert!(envoy_router_tls(&mtls).unwrap_err().to_string().contains("--envoy-router-cert-file"));
+        assert!(envoy_router_tls(&parse(&[]).unwrap()).unwrap().is_none());
+        let stray = parse(&["--envoy-router-ca-file", "/eca"]).unwrap();
+        assert!(envoy_router_tls(&stray).unwrap_err().to_string().contains("--envoy-router-ca-file"));
+        let no_ca =
+            parse(&["--extproc-cert-file", "/c", "--extproc-key-file", "/k", "--envoy-sds-dir", "/s"])
+                .unwrap();
+        assert!(envoy_router_tls(&no_ca).unwrap_err().to_string().contains("--envoy-router-ca-file"));
     }
 
     #[test]

@@ -32,6 +32,18 @@ pub struct ServeArgs {
     /// address the ext_proc gRPC server binds (default: 127.0.0.1)
     #[argh(option, default = "String::from(\"127.0.0.1\")")]
     pub extproc_address: String,
+    /// PEM certificate chain ext_proc presents (TLS; with --extproc-key-file; re-read on change) (default: none)
+    #[argh(option, default = "String::new()")]
+    pub extproc_cert_file: String,
+    /// PEM private key of --extproc-cert-file (unencrypted PKCS#8, PKCS#1 or SEC1; re-read on change) (default: none)
+    #[argh(option, default = "String::new()")]
+    pub extproc_key_file: String,
+    /// PEM CAs a client certificate must chain to: with it, only clients with such a certificate reach ext_proc (default: none)
+    #[argh(option, default = "String::new()")]
+    pub extproc_client_ca_file: String,
+    /// allow plaintext ext_proc off the loopback: anyone who reaches the port can route requests and read their headers (default: off)
+    #[argh(switch)]
+    pub extproc_insecure: bool,
     /// port of the ext_proc gRPC server (default: 50051)
     #[argh(option, default = "50051")]
     pub port_extproc: i64,
@@ -68,7 +80,7 @@ pub struct ServeArgs {
     /// circuit breaker of the ext_proc cluster in Envoy (default: 0 = max(2 x lot, 1024))
     #[argh(option, default = "0")]
     pub extproc_max_requests: i64,
-    /// ext_proc streams open at once, from every Envoy together; more are refused (default: 0 = 2 x the circuit breaker)
+    /// ext_proc streams open at once, from every Envoy together; more are refused (default: 0 = (envoys + 1) x the circuit breaker)
     #[argh(option, default = "0")]
     pub extproc_max_streams: i64,
     /// max actors resumed at once: flights and ResumeActor calls in progress (default: 0 = max(4 x lot, 4096))
@@ -89,6 +101,9 @@ pub struct ServeArgs {
     /// CIDRs (comma-separated) a worker's address must be in; any other is a routing failure (default: empty = any unicast address that is not link-local)
     #[argh(option, default = "String::new()")]
     pub worker_networks: String,
+    /// how many Envoys send this router streams: 1 is a sidecar, whose Envoy the drain drains; more is a fleet router, whose drain only leaves the fleet (1..=1024) (default: 1)
+    #[argh(option, default = "1")]
+    pub envoys: i64,
     /// drain: wait this long after readiness flips (Go duration) (default: 13s)
     #[argh(option, default = "String::from(\"13s\")")]
     pub drain_delay: String,
@@ -125,6 +140,24 @@ pub struct ServeArgs {
     /// heap bound of the generated Envoy's overload manager: new requests are refused at 98% of it (64Mi to 1Ti; Ki, Mi, Gi, Ti or bytes) (default: 1Gi)
     #[argh(option, default = "String::from(\"1Gi\")")]
     pub envoy_max_heap: String,
+    /// for envoy-config with ext_proc TLS: PEM CAs with which Envoy verifies the router's certificate (default: none)
+    #[argh(option, default = "String::new()")]
+    pub envoy_router_ca_file: String,
+    /// for envoy-config: Envoy's client certificate chain for the router (required with --extproc-client-ca-file) (default: none)
+    #[argh(option, default = "String::new()")]
+    pub envoy_router_cert_file: String,
+    /// for envoy-config: the private key of --envoy-router-cert-file (default: none)
+    #[argh(option, default = "String::new()")]
+    pub envoy_router_key_file: String,
+    /// for envoy-config: the name Envoy sends as SNI and requires in the router certificate's DNS SANs (default: none: the chain alone is verified)
+    #[argh(option, default = "String::new()")]
+    pub envoy_router_server_name: String,
+    /// for envoy-config with ext_proc TLS: the directory where envoy-config writes, and Envoy reads, the SDS files naming Envoy's certificate files (default: none)
+    #[argh(option, default = "String::new()")]
+    pub envoy_sds_dir: String,
+    /// for envoy-config: a fleet of routers, HOST:PORT comma-separated (a DNS name, such as a headless Service, is resolved by Envoy), that the router cluster spans with consistent hashing on the actor, health checks and retries on another router (default: none: the one router at --extproc-address)
+    #[argh(option, default = "String::new()")]
+    pub routers: String,
     /// port of the HTTP listener in the generated Envoy config (default: 8080)
     #[argh(option, default = "8080")]
     pub port_http: i64,

@@ -3,8 +3,8 @@
 //! One direction only: [`flags`] parses what the operator typed into
 //! [`flags::ServeArgs`] and knows nothing else; [`config`] validates those
 //! values and derives every setting the router runs with; [`command`]
-//! joins the two into what `main` does. [`godur`] is the duration syntax
-//! every flag and log line uses, [`size`] the byte sizes (`512Mi`).
+//! joins the two into what `main` does; [`fleet`] reads `--routers`. [`godur`] is the duration
+//! syntax every flag and log line uses, [`size`] the byte sizes (`512Mi`).
 //!
 //! May depend on: `parking::backoff` (the retry policy it derives) and
 //! `ops::logging` (the log level and format it parses); nothing that runs.
@@ -12,5 +12,6 @@
 pub mod command;
 pub mod config;
 pub mod flags;
+pub mod fleet;
 pub mod godur;
 pub mod size;

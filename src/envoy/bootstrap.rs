@@ -11,8 +11,9 @@ use std::net::{IpAddr, Ipv4Addr};
 use std::time::Duration;
 
 use crate::ateapi::target::{ACTOR_ATTRIBUTE, AUTHORITY_ATTRIBUTE};
-use crate::cli::config::{CidrRange, Config};
+use crate::cli::config::{envoy_router_tls, CidrRange, Config, EnvoyRouterTls};
 use crate::envoy::extproc::ORIGINAL_DST_NAMESPACE;
+use crate::envoy::fleet::{self, ConnectionLimits};
 
 /// The cluster name of the router in the generated config.
 pub const ROUTER_CLUSTER: &str = "atenet_router";
@@ -56,14 +57,12 @@ pub const STATS_STAT_PREFIX: &str = "atenet_stats";
 /// Renders the bootstrap as YAML.
 pub fn bootstrap(config: &Config) -> String {
     let (admin_ip, admin_port) = admin_socket(config);
-    let extproc_ip = match config.extproc_addr.ip() {
-        ip if ip.is_unspecified() => IpAddr::V4(Ipv4Addr::LOCALHOST),
-        ip => ip,
-    };
     let message_timeout = seconds(config.message_timeout());
     let max_message_timeout = seconds(config.max_message_timeout());
     let route_timeout = config.route_timeout;
     let idle_timeout = (route_timeout + Duration::from_secs(30)).max(Duration::from_secs(300));
+    // Refused before this runs (cli::command), so never an error here.
+    let tls = envoy_router_tls(config).ok().flatten();
     let mut y = String::new();
     let w = &mut y;
     let _ = writeln!(
@@ -73,7 +72,8 @@ pub fn bootstrap(config: &Config) -> String {
     );
     let _ = writeln!(
         w,
-        "# Needs Envoy {MIN_ENVOY_VERSION} or later. Regenerate it whenever the router's flags change."
+        "# Needs Envoy {} or later. Regenerate it whenever the router's flags change.",
+        fleet::fleet_min_envoy_version(config).unwrap_or(MIN_ENVOY_VERSION)
     );
     let _ = writeln!(
         w,
@@ -89,6 +89,16 @@ pub fn bootstrap(config: &Config) -> String {
         port_health = config.port_health,
         port_stats = config.port_stats,
     );
+    if let Some(tls) = &tls {
+        let _ = write!(
+            w,
+            "# ext_proc over TLS: Envoy's certificate files are named in the SDS files in {dir}\n\
+             # (written by envoy-config beside this bootstrap), which Envoy watches, so rotated files\n\
+             # are used by new connections. File-based SDS needs the node's id and cluster.\n\
+             node: {{ id: atenet-envoy, cluster: atenet }}\n",
+            dir = tls.sds_dir.display()
+        );
+    }
     let _ = write!(
         w,
         r#"# Envoy's own memory (B92): above 95% of --envoy-max-heap it returns free
@@ -207,7 +217,7 @@ static_resources:
               "@type": type.googleapis.com/envoy.extensions.filters.http.ext_proc.v3.ExternalProcessor
               grpc_service:
                 envoy_grpc: {{ cluster_name: {ROUTER_CLUSTER} }}
-                # A stream on which the router has sent nothing yet (a
+{fleet_metadata}                # A stream on which the router has sent nothing yet (a
                 # request waiting for its actor) is retried, on a router
                 # restarted within a few seconds, or on the successor of a
                 # router that handed over (gRPC core cancels the streams
@@ -219,7 +229,7 @@ static_resources:
                   retry_on: connect-failure,refused-stream,unavailable,cancelled,reset
                   num_retries: 8
                   retry_back_off: {{ base_interval: 0.050s, max_interval: 1s }}
-              failure_mode_allow: false
+{fleet_retry_hosts}              failure_mode_allow: false
               # No router to ask: a retryable 503, not a 500.
               status_on_error: {{ code: 503 }}
               message_timeout: {message_timeout}
@@ -305,33 +315,7 @@ static_resources:
             typed_config:
               "@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router
   clusters:
-  - name: {ROUTER_CLUSTER}
-    type: STATIC
-    connect_timeout: 0.250s
-    per_connection_buffer_limit_bytes: {buffer_limit}
-    typed_extension_protocol_options:
-      envoy.extensions.upstreams.http.v3.HttpProtocolOptions:
-        "@type": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions
-        explicit_http_config:
-          http2_protocol_options:
-            initial_stream_window_size: {h2_stream_window}
-            initial_connection_window_size: {h2_connection_window}
-    # Every open ext_proc stream, a parked request's included, holds one
-    # request; after a router restart every one of them may be retried at
-    # once (Envoy's default allows 3 retries in flight).
-    circuit_breakers:
-      thresholds:
-      - priority: DEFAULT
-        max_requests: {breaker}
-        max_retries: {breaker}
-    load_assignment:
-      cluster_name: {ROUTER_CLUSTER}
-      endpoints:
-      - lb_endpoints:
-        - endpoint:
-            address:
-              socket_address: {{ address: "{extproc_ip}", port_value: {extproc_port} }}
-  - name: {WORKER_CLUSTER}
+{router_cluster}  - name: {WORKER_CLUSTER}
     type: ORIGINAL_DST
     lb_policy: CLUSTER_PROVIDED
     connect_timeout: 5s
@@ -389,12 +373,136 @@ static_resources:
         port_http = config.port_http,
         port_health = config.port_health,
         port_stats = config.port_stats,
-        breaker = config.extproc_max_requests,
-        extproc_port = config.extproc_addr.port(),
+        router_cluster = fleet::router_cluster(
+            config,
+            ROUTER_CLUSTER,
+            &tls.as_ref().map_or_else(String::new, transport_socket),
+            &ConnectionLimits {
+                buffer_bytes: BUFFER_LIMIT_BYTES,
+                h2_stream_window: H2_STREAM_WINDOW_BYTES,
+                h2_connection_window: H2_CONNECTION_WINDOW_BYTES,
+            },
+        ),
+        fleet_metadata = fleet::ext_proc_metadata(config),
+        fleet_retry_hosts = fleet::ext_proc_retry_hosts(config),
         worker_connections = WORKER_MAX_REQUESTS,
         worker_pending = WORKER_MAX_PENDING,
     );
     y
+}
+
+/// The SDS secret Envoy verifies the router with (B86).
+pub const ROUTER_CA_SECRET: &str = "atenet_router_ca";
+/// The SDS secret of Envoy's client certificate for the router (B86).
+pub const CLIENT_CERT_SECRET: &str = "atenet_router_client_cert";
+
+/// The SDS file of `secret` in the SDS directory.
+fn sds_path(tls: &EnvoyRouterTls, secret: &str) -> std::path::PathBuf {
+    tls.sds_dir.join(format!("{secret}.yaml"))
+}
+
+/// The router cluster's TLS (B86): HTTP/2 by ALPN, the router's name as
+/// SNI and as the SAN it must carry, and every file through file-based
+/// SDS, so that Envoy picks up rotated files without a restart.
+fn transport_socket(tls: &EnvoyRouterTls) -> String {
+    let mut y = String::from(
+        "    # ext_proc over TLS (B86): the router's certificate is verified against the CA in\n\
+         \x20   # the SDS file below; the files it names are re-read when they change.\n\
+         \x20   transport_socket:\n\
+         \x20     name: envoy.transport_sockets.tls\n\
+         \x20     typed_config:\n\
+         \x20       \"@type\": type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext\n",
+    );
+    if let Some(name) = &tls.server_name {
+        let _ = writeln!(y, "        sni: \"{name}\"");
+    }
+    y.push_str("        common_tls_context:\n          alpn_protocols: [h2]\n");
+    if tls.client_cert.is_some() {
+        let _ = write!(
+            y,
+            "          tls_certificate_sds_secret_configs:\n\
+             \x20         - name: {CLIENT_CERT_SECRET}\n\
+             \x20           sds_config: {{ path_config_source: {{ path: \"{}\" }}, resource_api_version: V3 }}\n",
+            sds_path(tls, CLIENT_CERT_SECRET).display()
+        );
+    }
+    let _ = write!(
+        y,
+        "          validation_context_sds_secret_config:\n\
+         \x20           name: {ROUTER_CA_SECRET}\n\
+         \x20           sds_config: {{ path_config_source: {{ path: \"{}\" }}, resource_api_version: V3 }}\n",
+        sds_path(tls, ROUTER_CA_SECRET).display()
+    );
+    y
+}
+
+/// The directory a file is in, which Envoy watches for the file's
+/// replacement (a Kubernetes Secret swaps its `..data` link there).
+fn watched(path: &std::path::Path) -> String {
+    path.parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(std::path::Path::new("."))
+        .display()
+        .to_string()
+}
+
+/// The SDS files `envoy-config` writes beside the bootstrap when the
+/// router uses TLS (B86): each a `Secret` naming Envoy's own files, path
+/// and contents. None without TLS.
+pub fn sds_files(config: &Config) -> Vec<(std::path::PathBuf, String)> {
+    let Some(tls) = envoy_router_tls(config).ok().flatten() else { return Vec::new() };
+    let header =
+        "# Generated by `atenet-router envoy-config`: the files Envoy reads for its TLS to the router.\n";
+    let mut ca = format!(
+        "{header}resources:\n\
+         - \"@type\": type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.Secret\n\
+         \x20 name: {ROUTER_CA_SECRET}\n\
+         \x20 validation_context:\n\
+         \x20   trusted_ca: {{ filename: \"{}\" }}\n\
+         \x20   watched_directory: {{ path: \"{}\" }}\n",
+        tls.ca_file.display(),
+        watched(&tls.ca_file)
+    );
+    if let Some(name) = &tls.server_name {
+        let _ = write!(
+            ca,
+            "    match_typed_subject_alt_names:\n    - {{ san_type: DNS, matcher: {{ exact: \"{name}\" }} }}\n"
+        );
+    }
+    let mut files = vec![(sds_path(&tls, ROUTER_CA_SECRET), ca)];
+    if let Some((cert, key)) = &tls.client_cert {
+        let client = format!(
+            "{header}resources:\n\
+             - \"@type\": type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.Secret\n\
+             \x20 name: {CLIENT_CERT_SECRET}\n\
+             \x20 tls_certificate:\n\
+             \x20   certificate_chain: {{ filename: \"{}\" }}\n\
+             \x20   private_key: {{ filename: \"{}\" }}\n\
+             \x20   watched_directory: {{ path: \"{}\" }}\n",
+            cert.display(),
+            key.display(),
+            watched(cert)
+        );
+        files.push((sds_path(&tls, CLIENT_CERT_SECRET), client));
+    }
+    files
+}
+
+/// Writes [`sds_files`], each replaced whole (written beside, then
+/// renamed: a watching Envoy never reads half a file), the directory
+/// created if missing. Returns the paths written.
+pub fn write_sds_files(config: &Config) -> std::io::Result<Vec<std::path::PathBuf>> {
+    let mut written = Vec::new();
+    for (path, text) in sds_files(config) {
+        if let Some(dir) = path.parent() {
+            std::fs::create_dir_all(dir)?;
+        }
+        let temp = path.with_extension("yaml.tmp");
+        std::fs::write(&temp, text)?;
+        std::fs::rename(&temp, &path)?;
+        written.push(path);
+    }
+    Ok(written)
 }
 
 /// The route of every actor request to its worker, with the target port
@@ -684,6 +792,92 @@ mod tests {
         };
         assert_eq!(idle(&[]), "idle_timeout: 75s");
         assert_eq!(idle(&["--envoy-idle-timeout", "1.5s"]), "idle_timeout: 1.500s");
+    }
+
+    #[test]
+    fn b86_tls_to_the_router_through_sds_files() {
+        let plain = bootstrap(&parse_serve_args(&["--ateapi-insecure"]).unwrap());
+        assert!(!plain.contains("transport_socket") && !plain.contains("node:"));
+        let c = parse_serve_args(&[
+            "--ateapi-insecure",
+            "--extproc-cert-file",
+            "/r/tls.crt",
+            "--extproc-key-file",
+            "/r/tls.key",
+            "--extproc-client-ca-file",
+            "/r/ca.crt",
+            "--envoy-router-ca-file",
+            "/e/ca/ca.crt",
+            "--envoy-router-cert-file",
+            "/e/certs/tls.crt",
+            "--envoy-router-key-file",
+            "/e/certs/tls.key",
+            "--envoy-router-server-name",
+            "atenet-router.test",
+            "--envoy-sds-dir",
+            "/e/sds",
+        ])
+        .unwrap();
+        let y = bootstrap(&c);
+        assert!(y.contains("node: { id: atenet-envoy, cluster: atenet }"), "{y}");
+        assert!(y.contains("UpstreamTlsContext") && y.contains("sni: \"atenet-router.test\""), "{y}");
+        assert!(y.contains("path: \"/e/sds/atenet_router_ca.yaml\""), "{y}");
+        assert!(y.contains("path: \"/e/sds/atenet_router_client_cert.yaml\""), "{y}");
+        let files = sds_files(&c);
+        assert_eq!(files.len(), 2);
+        assert!(files[0].1.contains("trusted_ca: { filename: \"/e/ca/ca.crt\" }"));
+        assert!(files[0].1.contains("watched_directory: { path: \"/e/ca\" }"));
+        assert!(files[0].1.contains("exact: \"atenet-router.test\""));
+        assert!(files[1].1.contains("private_key: { filename: \"/e/certs/tls.key\" }"));
+        let no_client = parse_serve_args(&[
+            "--ateapi-insecure",
+            "--extproc-cert-file",
+            "/r/tls.crt",
+            "--extproc-key-file",
+            "/r/tls.key",
+            "--envoy-router-ca-file",
+            "/e/ca.crt",
+            "--envoy-sds-dir",
+            "/e/sds",
+        ])
+        .unwrap();
+        assert_eq!(sds_files(&no_client).len(), 1);
+        assert!(!bootstrap(&no_client).contains("tls_certificate_sds_secret_configs"));
+    }
+
+    #[test]
+    fn b87_routers_make_the_router_cluster_a_fleet() {
+        let sidecar = bootstrap(&parse_serve_args(&["--ateapi-insecure"]).unwrap());
+        for fleet_only in
+            ["MAGLEV", "initial_metadata", "previous_hosts", "health_checks", "outlier_detection"]
+        {
+            assert!(!sidecar.contains(fleet_only), "{fleet_only} in the sidecar's bootstrap");
+        }
+        let c = parse_serve_args(&[
+            "--ateapi-insecure",
+            "--routers",
+            "atenet-router-fleet.atenet.svc:50051,10.0.0.7:50052",
+            "--parked-request-max",
+            "3000",
+        ])
+        .unwrap();
+        let y = bootstrap(&c);
+        let ext_proc =
+            &y[y.find("envoy.filters.http.ext_proc").unwrap()..y.find("failure_mode_allow").unwrap()];
+        assert!(
+            ext_proc.contains(r#"- { key: ate-target-actor, value: "%REQ(ate-target-actor)%" }"#),
+            "{ext_proc}"
+        );
+        assert!(ext_proc.contains(r#"value: "%FILTER_STATE(dev.ate.target.actor:PLAIN)%""#));
+        assert!(ext_proc.contains("num_retries: 8") && ext_proc.contains("previous_hosts"), "{ext_proc}");
+        let cluster = &y[y.find("- name: atenet_router").unwrap()..y.find("- name: atenet_workers").unwrap()];
+        assert!(cluster.contains("lb_policy: MAGLEV") && cluster.contains("envoy.cluster.dns"), "{cluster}");
+        assert!(cluster.contains("max_requests: 6000"), "the breaker derived from the lot: {cluster}");
+        assert!(cluster.contains(r#"address: "atenet-router-fleet.atenet.svc", port_value: 50051"#));
+        assert!(cluster.contains(r#"address: "10.0.0.7", port_value: 50052"#));
+        assert!(!cluster.contains("127.0.0.1"), "not the sidecar's router: {cluster}");
+        assert!(y.contains("# Needs Envoy 1.37 or later."), "a cluster-level hash_policy");
+        assert!(sidecar.contains("# Needs Envoy 1.30 or later."));
     }
 
     #[test]

@@ -5,8 +5,11 @@
 //! - `extproc`: the service and one task per stream, from the first message
 //!   to the verdict that ends it;
 //! - `streams`: the bound on open streams;
+//! - `health`: gRPC's health service on the same port, which Envoy's
+//!   health checks call;
 //! - `verdict`: what a caller's outcome becomes on the wire;
-//! - [`bootstrap`]: the Envoy configuration, generated from the same flags.
+//! - [`bootstrap`]: the Envoy configuration, generated from the same flags;
+//! - `fleet`: its router cluster, one sidecar's router or a fleet (B87).
 //!
 //! May depend on: `parking` (a stream's wait), `ateapi` (which actor, what
 //! a resume returned), `ops` (metrics, logs, the status page's recent
@@ -14,4 +17,4 @@
 
 pub mod bootstrap;
 
-internal!(extproc, streams, verdict);
+internal!(extproc, fleet, health, streams, verdict);

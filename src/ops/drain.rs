@@ -1,4 +1,4 @@
-//! Graceful drain on SIGTERM or SIGINT (B41, B43-B45).
+//! Graceful drain on SIGTERM or SIGINT (B41, B43-B45, B85).
 //!
 //! The order matters. Readiness flips first, the router's and Envoy's
 //! (`/healthcheck/fail`) together, so a load balancer polling either gets
@@ -11,6 +11,12 @@
 //! park budget, so a parked request still gets a normal verdict (B44). A
 //! marker file tells Envoy's preStop hook that it may exit. A second
 //! signal skips every remaining wait.
+//!
+//! A fleet router (`--envoys` above 1, B85) belongs to no Envoy: its drain
+//! flips readiness and the gRPC health answer, so that every Envoy's
+//! health check takes it out of rotation within the drain delay, and then
+//! stops ext_proc as above, without a word to any Envoy's admin and without
+//! waiting for Envoy's client connections.
 
 use std::fs;
 use std::io::{self, Read, Write};
@@ -29,6 +35,8 @@ pub struct DrainPlan {
     pub delay: Duration,
     /// Envoy's admin address (`host:port`), when Envoy is to be drained.
     pub envoy_admin: Option<String>,
+    /// Whether the router leaves a fleet (B85): no Envoy is drained.
+    pub fleet: bool,
     /// How long to wait for Envoy's downstream connections to close.
     pub envoy_window: Duration,
     /// How often to poll Envoy's stats.
@@ -63,9 +71,13 @@ impl DrainPlan {
     }
 
     pub fn from_config(config: &Config) -> DrainPlan {
+        let fleet = config.is_fleet_router();
         DrainPlan {
             delay: config.drain_delay,
-            envoy_admin: config.envoy_admin_address.clone(),
+            // No Envoy belongs to a fleet router: draining one would take
+            // its listeners from every other router's streams.
+            envoy_admin: config.envoy_admin_address.clone().filter(|_| !fleet),
+            fleet,
             envoy_window: config.envoy_drain_window(),
             poll_every: Duration::from_millis(250),
             timeout: config.drain_timeout,
@@ -79,6 +91,8 @@ impl DrainPlan {
 pub enum EnvoyDrain {
     /// No admin address configured.
     Disabled,
+    /// A fleet router drains no Envoy (B85).
+    Fleet,
     /// Every non-admin downstream connection closed.
     Drained,
     /// The admin API did not answer: Envoy is gone, nothing to wait for.
@@ -93,6 +107,7 @@ impl std::fmt::Display for EnvoyDrain {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(match self {
             EnvoyDrain::Disabled => "not drained (no --envoy-admin-address)",
+            EnvoyDrain::Fleet => "not drained (a fleet router, --envoys above 1: it only leaves the fleet)",
             EnvoyDrain::Drained => "drained",
             EnvoyDrain::Unreachable => "unreachable (gone)",
             EnvoyDrain::WindowElapsed => "still had connections when the window passed",
@@ -146,10 +161,15 @@ pub fn drain_reporting(
     // `connection: close`, HTTP/2 GOAWAY), while its listeners still accept.
     let envoy_gone =
         plan.envoy_admin.as_deref().is_some_and(|admin| post(admin, "/healthcheck/fail").is_err());
-    log::info!("drain: not ready; waiting {} before draining Envoy", crate::cli::godur::format(plan.delay));
+    let next = if plan.envoy_admin.is_some() { "draining Envoy" } else { "stopping ext_proc" };
+    log::info!(
+        "drain: not ready (health NOT_SERVING); waiting {} before {next}",
+        crate::cli::godur::format(plan.delay)
+    );
     let mut skipping = interrupt.recv_timeout(plan.delay).is_ok();
     progress(plan.envoy_bound() + plan.stop_bound());
     let envoy = match (&plan.envoy_admin, envoy_gone, skipping) {
+        (None, _, _) if plan.fleet => EnvoyDrain::Fleet,
         (None, _, _) => EnvoyDrain::Disabled,
         (Some(_), true, _) => EnvoyDrain::Unreachable,
         (Some(_), false, true) => EnvoyDrain::Skipped,

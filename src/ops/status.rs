@@ -678,6 +678,7 @@ pub fn effective_flags(config: &Config) -> Vec<(&'static str, String)> {
             "--worker-networks",
             config.worker_networks.iter().map(|r| format!("{}/{}", r.ip, r.prefix)).collect::<Vec<_>>().join(","),
         ),
+        ("--envoys", config.envoys.to_string()),
         ("--drain-delay", godur::format(config.drain_delay)),
         ("--drain-timeout", godur::format(config.drain_timeout)),
         ("--envoy-admin-address", opt(&config.envoy_admin_address)),

@@ -6,6 +6,7 @@
 
 #![allow(dead_code)]
 
+pub mod pki;
 pub mod process;
 
 use std::collections::HashMap;

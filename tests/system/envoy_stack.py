@@ -204,6 +204,26 @@ def word_after(line, prefix):
     return line.split(prefix, 1)[1].split()[0].rstrip(",")
 
 
+def start_sim_and_worker(stack):
+    """Starts a stack's ateapi-sim and echo worker (its `dir`, `workers`,
+    `network`, `sim_flags`, `script`, `worker_hosts`, `record_path`) and
+    sets `sim`, `sim_address`, `echo` and `worker_port` on it."""
+    sim_argv = [f"{BIN}/ateapi-sim", "--listen", f"{LOOPBACK}:0", "--workers", str(stack.workers),
+                "--worker-network", stack.network, *stack.sim_flags]
+    if stack.script is not None:
+        script_path = stack.dir / "sim.script"
+        script_path.write_text(stack.script)
+        sim_argv += ["--script", str(script_path)]
+    stack.sim = Process("ateapi-sim", sim_argv, stack.dir)
+    stack.sim_address = word_after(stack.sim.wait_line("listening on"), "listening on ")
+    echo_argv = [sys.executable, str(ECHO_WORKER), "--port", "0", "--record", str(stack.record_path)]
+    for host in stack.worker_hosts:
+        echo_argv += ["--listen", host]
+    stack.echo = Process("echo-worker", echo_argv, stack.dir)
+    line = stack.echo.wait_line("echo-worker listening on")
+    stack.worker_port = int(line.split()[-1].rsplit(":", 1)[1])
+
+
 class Stack:
     """ateapi-sim, an echo worker on `echo_hosts` loopback addresses, the
     router and Envoy, started in that order, each awaited until ready.
@@ -276,21 +296,7 @@ class Stack:
                 raise
 
     def _start_once(self):
-        sim_argv = [f"{BIN}/ateapi-sim", "--listen", f"{LOOPBACK}:0", "--workers", str(self.workers),
-                    "--worker-network", self.network, *self.sim_flags]
-        if self.script is not None:
-            script_path = self.dir / "sim.script"
-            script_path.write_text(self.script)
-            sim_argv += ["--script", str(script_path)]
-        self.sim = Process("ateapi-sim", sim_argv, self.dir)
-        self.sim_address = word_after(self.sim.wait_line("listening on"), "listening on ")
-
-        echo_argv = [sys.executable, str(ECHO_WORKER), "--port", "0", "--record", str(self.record_path)]
-        for host in self.worker_hosts:
-            echo_argv += ["--listen", host]
-        self.echo = Process("echo-worker", echo_argv, self.dir)
-        line = self.echo.wait_line("echo-worker listening on")
-        self.worker_port = int(line.split()[-1].rsplit(":", 1)[1])
+        start_sim_and_worker(self)
 
         taken = set()
         for name in ("http_port", "health_port", "stats_port", "admin_port"):
@@ -482,3 +488,166 @@ def json_lines(path):
         return []
     # A line still being written has no newline yet: leave it for later.
     return [json.loads(line) for line in text.split("\n")[:-1] if line.strip()]
+
+
+class FleetStack:
+    """A fleet on loopback (B85, B87): ateapi-sim, an echo worker,
+    `routers` fleet routers (`--envoys` = `envoys`, each on its own ext_proc
+    port) and `envoys` Envoys whose router cluster spans them all
+    (`envoy-config --routers`). Every router and every bootstrap gets the
+    same `router_flags`; `edit_config` bends each bootstrap (a test that
+    must be seen to fail). `drain_delay`: the routers' --drain-delay (a
+    fleet takes at least 3 s)."""
+
+    def __init__(self, routers=3, envoys=2, router_flags=(), sim_flags=(), script=None, workers=4,
+                 network="127.0.1.0/24", drain_delay="3s", edit_config=None):
+        assert ipaddress.ip_network(network).subnet_of(ipaddress.ip_network("127.0.0.0/8"))
+        self.router_count = routers
+        self.envoy_count = envoys
+        self.router_flags = list(router_flags)
+        self.sim_flags = list(sim_flags)
+        self.script = script
+        self.workers = workers
+        self.network = network
+        self.worker_hosts = network_hosts(network, workers)
+        self.drain_delay = drain_delay
+        self.edit_config = edit_config
+        self.dir = Path(tempfile.mkdtemp(prefix="envoy-fleet-"))
+        self.record_path = self.dir / "worker-record.jsonl"
+        self.sim = self.echo = None
+        self.routers, self.envoys, self._logs = [], [], []
+
+    def __enter__(self):
+        for attempt in range(3):
+            try:
+                self._start_once()
+                return self
+            except PortTaken:
+                self.stop(keep_dir=True)
+                if attempt == 2:
+                    raise
+            except BaseException:
+                self.stop(keep_dir=True)
+                raise
+
+    def __exit__(self, *exc):
+        self.stop()
+
+    def _start_once(self):
+        start_sim_and_worker(self)
+        taken = set()
+
+        def port():
+            p = free_port(taken=taken)
+            taken.add(p)
+            return p
+
+        self.extproc_ports = [port() for _ in range(self.router_count)]
+        self.routers = [None] * self.router_count
+        self.router_metrics_urls = [None] * self.router_count
+        for i in range(self.router_count):
+            self.start_router(i)
+        self.envoy_ports = [dict(http=port(), health=port(), stats=port(), admin=port())
+                            for _ in range(self.envoy_count)]
+        routers = ",".join(f"{LOOPBACK}:{p}" for p in self.extproc_ports)
+        for j, ports in enumerate(self.envoy_ports):
+            flags = self.common_flags() + [
+                "--routers", routers, "--port-http", str(ports["http"]), "--port-health", str(ports["health"]),
+                "--port-stats", str(ports["stats"]), "--envoy-admin-address", f"{LOOPBACK}:{ports['admin']}",
+                "--envoy-listen-address", LOOPBACK]
+            text = render_config(flags)
+            if self.edit_config:
+                text = self.edit_config(text)
+            bound = re.findall(r'socket_address: \{ address: "([^"]+)"', text)
+            assert bound and all(ipaddress.ip_address(ip).is_loopback for ip in bound), bound
+            path = self.dir / f"envoy-{j}.yaml"
+            path.write_text(text)
+            log = open(self.dir / f"envoy-{j}-access.log", "a")
+            self._logs.append(log)
+            self.envoys.append(Process(f"envoy-{j}", [
+                envoy_binary(), "-c", str(path), "--use-dynamic-base-id", "--file-flush-interval-msec", "100",
+                "--log-level", "warn", "--concurrency", "1", "--drain-time-s", "1"], self.dir, stdout=log))
+        for j in range(self.envoy_count):
+            self._wait_envoy_ready(j)
+
+    def common_flags(self):
+        flags = ["--ateapi-insecure", "--ateapi-address", self.sim_address, "--extproc-address", LOOPBACK,
+                 "--drain-delay", self.drain_delay, "--drain-complete-file", "",
+                 "--worker-port", str(self.worker_port), "--envoys", str(self.envoy_count)]
+        clash = {f for f in flags if f.startswith("--")} & {f.split("=")[0] for f in self.router_flags}
+        assert not clash, f"the harness sets {sorted(clash)} itself"
+        return flags + self.router_flags
+
+    def start_router(self, i):
+        """Router i on its own ext_proc port (again, after a stop)."""
+        argv = [f"{BIN}/atenet-router", "serve", *self.common_flags(), "--port-extproc", str(self.extproc_ports[i]),
+                "--metrics-listen-addr", f"{LOOPBACK}:0", "--status-port", "0", "--envoy-admin-address", ""]
+        self.routers[i] = Process(f"atenet-router-{i}", argv, self.dir)
+        line = self.routers[i].wait_line(" serving: ")
+        self.router_metrics_urls[i] = f"http://{word_after(line, 'metrics on http://').split('/')[0]}"
+
+    def _wait_envoy_ready(self, j):
+        """Admin /ready is 200 once the router cluster's first health checks
+        are in; then every router is in rotation once each Envoy saw it
+        healthy (`/clusters`)."""
+        deadline = time.monotonic() + START_TIMEOUT
+        while True:
+            envoy = self.envoys[j]
+            if not envoy.running():
+                envoy.reader.join(timeout=STOP_TIMEOUT)
+                raise envoy.failed(f"exited {envoy.proc.returncode} before it was ready")
+            try:
+                if self.healthy_routers(j) == self.router_count:
+                    socket.create_connection((LOOPBACK, self.envoy_ports[j]["http"]), timeout=2).close()
+                    return
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                raise envoy.failed(f"not ready with {self.router_count} healthy routers within {START_TIMEOUT}s")
+            time.sleep(0.05)
+
+    def admin_url(self, j):
+        return f"http://{LOOPBACK}:{self.envoy_ports[j]['admin']}"
+
+    def url(self, j):
+        return f"http://{LOOPBACK}:{self.envoy_ports[j]['http']}"
+
+    def router_hosts(self, j):
+        """Envoy j's view of the router cluster, from its admin `/clusters`:
+        per host `ip:port`, its `health_flags` and `rq_total`."""
+        with urllib.request.urlopen(f"{self.admin_url(j)}/clusters", timeout=5) as response:
+            text = response.read().decode()
+        hosts = {}
+        for line in text.splitlines():
+            parts = line.split("::")
+            if len(parts) == 4 and parts[0] == "atenet_router":
+                hosts.setdefault(parts[1], {})[parts[2]] = parts[3]
+        return hosts
+
+    def healthy_routers(self, j):
+        return sum(1 for h in self.router_hosts(j).values() if h.get("health_flags") == "healthy")
+
+    def records(self):
+        return json_lines(self.record_path)
+
+    def access_log(self, j):
+        return json_lines(self.dir / f"envoy-{j}-access.log")
+
+    def stop(self, keep_dir=False):
+        """Stops everything, Envoys first; never raises."""
+        self.exit_codes = {}
+        for process in [*self.envoys, *self.routers, self.sim, self.echo]:
+            if process is not None:
+                try:
+                    self.exit_codes[process.name] = process.stop()
+                except Exception as e:
+                    self.exit_codes[process.name] = repr(e)
+        for log in self._logs:
+            log.close()
+        self.envoys, self.routers, self._logs, self.sim, self.echo = [], [], [], None, None
+        if not keep_dir and os.environ.get("ATENET_KEEP_STACK") != "1":
+            shutil.rmtree(self.dir, ignore_errors=True)
+
+    def logs(self):
+        return "\n".join(f"--- {p.name}\n{p.tail()}" for p in [self.sim, *self.routers, *self.envoys]
+                         if p is not None)

@@ -307,7 +307,9 @@ def router(images, network, sim):
            "--read-only", "--mount", f"type=volume,src={volume},dst=/var/run/atenet", "--stop-timeout", "60",
            "-p", f"127.0.0.1:{METRICS_PORT}:9090", "-p", f"127.0.0.1:{EXTPROC_PORT}:50051",
            image, "serve", "--ateapi-insecure", f"--ateapi-address={SIM_IP}:50061",
-           "--extproc-address=0.0.0.0", "--envoy-admin-address=", "--drain-delay=1s", "--worker-port=8000")
+           # Plaintext on the test's own bridge network (B86), published on
+           # the host's loopback only.
+           "--extproc-address=0.0.0.0", "--extproc-insecure", "--envoy-admin-address=", "--drain-delay=1s", "--worker-port=8000")
     poll("/readyz from the host", lambda: get(f"http://127.0.0.1:{METRICS_PORT}/readyz")[0] == 200)
     yield name, volume
     docker("rm", "-f", name, check=False)

@@ -27,6 +27,11 @@ FLAG_SETS = {
     "small-lot-and-breaker": ["--parked-request-max", "2", "--extproc-max-requests", "2"],
     "no-route-timeout": ["--route-timeout", "0s"],
     "listen-loopback": ["--envoy-listen-address", "127.0.0.1"],
+    # B87: the router cluster a fleet.
+    "fleet-addresses": ["--routers", "127.0.0.1:50051,127.0.0.2:50051,[::1]:50052"],
+    "fleet-one-name": ["--routers", "atenet-router-fleet.atenet.svc.cluster.local:50051"],
+    "fleet-names-and-addresses": ["--routers", "localhost:50051,router-b.example:50051,10.0.0.3:50051",
+                                  "--parked-request-max", "0", "--late-serve-limit", "0"],
 }
 
 

@@ -623,3 +623,203 @@ def test_images_are_set_like_kustomize():
     assert set_image("envoyproxy/envoy:v1.31.0", images) == "envoyproxy/envoy:v1.32.13"
     assert set_image("registry:5000/router:1", images) == "r.example/router@sha256:abc"
     assert set_image("other:2", images) == "other:2"
+
+
+# ------------------------------------------------ the fleet layout (B85, B87)
+
+FLEET = ROOT / "packaging/kubernetes-fleet"
+# What a fleet Envoy's health checks need before a draining router stops
+# accepting streams, and how often Envoy re-resolves the headless Service.
+FLEET_HEALTH_INTERVAL = 1
+FLEET_DNS_REFRESH = 5
+
+
+def fleet_deployment(docs, name):
+    [deployment] = [d for d in docs if d["kind"] == "Deployment" and d["metadata"]["name"] == name]
+    return deployment
+
+
+def fleet_router_flags():
+    """The fleet router's flags, from router.yaml as written."""
+    docs = [d for d in yaml.safe_load_all((FLEET / "router.yaml").read_text()) if d]
+    args = fleet_deployment(docs, "atenet-router-fleet")["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert args[0] == "serve"
+    return args[1:]
+
+
+def fleet_envoy_flags():
+    return (FLEET / "envoy-config.flags").read_text().split()
+
+
+def fleet_problems(docs):
+    """The fleet's wiring: the headless Service selects the routers and
+    names the port Envoy's --routers does; the routers' TLS files, grace,
+    probes and --envoys fit; rollouts and disruptions take one router at a
+    time and wait for every Envoy to see the new one."""
+    p = []
+    router = fleet_deployment(docs, "atenet-router-fleet")
+    envoy = fleet_deployment(docs, "atenet-envoy")
+    flags = router["spec"]["template"]["spec"]["containers"][0]["args"][1:]
+    spec = router["spec"]
+    pod = spec["template"]["spec"]
+    labels = spec["template"]["metadata"]["labels"]
+    services = {d["metadata"]["name"]: d for d in docs if d["kind"] == "Service"}
+    headless = services.get("atenet-router-fleet")
+    if headless is None or headless["spec"].get("clusterIP") != "None":
+        p.append("the routers need a headless Service (clusterIP: None): each pod its own host for MAGLEV")
+    else:
+        if any(labels.get(k) != v for k, v in headless["spec"]["selector"].items()):
+            p.append("the headless Service does not select the router pods")
+        if headless["spec"].get("publishNotReadyAddresses"):
+            p.append("the headless Service must list ready routers only")
+    routers = flag(fleet_envoy_flags(), "--routers", "")
+    host, _, port = routers.rpartition(":")
+    if not host.startswith("atenet-router-fleet."):
+        p.append(f"--routers {routers} does not name the headless Service")
+    if headless and int(port) != headless["spec"]["ports"][0]["port"]:
+        p.append(f"--routers port {port} is not the headless Service's")
+    container = pod["containers"][0]
+    if int(port) != named_ports(container).get("extproc") or int(port) != int(flag(flags, "--port-extproc", "50051")):
+        p.append("--routers' port is not the routers' --port-extproc")
+    for needed in ("--extproc-cert-file", "--extproc-key-file", "--extproc-client-ca-file"):
+        if not flag(flags, needed, ""):
+            p.append(f"a fleet router is reached from other pods: it needs {needed}")
+    if "--extproc-insecure" in " ".join(flags):
+        p.append("no --extproc-insecure in the fleet")
+    if flag(fleet_envoy_flags(), "--envoy-router-server-name", "") != host:
+        p.append("Envoy must verify the name it resolves (--envoy-router-server-name = the --routers host)")
+    envoys = int(flag(flags, "--envoys", "1"))
+    hpas = [d for d in docs if d["kind"] == "HorizontalPodAutoscaler"
+            and d["spec"]["scaleTargetRef"]["name"] == "atenet-envoy"]
+    most = max([envoy["spec"]["replicas"]] + [h["spec"]["maxReplicas"] for h in hpas])
+    if envoys < 2 or envoys < most:
+        p.append(f"--envoys {envoys}: the routers must be fleet routers sized for {most} Envoys")
+    if flag(flags, "--envoy-admin-address", None) != "":
+        p.append("a fleet router calls no Envoy admin: --envoy-admin-address= (empty)")
+    delay = seconds(flag(flags, "--drain-delay", "13s"))
+    budget = seconds(flag(flags, "--parked-request-budget", "5s"))
+    late_serve = seconds(flag(flags, "--late-serve-limit", "30s"))
+    timeout = seconds(flag(flags, "--drain-timeout", "0")) or budget + max(DRAIN_TIMEOUT_FLOOR, late_serve)
+    grace = math.ceil((delay + timeout + GRACE_SLACK) / 10) * 10
+    if pod.get("terminationGracePeriodSeconds", 30) < grace:
+        p.append(f"terminationGracePeriodSeconds below the fleet router's drain ({grace})")
+    probe = container.get("readinessProbe", {}).get("httpGet", {})
+    if probe.get("path") != "/readyz" or probe.get("port") != "metrics":
+        p.append("the routers' readiness must be /readyz on the metrics port (it flips at the drain)")
+    rolling = spec["strategy"]["rollingUpdate"]
+    if rolling.get("maxUnavailable") != 0:
+        p.append("a rollout must not take a router before its successor is ready (maxUnavailable: 0)")
+    if spec.get("minReadySeconds", 0) < FLEET_DNS_REFRESH + FLEET_HEALTH_INTERVAL:
+        p.append("minReadySeconds must give every Envoy time to resolve and health-check a new router")
+    pdbs = [d for d in docs if d["kind"] == "PodDisruptionBudget"
+            and all(labels.get(k) == v for k, v in d["spec"]["selector"]["matchLabels"].items())]
+    if not pdbs or pdbs[0]["spec"].get("maxUnavailable") != 1:
+        p.append("the routers need a PodDisruptionBudget of one at a time")
+    envoy_pod = envoy["spec"]["template"]["spec"]
+    mounts = {m["mountPath"]: m["name"] for c in envoy_pod["containers"] for m in c.get("volumeMounts", [])}
+    volumes = {v["name"]: v for v in envoy_pod["volumes"]}
+    workdir = envoy_pod["containers"][0].get("workingDir")
+    sds_dir = flag(fleet_envoy_flags(), "--envoy-sds-dir", "")
+    sds_mount = sds_dir if sds_dir.startswith("/") else f"{workdir}/{sds_dir}"
+    if volumes.get(mounts.get(sds_mount), {}).get("configMap", {}).get("name") != "atenet-envoy-sds":
+        p.append(f"the SDS files must be mounted where the bootstrap names them ({sds_mount})")
+    for f in ("--envoy-router-ca-file", "--envoy-router-cert-file", "--envoy-router-key-file"):
+        directory = str(pathlib.PurePath(flag(fleet_envoy_flags(), f, "")).parent)
+        if "secret" not in volumes.get(mounts.get(directory), {}):
+            p.append(f"{f}'s directory is no Secret mount")
+    return p
+
+
+@pytest.fixture(scope="module")
+def fleet_docs():
+    return render(FLEET)
+
+
+def test_fleet_renders_and_validates(fleet_docs):
+    kinds = sorted(d["kind"] for d in fleet_docs)
+    assert kinds == sorted(["ConfigMap", "ConfigMap", "Deployment", "Deployment", "HorizontalPodAutoscaler",
+                            "PodDisruptionBudget", "PodDisruptionBudget", "Service", "Service"])
+    assert schema_problems(fleet_docs) == []
+
+
+def test_fleet_wiring(fleet_docs):
+    assert fleet_problems(fleet_docs) == []
+
+
+def test_fleet_bootstrap_and_sds_files_are_what_envoy_config_prints(tmp_path):
+    """make k8s-fleet-envoy-config, run in a copy: the same bootstrap and the
+    same SDS files."""
+    out = subprocess.run([f"{BIN}/atenet-router", "envoy-config", *fleet_router_flags(), *fleet_envoy_flags()],
+                         capture_output=True, text=True, check=True, cwd=tmp_path).stdout
+    assert (FLEET / "envoy-bootstrap.yaml").read_text() == out, "regenerate with: make k8s-fleet-envoy-config"
+    for name in ("atenet_router_ca.yaml", "atenet_router_client_cert.yaml"):
+        assert (FLEET / "sds" / name).read_text() == (tmp_path / "sds" / name).read_text(), name
+    lines = re.findall(r"^ *- (--[a-z-]*=.*)$", (FLEET / "router.yaml").read_text(), re.M)
+    assert lines == fleet_router_flags(), "the Makefile greps these lines"
+
+
+def test_fleet_bootstrap_loads_in_envoy():
+    """With Envoy's working directory the one the pod gives it: the SDS
+    files are named relative to it."""
+    from envoy_stack import envoy_binary
+    result = subprocess.run([envoy_binary(), "--mode", "validate", "-c", "envoy-bootstrap.yaml",
+                             "--use-dynamic-base-id", "--log-level", "warn"],
+                            cwd=FLEET, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=60)
+    assert result.returncode == 0 and "OK" in result.stdout, result.stdout
+
+
+FLEET_BREAKS = {
+    "not-headless": (("Service", "atenet-router-fleet"), ["spec", "clusterIP"], "10.0.0.1", "headless"),
+    "sidecar-envoys": (("Deployment", "atenet-router-fleet"), ["spec", "template", "spec", "containers", 0, "args"],
+                       lambda args: [a if not a.startswith("--envoys=") else "--envoys=1" for a in args],
+                       "--envoys"),
+    "short-grace": (("Deployment", "atenet-router-fleet"), ["spec", "template", "spec",
+                                                            "terminationGracePeriodSeconds"], 30, "terminationGracePeriodSeconds"),
+    "rollout-unavailable": (("Deployment", "atenet-router-fleet"), ["spec", "strategy", "rollingUpdate",
+                                                                     "maxUnavailable"], 1, "maxUnavailable"),
+    "no-min-ready": (("Deployment", "atenet-router-fleet"), ["spec", "minReadySeconds"], 0, "minReadySeconds"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(FLEET_BREAKS))
+def test_a_broken_fleet_manifest_is_caught(fleet_docs, name):
+    (kind, object_name), path, value, complaint = FLEET_BREAKS[name]
+    docs = copy.deepcopy(fleet_docs)
+    [doc] = [d for d in docs if d["kind"] == kind and d["metadata"]["name"] == object_name]
+    node = doc
+    for key in path[:-1]:
+        node = node[key]
+    node[path[-1]] = value(node[path[-1]]) if callable(value) else value
+    assert any(complaint in problem for problem in fleet_problems(docs)), fleet_problems(docs)
+
+
+# ------------------------------------------------ the Gateway API edge example
+
+EDGE = ROOT / "packaging/gateway-api/edge.yaml"
+
+
+def gateway_duration(text):
+    return sum(int(n) * {"h": 3600, "m": 60, "s": 1}[u] for n, u in re.findall(r"([0-9]+)(h|m|s)", text))
+
+
+def test_the_edge_example_fits_the_sidecars():
+    """Its five requirements (README "Scaling out") against the sidecar
+    Deployment's flags: request timeout above budget + late-serve limit +
+    route timeout; idle timeout below the sidecars' Envoy idle timeout;
+    retries on connect failure only; passive health, no active check of
+    Envoy; one XFF hop trusted; and the hash on the actor header."""
+    docs = {d["kind"]: d for d in yaml.safe_load_all(EDGE.read_text()) if d}
+    flags = router_flags()
+    budget = seconds(flag(flags, "--parked-request-budget", "5s"))
+    late_serve = seconds(flag(flags, "--late-serve-limit", "30s"))
+    route = gateway_duration(flag(flags, "--route-timeout", "5m"))
+    [rule] = docs["HTTPRoute"]["spec"]["rules"]
+    assert gateway_duration(rule["timeouts"]["request"]) > budget + late_serve + route
+    assert rule["backendRefs"][0]["name"] == one(render(), "Service")["metadata"]["name"]
+    policy = docs["BackendTrafficPolicy"]["spec"]
+    assert policy["loadBalancer"]["consistentHash"] == {"type": "Header", "header": {"name": "ate-target-actor"}}
+    idle = gateway_duration(policy["timeout"]["http"]["connectionIdleTimeout"])
+    assert idle < seconds(flag(flags, "--envoy-idle-timeout", "75s"))
+    assert policy["retry"]["retryOn"] == {"triggers": ["connect-failure"]}
+    assert set(policy["healthCheck"]) == {"passive"}, "no active check of Envoy's port"
+    assert docs["ClientTrafficPolicy"]["spec"]["clientIPDetection"]["xForwardedFor"]["numTrustedHops"] == 1

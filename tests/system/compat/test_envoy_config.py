@@ -18,6 +18,8 @@ from envoy.extensions.filters.http.router.v3 import router_pb2  # noqa: F401
 from envoy.extensions.filters.network.http_connection_manager.v3 import http_connection_manager_pb2 as hcm_pb2
 from envoy.extensions.resource_monitors.downstream_connections.v3 import downstream_connections_pb2
 from envoy.extensions.resource_monitors.fixed_heap.v3 import fixed_heap_pb2
+from envoy.extensions.clusters.dns.v3 import dns_cluster_pb2
+from envoy.extensions.retry.host.previous_hosts.v3 import previous_hosts_pb2  # noqa: F401
 from envoy.extensions.upstreams.http.v3 import http_protocol_options_pb2
 from google.protobuf import json_format, symbol_database
 from protoc_gen_validate.validator import ValidationFailed, validate_all
@@ -91,6 +93,8 @@ def unpack_hcm(listener):
     ("--parked-request-max", "0", "--late-serve-limit", "0"),
     ("--parked-request-budget", "3570s"),
     ("--route-timeout", "0s", "--port-http", "1", "--port-health", "65535", "--port-stats", "2"),
+    ("--routers", "10.0.0.1:50051,10.0.0.2:50051,[fd00::3]:50051"),
+    ("--routers", "atenet-router-fleet.atenet.svc.cluster.local:50051"),
 ])
 def test_passes_envoys_own_validation_rules(flags):
     errors = pgv_errors(envoy_config(*flags))
@@ -324,3 +328,85 @@ def test_b92_refuses_an_absurd_heap(bad):
                          capture_output=True, text=True)
     assert out.returncode == 2 and out.stdout == ""
     assert out.stderr.startswith("invalid router configuration: --envoy-max-heap must be a size from 64Mi to 1Ti")
+FLEET = "atenet-router-fleet.atenet.svc.cluster.local:50051,10.0.0.9:50052"
+
+
+def test_b87_a_fleet_hashes_the_actor_over_the_routers():
+    """--routers: MAGLEV over the routers, the actor (header, else B2's
+    filter state) copied onto the side stream and hashed, gRPC health
+    checks every second traffic or not, no panic mode, outlier detection,
+    retries to another router, names resolved by Envoy."""
+    _, hcm, ext_proc, clusters = parts(envoy_config("--routers", FLEET, "--parked-request-max", "3000"))
+    metadata = [(m.key, m.value) for m in ext_proc.grpc_service.initial_metadata]
+    assert metadata == [("ate-target-actor", "%REQ(ate-target-actor)%"),
+                        ("ate-target-actor-fs", "%FILTER_STATE(dev.ate.target.actor:PLAIN)%")]
+    retry = ext_proc.grpc_service.retry_policy
+    assert retry.num_retries.value == 8
+    assert [p.name for p in retry.retry_host_predicate] == ["envoy.retry_host_predicates.previous_hosts"]
+    assert retry.host_selection_retry_max_attempts == 5
+    router = clusters["atenet_router"]
+    assert router.lb_policy == router.MAGLEV
+    assert router.common_lb_config.healthy_panic_threshold.value == 0
+    assert router.cluster_type.name == "envoy.cluster.dns"
+    dns = dns_cluster_pb2.DnsCluster()
+    assert router.cluster_type.typed_config.Unpack(dns)
+    assert dns.dns_refresh_rate.seconds == 5 and dns.respect_dns_ttl is False
+    options = http_protocol_options_pb2.HttpProtocolOptions()
+    router.typed_extension_protocol_options["envoy.extensions.upstreams.http.v3.HttpProtocolOptions"].Unpack(options)
+    assert options.explicit_http_config.HasField("http2_protocol_options")
+    assert [(h.header.header_name, h.terminal) for h in options.hash_policy] == [
+        ("ate-target-actor", True), ("ate-target-actor-fs", False)]
+    assert router.circuit_breakers.thresholds[0].max_requests.value == 6000, "B39: 2 x the lot"
+    assert router.circuit_breakers.per_host_thresholds[0].max_connections.value == 4
+    [check] = router.health_checks
+    assert check.HasField("grpc_health_check") and check.grpc_health_check.service_name == ""
+    assert check.interval.seconds == 1 and check.no_traffic_interval.seconds == 1 and check.timeout.seconds == 1
+    assert (check.unhealthy_threshold.value, check.healthy_threshold.value) == (2, 1)
+    outlier = router.outlier_detection
+    assert outlier.split_external_local_origin_errors
+    assert outlier.consecutive_local_origin_failure.value == 3
+    assert outlier.enforcing_consecutive_local_origin_failure.value == 100
+    assert outlier.max_ejection_percent.value == 100
+    hosts = [(e.endpoint.address.socket_address.address, e.endpoint.address.socket_address.port_value)
+             for e in router.load_assignment.endpoints[0].lb_endpoints]
+    assert hosts == [("atenet-router-fleet.atenet.svc.cluster.local", 50051), ("10.0.0.9", 50052)]
+
+
+def test_b87_a_fleet_of_addresses_is_static():
+    _, _, _, clusters = parts(envoy_config("--routers", "127.0.0.1:1,127.0.0.2:2"))
+    router = clusters["atenet_router"]
+    assert router.type == router.STATIC and not router.HasField("cluster_type")
+    assert router.lb_policy == router.MAGLEV
+
+
+def test_b87_without_routers_the_output_is_the_sidecars():
+    """Byte for byte: --routers "" is no flag at all, and nothing of the
+    fleet appears."""
+    text = render()
+    assert render("--routers", "") == text
+    for fleet_only in ("MAGLEV", "initial_metadata", "previous_hosts", "health_checks", "outlier_detection"):
+        assert fleet_only not in text
+
+
+@pytest.mark.parametrize("value,complaint", [
+    ("a:1,,b:2", "entry 2 is empty"),
+    ("a:1,", "entry 2 is empty"),
+    ("a:0", "port 0"),
+    ("a:1,A:1", "a second time"),
+    ("a", "has no port"),
+    ("a\"b:1", "neither an IP address nor a DNS name"),
+    (",".join(f"10.0.1.{i}:1" for i in range(1, 66)), "at most 64"),
+])
+def test_b87_bad_routers_exit_2(value, complaint):
+    out = subprocess.run([f"{BIN}/atenet-router", "envoy-config", "--ateapi-insecure", "--routers", value],
+                         capture_output=True, text=True)
+    assert out.returncode == 2, out
+    assert out.stderr.startswith("invalid router configuration: --routers: ") and complaint in out.stderr
+    assert out.stdout == ""
+
+
+def test_b87_a_fleet_needs_a_drain_delay_its_health_checks_can_see():
+    out = subprocess.run([f"{BIN}/atenet-router", "envoy-config", "--ateapi-insecure", "--routers", "a:1",
+                          "--drain-delay", "2s"], capture_output=True, text=True)
+    assert out.returncode == 2 and "--drain-delay of at least 3s" in out.stderr, out
+    render("--routers", "a:1", "--drain-delay", "3s")
