@@ -276,6 +276,9 @@ mod tests {
     use super::*;
     use crate::cli::config::parse_serve_args;
 
+    const LIMITS: ConnectionLimits =
+        ConnectionLimits { buffer_bytes: 32768, h2_stream_window: 65536, h2_connection_window: 1 << 20 };
+
     fn fleet(routers: &str) -> Config {
         parse_serve_args(&["--ateapi-insecure", "--routers", routers]).unwrap()
     }
@@ -285,17 +288,21 @@ mod tests {
         let c = parse_serve_args(&["--ateapi-insecure"]).unwrap();
         assert_eq!(ext_proc_metadata(&c), "");
         assert_eq!(ext_proc_retry_hosts(&c), "");
-        let y = router_cluster(&c, "atenet_router", "");
+        let y = router_cluster(&c, "atenet_router", "", &LIMITS);
         assert!(y.contains("type: STATIC") && y.contains(r#"address: "127.0.0.1", port_value: 50051"#), "{y}");
         assert!(!y.contains("MAGLEV") && !y.contains("health_checks"));
+        assert!(y.contains("per_connection_buffer_limit_bytes: 32768\n"), "B91 in a sidecar's cluster: {y}");
+        assert!(y.contains("initial_stream_window_size: 65536\n") && y.contains("initial_connection_window_size: 1048576\n"));
     }
 
     #[test]
     fn b87_a_fleet_of_addresses_is_static_and_hashes_the_actor() {
         let c = fleet("10.0.0.1:50051,[fd00::2]:50052");
-        let y = router_cluster(&c, "atenet_router", "");
+        let y = router_cluster(&c, "atenet_router", "", &LIMITS);
         assert!(y.contains("type: STATIC") && !y.contains("envoy.cluster.dns"), "{y}");
         assert!(y.contains("lb_policy: MAGLEV") && y.contains("healthy_panic_threshold: { value: 0 }"));
+        assert!(y.contains("per_connection_buffer_limit_bytes: 32768\n"), "B91 in a fleet's cluster: {y}");
+        assert!(y.contains("initial_stream_window_size: 65536\n") && y.contains("initial_connection_window_size: 1048576\n"));
         assert!(y.contains("- header: { header_name: ate-target-actor }\n          terminal: true\n"));
         assert!(y.contains("- header: { header_name: ate-target-actor-fs }"));
         assert!(y.contains("interval: 1s\n      no_traffic_interval: 1s\n"), "{y}");
@@ -309,7 +316,7 @@ mod tests {
 
     #[test]
     fn b87_a_name_is_resolved_by_envoy() {
-        let y = router_cluster(&fleet("atenet-router-fleet.atenet.svc.cluster.local:50051"), "atenet_router", "");
+        let y = router_cluster(&fleet("atenet-router-fleet.atenet.svc.cluster.local:50051"), "atenet_router", "", &LIMITS);
         assert!(y.contains("name: envoy.cluster.dns") && !y.contains("type: STATIC"), "{y}");
         assert!(y.contains(r#"address: "atenet-router-fleet.atenet.svc.cluster.local", port_value: 50051"#));
     }

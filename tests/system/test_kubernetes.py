@@ -715,6 +715,16 @@ def fleet_problems(docs):
             and all(labels.get(k) == v for k, v in d["spec"]["selector"]["matchLabels"].items())]
     if not pdbs or pdbs[0]["spec"].get("maxUnavailable") != 1:
         p.append("the routers need a PodDisruptionBudget of one at a time")
+    # A fleet Envoy's memory limit follows its heap bound (B92), as the sidecar's.
+    heap = quantity(flag(fleet_envoy_flags() + flags, "--envoy-max-heap", ENVOY_MAX_HEAP_DEFAULT))
+    bootstrap = yaml.safe_load((FLEET / "envoy-bootstrap.yaml").read_text())
+    monitors = {m["name"]: m for m in bootstrap.get("overload_manager", {}).get("resource_monitors", [])}
+    if monitors.get("envoy.resource_monitors.fixed_heap", {}).get("typed_config", {}).get(
+            "max_heap_size_bytes") != heap:
+        p.append("the fleet bootstrap's heap bound is not --envoy-max-heap: regenerate it")
+    limit = envoy["spec"]["template"]["spec"]["containers"][0].get("resources", {}).get("limits", {}).get("memory")
+    if limit is None or quantity(limit) != heap + ENVOY_MEMORY_HEADROOM:
+        p.append(f"the fleet Envoy's memory limit {limit} is not --envoy-max-heap + 256Mi")
     envoy_pod = envoy["spec"]["template"]["spec"]
     mounts = {m["mountPath"]: m["name"] for c in envoy_pod["containers"] for m in c.get("volumeMounts", [])}
     volumes = {v["name"]: v for v in envoy_pod["volumes"]}
