@@ -404,7 +404,7 @@ impl Router {
     /// Hands over to a successor that serves the same ports (B75): the HTTP
     /// listeners stop first, so that probes and scrapes reach only the
     /// successor, then as [`Router::stop`].
-    pub fn hand_over(mut self, timeout: Duration, interrupt: &Receiver<()>) -> (bool, usize) {
+    pub fn hand_over<T>(mut self, timeout: Duration, interrupt: &Receiver<T>) -> (bool, usize) {
         for server in [self.http.take(), self.status.take()].into_iter().flatten() {
             server.stop();
         }
@@ -414,7 +414,7 @@ impl Router {
     /// Stops accepting streams, lets in-flight ones finish for up to
     /// `timeout` (or until `interrupt` delivers), then cancels the rest.
     /// Returns whether every stream finished, and how many were cut.
-    pub fn stop(mut self, timeout: Duration, interrupt: &Receiver<()>) -> (bool, usize) {
+    pub fn stop<T>(mut self, timeout: Duration, interrupt: &Receiver<T>) -> (bool, usize) {
         self.set_ready(false);
         let shutdown = self.grpc.shutdown();
         let (done_tx, done_rx) = bounded(1);

@@ -307,3 +307,57 @@ fn b74_the_drain_does_not_wait_for_silent_streams() {
     assert!(!log.contains("cancelling"), "{log}");
 }
 
+/// B98: a SIGHUP during a SIGTERM drain is logged and ignored. It neither
+/// skips the drain's waits (a second SIGTERM or SIGINT does) nor starts a
+/// handover: Envoy is still drained, and every parked request gets its
+/// verdict.
+#[test]
+fn b98_a_sighup_during_a_drain_neither_skips_it_nor_hands_over() {
+    let sim = scripted_sim();
+    let admin = FakeAdmin::start(vec![0]);
+    let mut router = spawn_router(&router_args(
+        &sim.addr().to_string(),
+        &[
+            "--envoy-admin-address",
+            &admin.addr,
+            "--drain-delay",
+            "1s",
+            "--parked-request-retry-interval",
+            "10ms",
+            "--parked-request-budget",
+            "60s",
+        ],
+    ));
+    sim.script("demo/held", vec![Answer::error(Code::ResourceExhausted, "no free workers available")]);
+    let envoy = Envoy::connect(router.extproc);
+    let requests = std::thread::spawn(move || {
+        block_on(futures::future::join_all((0..5).map(|_| async {
+            let mut stream = envoy.open();
+            stream.send(headers_request(&[("ate-target-actor", "demo/held")])).await;
+            use futures::StreamExt;
+            // None: the stream ended without a verdict (cut).
+            stream.rx.next().await.and_then(Result::ok)
+        })))
+    });
+    let gauge = |m| Metrics(http_get(m, "/metrics").1).value("atenet_router_parking_active", &[]);
+    eventually_within(PATIENCE, "five parked", || gauge(router.metrics) == 5.0);
+    let logged = |router: &common::process::RouterProcess, what: &str| {
+        router.process.log.lock().iter().any(|l| l.contains(what))
+    };
+    signal(&router.process.child, "TERM");
+    eventually_within(PATIENCE, "the drain delay began", || logged(&router, "drain: not ready; waiting"));
+    signal(&router.process.child, "HUP");
+    eventually_within(PATIENCE, "ext_proc stopping", || logged(&router, "stopping ext_proc"));
+    sim.script("demo/held", vec![Answer::ok("10.0.0.1", true)]);
+    let replies = requests.join().unwrap();
+    let served = replies.iter().flatten().filter(|r| r.has_request_headers()).count();
+    assert_eq!(served, 5, "every parked request got its verdict: {replies:?}");
+    assert_eq!(wait_exit(&mut router.process.child, PATIENCE), 0);
+    eventually_within(PATIENCE, "the last line", || logged(&router, "drain complete"));
+    let log = router.process.log.lock().join("\n");
+    assert!(log.contains("drain complete: Envoy drained, ext_proc finished"), "{log}");
+    assert!(log.contains("SIGHUP ignored: this router is draining"), "{log}");
+    assert!(!log.contains("handover"), "no handover from a draining router: {log}");
+    let admin_log = admin.log.lock().clone();
+    assert!(admin_log.contains(&"POST /drain_listeners".to_string()), "{admin_log:?}");
+}
