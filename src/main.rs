@@ -126,6 +126,7 @@ fn serve(config: &Config) -> ExitCode {
                 if handover.is_err() {
                     return ExitCode::FAILURE;
                 }
+                router.lift_steering();
                 match hand_over(exe.as_deref(), &args, config, &signals.stops) {
                     Ok(pid) => {
                         signals.handed_over();

@@ -57,6 +57,8 @@ const SILENT_CHECK: Duration = Duration::from_millis(50);
 /// How long only silent streams must be left before the drain closes them:
 /// Envoy's first message follows its stream's opening within milliseconds.
 const SILENT_GRACE: Duration = Duration::from_secs(1);
+/// How long a handover waits for ext_proc's accept queue to empty (B99).
+const QUEUE_PATIENCE: Duration = Duration::from_secs(2);
 
 /// Why the router could not start; each keeps its cause.
 #[derive(Debug)]
@@ -404,11 +406,57 @@ impl Router {
     /// Hands over to a successor that serves the same ports (B75): the HTTP
     /// listeners stop first, so that probes and scrapes reach only the
     /// successor, then as [`Router::stop`].
+    ///
+    /// No connection queued on this router's listeners is reset (B99):
+    /// each port's new connections are steered to the successor's socket
+    /// first, and a listener closes only once its accept queue stayed
+    /// empty; the HTTP listeners finish the connections they accepted.
     pub fn hand_over<T>(mut self, timeout: Duration, interrupt: &Receiver<T>) -> (bool, usize) {
-        for server in [self.http.take(), self.status.take()].into_iter().flatten() {
-            server.stop();
+        let servers: Vec<HttpServer> = [self.http.take(), self.status.take()].into_iter().flatten().collect();
+        std::thread::scope(|scope| {
+            for server in servers {
+                scope.spawn(move || server.hand_over());
+            }
+        });
+        // gRPC core accepts whatever reaches its listeners; once their
+        // queues stayed empty, its shutdown closes them with nothing in them.
+        let listeners = crate::ops::listen::find_listeners(self.extproc_addr);
+        match listeners.first().map(|&fd| crate::ops::listen::steer_to_successor(fd, listeners.len())) {
+            Some(Ok(())) => {
+                for fd in listeners {
+                    if !crate::ops::listen::wait_emptied(fd, QUEUE_PATIENCE, || ()) {
+                        log::warn!(
+                            "handover: ext_proc's accept queue did not empty within {QUEUE_PATIENCE:?}"
+                        );
+                    }
+                }
+            }
+            Some(Err(e)) => {
+                log::warn!("handover: cannot steer ext_proc's new connections to the successor: {e}")
+            }
+            None => log::warn!(
+                "handover: ext_proc's listener on {} not found; closing it as it is",
+                self.extproc_addr
+            ),
         }
         self.stop(timeout, interrupt)
+    }
+
+    /// Before this router starts a successor: lifts the steering its own
+    /// predecessor left on its ports (B99), so that new connections are
+    /// hashed over the sockets again rather than sent to the successor
+    /// before it serves.
+    pub fn lift_steering(&self) {
+        for server in [&self.http, &self.status].into_iter().flatten() {
+            if let Err(e) = server.lift_steering() {
+                log::warn!("handover: cannot lift the steering on {}: {e}", server.addr());
+            }
+        }
+        if let Some(&fd) = crate::ops::listen::find_listeners(self.extproc_addr).first() {
+            if let Err(e) = crate::ops::listen::lift_steering(fd) {
+                log::warn!("handover: cannot lift the steering on {}: {e}", self.extproc_addr);
+            }
+        }
     }
 
     /// Stops accepting streams, lets in-flight ones finish for up to
