@@ -59,6 +59,9 @@ const SILENT_CHECK: Duration = Duration::from_millis(50);
 const SILENT_GRACE: Duration = Duration::from_secs(1);
 /// How long a handover waits for ext_proc's accept queue to empty (B99).
 const QUEUE_PATIENCE: Duration = Duration::from_secs(2);
+/// How long a stopped router waits for gRPC core to close its ext_proc
+/// connections, the last verdicts written.
+const FLUSH_PATIENCE: Duration = Duration::from_secs(2);
 
 /// Why the router could not start; each keeps its cause.
 #[derive(Debug)]
@@ -504,6 +507,16 @@ impl Router {
             }
             self.grpc.cancel_all_calls();
             let _ = done_rx.recv_timeout(Duration::from_secs(5));
+        }
+        // The last verdicts are complete for gRPC once they are queued, not
+        // once written: a router that exits at once can reset Envoy's
+        // connection before they reach it (issue 28 part 10: two verdicts
+        // lost, Envoy's 503). gRPC core closes each connection once its
+        // last stream ended after the GOAWAY; until then, or a bound, the
+        // process stays.
+        let flushing = Instant::now() + FLUSH_PATIENCE;
+        while crate::ops::listen::connections_on(self.extproc_addr) > 0 && Instant::now() < flushing {
+            std::thread::sleep(Duration::from_millis(10));
         }
         for server in [self.http.take(), self.status.take()].into_iter().flatten() {
             server.stop();

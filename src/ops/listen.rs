@@ -196,6 +196,25 @@ pub fn find_listeners(addr: SocketAddr) -> Vec<RawFd> {
     .collect()
 }
 
+/// How many of this process's connected TCP sockets have `addr` as their
+/// local address: the connections a listener on `addr` accepted and that
+/// are still open.
+pub fn connections_on(addr: SocketAddr) -> usize {
+    let Ok(entries) = std::fs::read_dir("/proc/self/fd") else { return 0 };
+    let fds: Vec<RawFd> = entries.flatten().filter_map(|e| e.file_name().to_str()?.parse().ok()).collect();
+    fds.into_iter()
+        .filter(|&fd| {
+            let mut listening: libc::c_int = 1;
+            let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+            // SAFETY: as in find_listeners.
+            let r = unsafe {
+                libc::getsockopt(fd, libc::SOL_SOCKET, libc::SO_ACCEPTCONN, (&mut listening as *mut libc::c_int).cast(), &mut len)
+            };
+            r == 0 && listening == 0 && bound_to(fd) == Some(addr)
+        })
+        .count()
+}
+
 fn bound_to(fd: RawFd) -> Option<SocketAddr> {
     // SAFETY: all-zero is a valid sockaddr_storage.
     let mut storage: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
