@@ -7,13 +7,12 @@ use atenet_router::cli::config::Config;
 use atenet_router::cli::godur;
 use atenet_router::envoy::bootstrap;
 use atenet_router::ops::drain::{self, DrainPlan};
-use atenet_router::ops::handover::{self, Successor};
+use atenet_router::ops::handover::{self, NotServing, Successor};
+use atenet_router::ops::signals::Signals;
 use atenet_router::ops::systemd::Notifier;
 use atenet_router::ops::{logging, process, version};
 use atenet_router::router::Router;
 use log::{debug, error, info, warn};
-use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
-use signal_hook::iterator::Signals;
 
 /// Exit status for a configuration the router refuses: systemd does not
 /// restart on it (B64).
@@ -48,36 +47,27 @@ fn main() -> ExitCode {
     }
 }
 
-/// The next signal, which skips the waits of a drain or a handover.
-fn interrupts(signals: crossbeam_channel::Receiver<i32>) -> crossbeam_channel::Receiver<()> {
-    let (interrupt_tx, interrupt_rx) = crossbeam_channel::bounded(1);
-    // The drain goes on without it: a second signal then just does not skip.
-    // 15 bytes, all that Linux keeps of a thread's name.
-    let _ = std::thread::Builder::new().name("atenet-signals2".into()).spawn(move || {
-        if signals.recv().is_ok() {
-            let _ = interrupt_tx.send(());
-        }
-    });
-    interrupt_rx
-}
-
 /// How long a successor may take to bind its listeners (B75).
 const SUCCESSOR_PATIENCE: std::time::Duration = std::time::Duration::from_secs(30);
 
-/// Starts the successor and waits until it serves: its pid, or why not.
+/// Starts the successor and waits until it serves: its pid, or why not. A
+/// SIGTERM or SIGINT on `stops` ends the wait at once (B98).
 fn hand_over(
     exe: Result<&std::path::Path, &std::io::Error>,
     args: &[std::ffi::OsString],
     config: &Config,
-) -> Result<u32, String> {
+    stops: &crossbeam_channel::Receiver<i32>,
+) -> Result<u32, NotServing> {
     if config.extproc_addr.port() == 0 {
-        return Err("--port-extproc 0: a successor would listen on another port than Envoy's".into());
+        return Err(NotServing::Failed(
+            "--port-extproc 0: a successor would listen on another port than Envoy's".into(),
+        ));
     }
-    let exe = exe.map_err(|e| format!("cannot name this binary: {e}"))?;
+    let exe = exe.map_err(|e| NotServing::Failed(format!("cannot name this binary: {e}")))?;
     info!("handover: starting {} as this router's successor", exe.display());
-    let successor =
-        Successor::start(exe, args).map_err(|e| format!("cannot start {}: {e}", exe.display()))?;
-    successor.wait_ready(SUCCESSOR_PATIENCE)
+    let successor = Successor::start(exe, args)
+        .map_err(|e| NotServing::Failed(format!("cannot start {}: {e}", exe.display())))?;
+    successor.wait_ready(SUCCESSOR_PATIENCE, stops)
 }
 
 fn serve(config: &Config) -> ExitCode {
@@ -89,7 +79,7 @@ fn serve(config: &Config) -> ExitCode {
         Err(e) => warn!("cannot raise the open-file limit: {e}"),
     }
     // Registered before any socket opens so an early SIGTERM is not lost.
-    let mut signals = match Signals::new([SIGTERM, SIGINT, SIGHUP]) {
+    let signals = match Signals::install() {
         Ok(signals) => signals,
         Err(e) => {
             error!("atenet-router: cannot install signal handlers: {e}");
@@ -137,49 +127,54 @@ fn serve(config: &Config) -> ExitCode {
     let systemd = Notifier::from_env();
     systemd.ready(&format!("serving ext_proc on {}", router.extproc_addr()));
     handover::announce_ready();
-    let (signal_tx, signal_rx) = crossbeam_channel::unbounded();
-    let forward = move || {
-        for signal in signals.forever() {
-            if signal_tx.send(signal).is_err() {
-                return;
-            }
-        }
-    };
-    if let Err(e) = std::thread::Builder::new().name("atenet-signals".into()).spawn(forward) {
-        error!("atenet-router: cannot start the signal thread: {e}");
-        return ExitCode::FAILURE;
-    }
     let signal = loop {
-        let Ok(signal) = signal_rx.recv() else {
-            return ExitCode::FAILURE;
-        };
-        if signal != SIGHUP {
-            break signal;
-        }
-        match hand_over(exe.as_deref(), &args, config) {
-            Ok(pid) => {
-                info!("handover: successor {pid} serves; finishing the streams this router holds");
-                let (finished, cut) = router.hand_over(config.drain_timeout, &interrupts(signal_rx));
-                info!(
-                    "handover complete: {}",
-                    if finished { "every stream finished".to_string() } else { format!("{cut} streams cut") }
-                );
-                return ExitCode::SUCCESS;
+        crossbeam_channel::select! {
+            recv(signals.stops) -> signal => match signal {
+                Ok(signal) => break signal,
+                Err(_) => return ExitCode::FAILURE,
+            },
+            recv(signals.handovers) -> handover => {
+                if handover.is_err() {
+                    return ExitCode::FAILURE;
+                }
+                router.lift_steering();
+                match hand_over(exe.as_deref(), &args, config, &signals.stops) {
+                    Ok(pid) => {
+                        signals.handed_over();
+                        info!("handover: successor {pid} serves; finishing the streams this router holds");
+                        let (finished, cut) = router.hand_over(config.drain_timeout, &signals.stops);
+                        info!(
+                            "handover complete: {}",
+                            if finished { "every stream finished".to_string() } else { format!("{cut} streams cut") }
+                        );
+                        return ExitCode::SUCCESS;
+                    }
+                    Err(NotServing::Failed(why)) => {
+                        warn!("handover refused: {why}; this router serves on");
+                        signals.serving();
+                    }
+                    Err(NotServing::Stopped(signal)) => {
+                        warn!(
+                            "handover refused: signal {signal} received while the successor started; \
+                             its process group killed"
+                        );
+                        break signal;
+                    }
+                }
             }
-            Err(why) => warn!("handover refused: {why}; this router serves on"),
         }
     };
     let plan = DrainPlan::from_config(config);
     systemd.stopping(plan.bound());
-    info!("signal {signal} received: draining (a second signal skips the waits)");
-    let report = drain::drain_reporting(router, &plan, &interrupts(signal_rx), &|left| systemd.extend(left));
+    info!("signal {signal} received: draining (a second SIGTERM or SIGINT skips the waits)");
+    let report = drain::drain_reporting(router, &plan, &signals.stops, &|left| systemd.extend(left));
     info!(
         "drain complete: Envoy {}, ext_proc {}, marker {}",
         report.envoy,
-        if report.streams_finished {
-            "finished".to_string()
-        } else if report.interrupted {
+        if report.interrupted {
             format!("cut short by a second signal ({} streams cut)", report.cancelled)
+        } else if report.streams_finished {
+            "finished".to_string()
         } else {
             format!("cut {} streams at the drain timeout", report.cancelled)
         },

@@ -76,7 +76,7 @@ fn router(sim: &Sim, ca: &Path, bundle: &Path, extra: &[&str]) -> (Router, Envoy
 }
 
 fn stop(router: Router) {
-    router.stop(Duration::from_secs(5), &crossbeam_channel::never());
+    router.stop(Duration::from_secs(5), &crossbeam_channel::never::<()>());
 }
 
 #[test]

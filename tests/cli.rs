@@ -65,22 +65,12 @@ fn help_lists_the_serve_subcommand_and_its_flags() {
     ] {
         assert!(out.contains(flag), "{flag} missing from help");
     }
-    // B65: every flag says its default. Options are listed one per entry;
-    // an entry's text may wrap onto indented lines.
-    let options = out.split("Options:").nth(1).expect("an options list");
-    let mut entries: Vec<String> = Vec::new();
-    for line in options.lines().filter(|l| !l.trim().is_empty()) {
-        if line.trim_start().starts_with("--") {
-            entries.push(line.trim().to_string());
-        } else if let Some(last) = entries.last_mut() {
-            last.push(' ');
-            last.push_str(line.trim());
-        }
-    }
-    let flags: Vec<&String> = entries.iter().filter(|e| !e.starts_with("--help")).collect();
+    // B65: every flag says its default (an entry's text may wrap onto
+    // indented lines, which may start with another flag's name).
+    let flags = help_flags(ROUTER, &["serve", "--help"]);
     assert!(flags.len() >= 29, "{flags:#?}");
-    for entry in flags {
-        assert!(entry.contains("(default: "), "no default shown: {entry}");
+    for (flag, text) in flags {
+        assert!(text.contains("(default: "), "no default shown: {flag} {text}");
     }
 }
 

@@ -11,56 +11,11 @@ use std::time::{Duration, Instant};
 use atenet_router::ateapi::resume::Code;
 use atenet_router::ops::drain::{drain, DrainPlan, EnvoyDrain};
 use atenet_router::tools::sim::{Answer, Sim};
+use common::admin::FakeAdmin;
 use common::process::{eventually_within, router_args, signal, spawn_router, wait_exit};
 use common::*;
 use futures::executor::block_on;
 use parking_lot::Mutex;
-
-/// A stand-in for Envoy's admin API: records requests, and answers
-/// `/stats` with the given active-connection counts in turn (then the last).
-struct FakeAdmin {
-    addr: String,
-    log: Arc<Mutex<Vec<String>>>,
-    _server: Arc<tiny_http::Server>,
-}
-
-/// How the fake admin answers one request: HTTP status and a delay.
-type Answering = Box<dyn Fn(&str) -> (u16, Duration) + Send>;
-
-impl FakeAdmin {
-    fn start(active: Vec<u64>) -> FakeAdmin {
-        FakeAdmin::answering(active, Box::new(|_| (200, Duration::ZERO)))
-    }
-
-    /// As [`FakeAdmin::start`], with `answer` choosing each answer's status
-    /// and delay from its `METHOD path` (an error status carries no stats).
-    fn answering(active: Vec<u64>, answer: Answering) -> FakeAdmin {
-        let server = Arc::new(tiny_http::Server::http("127.0.0.1:0").unwrap());
-        let addr = server.server_addr().to_ip().unwrap().to_string();
-        let log = Arc::new(Mutex::new(Vec::new()));
-        let (srv, requests) = (Arc::clone(&server), Arc::clone(&log));
-        std::thread::spawn(move || {
-            let mut counts = active.into_iter().peekable();
-            let mut last = 0;
-            while let Ok(request) = srv.recv() {
-                let line = format!("{} {}", request.method(), request.url());
-                requests.lock().push(line.clone());
-                let (status, delay) = answer(&line);
-                std::thread::sleep(delay);
-                let body = if status != 200 {
-                    "error\n".to_string()
-                } else if request.url().starts_with("/stats") {
-                    last = counts.next().unwrap_or(last);
-                    format!("http.admin.downstream_cx_active: 1\nhttp.ingress.downstream_cx_active: {last}\n")
-                } else {
-                    "OK\n".to_string()
-                };
-                let _ = request.respond(tiny_http::Response::from_string(body).with_status_code(status));
-            }
-        });
-        FakeAdmin { addr, log, _server: server }
-    }
-}
 
 fn plan(admin: Option<String>, timeout: Duration, marker: Option<std::path::PathBuf>) -> DrainPlan {
     DrainPlan {
@@ -89,7 +44,7 @@ fn b43_envoy_admin_sees_two_posts_in_order_then_polls_until_zero() {
     let report = drain(
         router,
         &plan(Some(admin.addr.clone()), Duration::from_secs(5), Some(marker.clone())),
-        &crossbeam_channel::never(),
+        &crossbeam_channel::never::<()>(),
     );
     assert_eq!(report.envoy, EnvoyDrain::Drained);
     assert!(report.streams_finished);
@@ -134,7 +89,7 @@ fn b43_envoy_window_elapses_with_connections_still_active() {
     let mut plan = plan(Some(admin.addr.clone()), Duration::from_secs(5), None);
     plan.envoy_window = Duration::from_millis(300);
     let started = Instant::now();
-    let report = drain(router, &plan, &crossbeam_channel::never());
+    let report = drain(router, &plan, &crossbeam_channel::never::<()>());
     assert_eq!(report.envoy, EnvoyDrain::WindowElapsed);
     assert!(started.elapsed() >= Duration::from_millis(300), "waited the whole window");
     assert!(report.streams_finished, "then ext_proc drained as usual");
@@ -164,7 +119,7 @@ fn b43_error_answers_from_the_admin_are_logged_and_the_drain_goes_on() {
     let report = drain(
         router,
         &plan(Some(admin.addr.clone()), Duration::from_secs(5), None),
-        &crossbeam_channel::never(),
+        &crossbeam_channel::never::<()>(),
     );
     assert_eq!(report.envoy, EnvoyDrain::Drained, "an Envoy that answers errors is not gone");
     let log = admin.log.lock().clone();
@@ -189,7 +144,7 @@ fn b43_a_slow_admin_answer_is_not_envoy_gone() {
     let report = drain(
         router,
         &plan(Some(admin.addr.clone()), Duration::from_secs(5), None),
-        &crossbeam_channel::never(),
+        &crossbeam_channel::never::<()>(),
     );
     assert_eq!(report.envoy, EnvoyDrain::Drained);
     let log = admin.log.lock().clone();
@@ -205,7 +160,7 @@ fn b43_unreachable_admin_counts_as_drained() {
     let report = drain(
         router,
         &plan(Some(closed.to_string()), Duration::from_secs(5), None),
-        &crossbeam_channel::never(),
+        &crossbeam_channel::never::<()>(),
     );
     assert_eq!(report.envoy, EnvoyDrain::Unreachable);
     assert!(started.elapsed() < Duration::from_secs(10), "no 15 s wait for a gone Envoy");
@@ -225,7 +180,8 @@ fn b43_drain_timeout_cuts_streams_still_open() {
     stack.wait_for_waiters("demo/stuck", 1);
     let router = stack.router.take().unwrap();
     let metrics = router.metrics().clone();
-    let report = drain(router, &plan(None, Duration::from_millis(300), None), &crossbeam_channel::never());
+    let report =
+        drain(router, &plan(None, Duration::from_millis(300), None), &crossbeam_channel::never::<()>());
     assert!(!report.streams_finished);
     assert!(!report.interrupted, "the timeout, not a signal, ended the wait");
     assert_eq!(report.cancelled, 1);
@@ -253,7 +209,7 @@ fn b44_parked_requests_get_verdicts_during_drain() {
         let sim = &stack.sim;
         std::thread::scope(|scope| {
             let drained = scope.spawn(|| {
-                drain(router, &plan(None, Duration::from_secs(90), None), &crossbeam_channel::never())
+                drain(router, &plan(None, Duration::from_secs(90), None), &crossbeam_channel::never::<()>())
             });
             // Serve the parked requests once the drain has begun, and while
             // it waits for them.
@@ -415,4 +371,59 @@ fn b85_a_fleet_router_leaves_the_fleet_and_drains_no_envoy() {
     });
     let log = router.process.log.lock().join("\n");
     assert!(log.contains("Envoy not drained (a fleet router"), "{log}");
+}
+
+/// B98: a SIGHUP during a SIGTERM drain is logged and ignored. It neither
+/// skips the drain's waits (a second SIGTERM or SIGINT does) nor starts a
+/// handover: Envoy is still drained, and every parked request gets its
+/// verdict.
+#[test]
+fn b98_a_sighup_during_a_drain_neither_skips_it_nor_hands_over() {
+    let sim = scripted_sim();
+    let admin = FakeAdmin::start(vec![0]);
+    let mut router = spawn_router(&router_args(
+        &sim.addr().to_string(),
+        &[
+            "--envoy-admin-address",
+            &admin.addr,
+            "--drain-delay",
+            "1s",
+            "--parked-request-retry-interval",
+            "10ms",
+            "--parked-request-budget",
+            "60s",
+        ],
+    ));
+    sim.script("demo/held", vec![Answer::error(Code::ResourceExhausted, "no free workers available")]);
+    let envoy = Envoy::connect(router.extproc);
+    let requests = std::thread::spawn(move || {
+        block_on(futures::future::join_all((0..5).map(|_| async {
+            let mut stream = envoy.open();
+            stream.send(headers_request(&[("ate-target-actor", "demo/held")])).await;
+            use futures::StreamExt;
+            // None: the stream ended without a verdict (cut).
+            stream.rx.next().await.and_then(Result::ok)
+        })))
+    });
+    let gauge = |m| Metrics(http_get(m, "/metrics").1).value("atenet_router_parking_active", &[]);
+    eventually_within(PATIENCE, "five parked", || gauge(router.metrics) == 5.0);
+    let logged = |router: &common::process::RouterProcess, what: &str| {
+        router.process.log.lock().iter().any(|l| l.contains(what))
+    };
+    signal(&router.process.child, "TERM");
+    eventually_within(PATIENCE, "the drain delay began", || logged(&router, "drain: not ready; waiting"));
+    signal(&router.process.child, "HUP");
+    eventually_within(PATIENCE, "ext_proc stopping", || logged(&router, "stopping ext_proc"));
+    sim.script("demo/held", vec![Answer::ok("10.0.0.1", true)]);
+    let replies = requests.join().unwrap();
+    let served = replies.iter().flatten().filter(|r| r.has_request_headers()).count();
+    assert_eq!(served, 5, "every parked request got its verdict: {replies:?}");
+    assert_eq!(wait_exit(&mut router.process.child, PATIENCE), 0);
+    eventually_within(PATIENCE, "the last line", || logged(&router, "drain complete"));
+    let log = router.process.log.lock().join("\n");
+    assert!(log.contains("drain complete: Envoy drained, ext_proc finished"), "{log}");
+    assert!(log.contains("SIGHUP ignored: this router is draining"), "{log}");
+    assert!(!log.contains("handover"), "no handover from a draining router: {log}");
+    let admin_log = admin.log.lock().clone();
+    assert!(admin_log.contains(&"POST /drain_listeners".to_string()), "{admin_log:?}");
 }

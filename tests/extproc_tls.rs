@@ -143,7 +143,7 @@ fn b86_with_a_client_ca_only_clients_with_a_certificate_it_signed_get_in() {
     assert_eq!(routed(&reply).1, "10.0.0.1:443", "and routed over TLS");
     assert_eq!(sim.calls("demo/a"), 1, "only the admitted client's request reached the control plane");
     println!("measured: a client without a certificate was refused in {refusal:?}");
-    router.stop(Duration::from_secs(5), &crossbeam_channel::never());
+    router.stop(Duration::from_secs(5), &crossbeam_channel::never::<()>());
 }
 
 #[test]

@@ -141,7 +141,8 @@ fn b84_a_hand_over_keeps_serving_while_the_predecessor_finishes() {
     let router = stack.router.take().unwrap();
     let health = Arc::clone(router.health());
     let resolver = router.resolver().clone();
-    let handing_over = std::thread::spawn(move || router.hand_over(PATIENCE, &crossbeam_channel::never()));
+    let handing_over =
+        std::thread::spawn(move || router.hand_over(PATIENCE, &crossbeam_channel::never::<()>()));
     // The predecessor is stopping (no new stream is accepted) and still
     // holds the parked request.
     let deadline = std::time::Instant::now() + PATIENCE;

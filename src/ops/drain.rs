@@ -125,7 +125,7 @@ pub struct DrainReport {
     /// Streams cut by the final cancel.
     pub cancelled: usize,
     /// Whether a second signal, not the drain timeout, ended the wait for
-    /// streams.
+    /// streams (or skipped it).
     pub interrupted: bool,
     pub marker_written: bool,
 }
@@ -140,19 +140,19 @@ pub fn remove_stale_marker(path: &Path) -> io::Result<bool> {
     }
 }
 
-/// Runs the drain. `interrupt` delivers further signals; the first one
-/// received skips every remaining wait.
-pub fn drain(router: Router, plan: &DrainPlan, interrupt: &Receiver<()>) -> DrainReport {
+/// Runs the drain. `interrupt` delivers further stop signals (SIGTERM or
+/// SIGINT, B98); the first one received skips every remaining wait.
+pub fn drain<T>(router: Router, plan: &DrainPlan, interrupt: &Receiver<T>) -> DrainReport {
     drain_reporting(router, plan, interrupt, &|_| {})
 }
 
 /// As [`drain`], telling `progress` after each step how long the rest of the
 /// drain can take at most (for systemd's stop timeout, B64; the bound of the
 /// whole drain is [`DrainPlan::bound`]).
-pub fn drain_reporting(
+pub fn drain_reporting<T>(
     router: Router,
     plan: &DrainPlan,
-    interrupt: &Receiver<()>,
+    interrupt: &Receiver<T>,
     progress: &dyn Fn(Duration),
 ) -> DrainReport {
     router.set_ready(false);
@@ -182,8 +182,8 @@ pub fn drain_reporting(
     let started = std::time::Instant::now();
     let (streams_finished, cancelled) = router.stop(timeout, interrupt);
     // A wait that ended before its timeout without every stream finished
-    // was ended by a signal.
-    let interrupted = !streams_finished && (skipping || started.elapsed() < timeout);
+    // was ended by a signal; one skipped by a signal was too.
+    let interrupted = skipping || (!streams_finished && started.elapsed() < timeout);
     let marker_written = match &plan.marker {
         Some(path) => match write_marker(path) {
             Ok(()) => true,
@@ -219,7 +219,7 @@ fn post(admin: &str, path: &str) -> Result<(), EnvoyGone> {
     }
 }
 
-fn drain_envoy(admin: &str, plan: &DrainPlan, interrupt: &Receiver<()>) -> EnvoyDrain {
+fn drain_envoy<T>(admin: &str, plan: &DrainPlan, interrupt: &Receiver<T>) -> EnvoyDrain {
     // Closes every listener at once: new connections are refused, while
     // connections already open are served and closed as they finish.
     if post(admin, "/drain_listeners").is_err() {

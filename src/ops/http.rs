@@ -118,7 +118,12 @@ impl std::error::Error for BindError {
 /// A running listener.
 pub struct HttpServer {
     addr: SocketAddr,
+    /// The listening socket, owned by the loop's thread until it ends.
+    listener: RawFd,
     stop: Arc<AtomicBool>,
+    /// Set with `stop` by a handover: the loop empties the accept queue
+    /// and finishes its connections before it ends (B99).
+    finish: Arc<AtomicBool>,
     wake: UnixStream,
     thread: Option<JoinHandle<()>>,
 }
@@ -138,10 +143,13 @@ impl HttpServer {
         let (wake, woken) = UnixStream::pair().map_err(bind_error)?;
         woken.set_nonblocking(true).map_err(bind_error)?;
         let stop = Arc::new(AtomicBool::new(false));
+        let finish = Arc::new(AtomicBool::new(false));
+        let raw = listener.as_raw_fd();
         let looping = EventLoop {
-            listener,
+            listener: Some(listener),
             woken,
             stop: Arc::clone(&stop),
+            finish: Arc::clone(&finish),
             limits,
             handler,
             connections: VecDeque::new(),
@@ -152,7 +160,7 @@ impl HttpServer {
             .name(name.to_string())
             .spawn(move || looping.run())
             .map_err(bind_error)?;
-        Ok(HttpServer { addr, stop, wake, thread: Some(thread) })
+        Ok(HttpServer { addr, listener: raw, stop, finish, wake, thread: Some(thread) })
     }
 
     /// The bound address (useful with port 0).
@@ -163,6 +171,20 @@ impl HttpServer {
     /// Stops serving and joins the thread.
     pub fn stop(mut self) {
         self.shutdown();
+    }
+
+    /// Stops serving once a successor listens beside this router (B99):
+    /// new connections are steered to the successor's socket, the ones
+    /// queued on this one are accepted, and every connection open is
+    /// finished (within its own deadlines) before the thread ends.
+    pub fn hand_over(mut self) {
+        self.finish.store(true, Ordering::Release);
+        self.shutdown();
+    }
+
+    /// Lifts the steering a predecessor left on this port (B99).
+    pub fn lift_steering(&self) -> io::Result<()> {
+        crate::ops::listen::lift_steering(self.listener)
     }
 
     fn shutdown(&mut self) {
@@ -206,11 +228,16 @@ const LINGER_BYTES: usize = 64 * 1024;
 /// and writes of connections already accepted.
 const ACCEPT_BATCH: usize = 64;
 const MAX_ACCEPT_BACKOFF: Duration = Duration::from_secs(1);
+/// How long a handover waits for a listener's accept queue to empty.
+const QUEUE_PATIENCE: Duration = Duration::from_secs(2);
 
 struct EventLoop {
-    listener: TcpListener,
+    /// None once a handover closed it, while the loop finishes its
+    /// connections.
+    listener: Option<TcpListener>,
     woken: UnixStream,
     stop: Arc<AtomicBool>,
+    finish: Arc<AtomicBool>,
     limits: Limits,
     handler: Handler,
     /// Oldest first, so eviction takes the front.
@@ -223,12 +250,26 @@ struct EventLoop {
 impl EventLoop {
     fn run(mut self) {
         let mut fds: Vec<libc::pollfd> = Vec::new();
-        while !self.stop.load(Ordering::Acquire) {
+        loop {
+            if self.stop.load(Ordering::Acquire) {
+                if !self.finish.load(Ordering::Acquire) {
+                    return;
+                }
+                if let Some(listener) = self.listener.take() {
+                    self.hand_over(listener);
+                }
+                if self.connections.is_empty() {
+                    return;
+                }
+            }
             let now = Instant::now();
             let listening = self.accept_backoff.is_none_or(|(at, _)| now >= at);
             fds.clear();
             fds.push(pollfd(self.woken.as_raw_fd(), libc::POLLIN));
-            fds.push(pollfd(self.listener.as_raw_fd(), if listening { libc::POLLIN } else { 0 }));
+            // poll(2) skips a negative descriptor: once handed over, only
+            // the connections are watched.
+            let listener = self.listener.as_ref().map_or(-1, AsRawFd::as_raw_fd);
+            fds.push(pollfd(listener, if listening { libc::POLLIN } else { 0 }));
             for c in &self.connections {
                 let events = match c.phase {
                     Phase::Head { .. } | Phase::Linger { .. } => libc::POLLIN,
@@ -270,6 +311,21 @@ impl EventLoop {
         }
     }
 
+    /// Steers new connections to the successor, accepts what is queued
+    /// until the queue stays empty, then closes the listener (B99).
+    fn hand_over(&mut self, listener: TcpListener) {
+        let fd = listener.as_raw_fd();
+        if let Err(e) = crate::ops::listen::steer_to_successor(fd, 1) {
+            log::warn!("http: cannot steer new connections to the successor: {e}");
+        }
+        self.listener = Some(listener);
+        let emptied = crate::ops::listen::wait_emptied(fd, QUEUE_PATIENCE, || self.accept(Instant::now()));
+        if !emptied {
+            log::warn!("http: the accept queue did not empty within {QUEUE_PATIENCE:?}; closing it");
+        }
+        self.listener = None;
+    }
+
     /// The earliest instant a connection (or the accept backoff) needs
     /// attention without an event.
     fn next_deadline(&self) -> Option<Instant> {
@@ -282,8 +338,9 @@ impl EventLoop {
     }
 
     fn accept(&mut self, now: Instant) {
+        let Some(listener) = &self.listener else { return };
         for _ in 0..ACCEPT_BATCH {
-            match self.listener.accept() {
+            match listener.accept() {
                 Ok((stream, _)) => {
                     self.accept_backoff = None;
                     if stream.set_nonblocking(true).is_err() {
@@ -308,8 +365,7 @@ impl EventLoop {
                         .map_or(Duration::from_millis(10), |(_, d)| (d * 2).min(MAX_ACCEPT_BACKOFF));
                     self.accept_backoff = Some((now + delay, delay));
                     if let Some(suppressed) = self.accept_errors.allow(now) {
-                        let listener =
-                            self.listener.local_addr().map_or_else(|_| "?".into(), |a| a.to_string());
+                        let listener = listener.local_addr().map_or_else(|_| "?".into(), |a| a.to_string());
                         log::warn!(
                             listener = listener.as_str(), suppressed;
                             "http: accept on {listener} failed: {e}; retrying with backoff"

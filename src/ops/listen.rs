@@ -5,10 +5,26 @@
 //! that a second router started by mistake still fails at once rather than
 //! share the ports silently, a router that is not a successor first checks
 //! each port with a plain bind: a port held by any listener refuses it.
+//!
+//! Closing a listener resets the connections queued in its accept queue,
+//! and with `SO_REUSEPORT` the kernel keeps steering a share of the new
+//! connections to every socket of the port until it closes. So a router
+//! that hands over first steers its ports' new connections to the
+//! successor's sockets (a classic BPF program on the port's group that
+//! picks the first socket after its own: the kernel keeps a group's
+//! sockets in the order they joined, filling a hole with the last one, so
+//! while the router's own sockets are the group's first, the successor's
+//! come right after them), then empties its own queues, and only then
+//! closes (B99). gRPC core listens on one socket per poller (two on two
+//! cores) of the ext_proc port. The program stays on the group
+//! after the predecessor leaves, where it picks an index that no longer
+//! exists, which makes the kernel fall back to its hash: a router lifts it
+//! before it starts a successor of its own.
 
 use std::io;
 use std::net::{SocketAddr, TcpListener};
-use std::os::fd::{FromRawFd, OwnedFd};
+use std::os::fd::{FromRawFd, OwnedFd, RawFd};
+use std::time::{Duration, Instant};
 
 /// Fails with `AddrInUse` when something listens on `addr` already (port 0
 /// is always free).
@@ -59,6 +75,173 @@ pub fn shared(addr: SocketAddr) -> io::Result<TcpListener> {
     Ok(TcpListener::from(fd))
 }
 
+/// Steers the new connections of the `SO_REUSEPORT` group `listener`
+/// belongs to onto the group's socket at index `own`: when the router's
+/// `own` sockets are the group's first, the successor's first (B99).
+/// Connections already queued on the router's sockets stay there, to be
+/// accepted.
+pub fn steer_to_successor(listener: RawFd, own: usize) -> io::Result<()> {
+    // BPF_RET | BPF_K: return the constant `own`, the index in the group
+    // of the socket that takes the connection (an index past the group's
+    // end falls back to the hash).
+    let index = u32::try_from(own).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+    let mut program = [libc::sock_filter { code: 0x06, jt: 0, jf: 0, k: index }];
+    let fprog = libc::sock_fprog { len: 1, filter: program.as_mut_ptr() };
+    // SAFETY: setsockopt reads one sock_fprog, whose filter points to
+    // `program`, which outlives the call (the kernel copies it).
+    let r = unsafe {
+        libc::setsockopt(
+            listener,
+            libc::SOL_SOCKET,
+            libc::SO_ATTACH_REUSEPORT_CBPF,
+            (&fprog as *const libc::sock_fprog).cast(),
+            std::mem::size_of::<libc::sock_fprog>() as libc::socklen_t,
+        )
+    };
+    if r != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Lifts a predecessor's steering from `listener`'s group, so that the
+/// kernel hashes new connections over its sockets again (none: nothing
+/// to do).
+pub fn lift_steering(listener: RawFd) -> io::Result<()> {
+    let zero: libc::c_int = 0;
+    // SAFETY: setsockopt reads one c_int (ignored) from a valid pointer.
+    let r = unsafe {
+        libc::setsockopt(
+            listener,
+            libc::SOL_SOCKET,
+            libc::SO_DETACH_REUSEPORT_BPF,
+            (&zero as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    match r {
+        0 => Ok(()),
+        _ => match io::Error::last_os_error() {
+            e if e.raw_os_error() == Some(libc::ENOENT) => Ok(()),
+            e => Err(e),
+        },
+    }
+}
+
+/// The connections waiting in `listener`'s accept queue now (for a
+/// listening socket, TCP_INFO's `tcpi_unacked`).
+pub fn queued(listener: RawFd) -> io::Result<u32> {
+    // SAFETY: all-zero is a valid tcp_info.
+    let mut info: libc::tcp_info = unsafe { std::mem::zeroed() };
+    let mut len = std::mem::size_of::<libc::tcp_info>() as libc::socklen_t;
+    // SAFETY: getsockopt writes at most `len` bytes into `info`.
+    let r = unsafe {
+        libc::getsockopt(
+            listener,
+            libc::IPPROTO_TCP,
+            libc::TCP_INFO,
+            (&mut info as *mut libc::tcp_info).cast(),
+            &mut len,
+        )
+    };
+    if r != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(info.tcpi_unacked)
+}
+
+/// How often, and how many times in a row, a queue must be seen empty
+/// before it counts as emptied: a handshake under way when the steering
+/// began still lands in it, one round trip later.
+const SETTLE_CHECK: Duration = Duration::from_millis(20);
+const SETTLE_CHECKS: u32 = 3;
+
+/// Waits, at most `patience`, until `listener`'s accept queue has stayed
+/// empty for a few checks in a row, calling `accept` before each check
+/// (whoever owns the listener empties it). Whether it emptied.
+pub fn wait_emptied(listener: RawFd, patience: Duration, mut accept: impl FnMut()) -> bool {
+    let deadline = Instant::now() + patience;
+    let mut empty = 0;
+    while Instant::now() < deadline {
+        accept();
+        match queued(listener) {
+            Ok(0) => empty += 1,
+            Ok(_) => empty = 0,
+            Err(_) => return false,
+        }
+        if empty >= SETTLE_CHECKS {
+            return true;
+        }
+        std::thread::sleep(SETTLE_CHECK);
+    }
+    false
+}
+
+/// The descriptors of this process's listening TCP sockets bound to
+/// `addr`: how the router finds gRPC core's ext_proc listeners, which
+/// grpcio does not expose.
+pub fn find_listeners(addr: SocketAddr) -> Vec<RawFd> {
+    let Ok(entries) = std::fs::read_dir("/proc/self/fd") else { return Vec::new() };
+    let fds: Vec<RawFd> = entries.flatten().filter_map(|e| e.file_name().to_str()?.parse().ok()).collect();
+    fds.into_iter().filter(|&fd| {
+        let mut listening: libc::c_int = 0;
+        let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+        // SAFETY: getsockopt writes one c_int; on a descriptor that is not
+        // a socket (or already closed) it fails and nothing is written.
+        let r = unsafe {
+            libc::getsockopt(fd, libc::SOL_SOCKET, libc::SO_ACCEPTCONN, (&mut listening as *mut libc::c_int).cast(), &mut len)
+        };
+        r == 0 && listening == 1 && bound_to(fd) == Some(addr)
+    })
+    .collect()
+}
+
+/// How many of this process's connected TCP sockets have `addr` as their
+/// local address: the connections a listener on `addr` accepted and that
+/// are still open.
+pub fn connections_on(addr: SocketAddr) -> usize {
+    let Ok(entries) = std::fs::read_dir("/proc/self/fd") else { return 0 };
+    let fds: Vec<RawFd> = entries.flatten().filter_map(|e| e.file_name().to_str()?.parse().ok()).collect();
+    fds.into_iter()
+        .filter(|&fd| {
+            let mut listening: libc::c_int = 1;
+            let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+            // SAFETY: as in find_listeners.
+            let r = unsafe {
+                libc::getsockopt(fd, libc::SOL_SOCKET, libc::SO_ACCEPTCONN, (&mut listening as *mut libc::c_int).cast(), &mut len)
+            };
+            r == 0 && listening == 0 && bound_to(fd) == Some(addr)
+        })
+        .count()
+}
+
+fn bound_to(fd: RawFd) -> Option<SocketAddr> {
+    // SAFETY: all-zero is a valid sockaddr_storage.
+    let mut storage: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
+    let mut len = std::mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t;
+    // SAFETY: getsockname writes at most `len` bytes into `storage`.
+    if unsafe { libc::getsockname(fd, (&mut storage as *mut libc::sockaddr_storage).cast(), &mut len) } != 0 {
+        return None;
+    }
+    match storage.ss_family as libc::c_int {
+        libc::AF_INET => {
+            // SAFETY: the kernel wrote a sockaddr_in.
+            let sin: libc::sockaddr_in = unsafe { std::ptr::read((&storage as *const libc::sockaddr_storage).cast()) };
+            let ip = std::net::Ipv4Addr::from(u32::from_be(sin.sin_addr.s_addr));
+            Some(SocketAddr::new(ip.into(), u16::from_be(sin.sin_port)))
+        }
+        libc::AF_INET6 => {
+            // SAFETY: the kernel wrote a sockaddr_in6.
+            let sin6: libc::sockaddr_in6 = unsafe { std::ptr::read((&storage as *const libc::sockaddr_storage).cast()) };
+            let ip = std::net::Ipv6Addr::from(sin6.sin6_addr.s6_addr);
+            // gRPC core binds an IPv4 address as its v4-mapped IPv6 one.
+            let ip = ip.to_ipv4_mapped().map_or(std::net::IpAddr::V6(ip), std::net::IpAddr::V4);
+            Some(SocketAddr::new(ip, u16::from_be(sin6.sin6_port)))
+        }
+        _ => None,
+    }
+}
+
 fn sockaddr(addr: SocketAddr) -> (libc::sockaddr_storage, libc::socklen_t) {
     // SAFETY: all-zero is a valid sockaddr_storage.
     let mut storage: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
@@ -93,6 +276,7 @@ fn sockaddr(addr: SocketAddr) -> (libc::sockaddr_storage, libc::socklen_t) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::os::fd::AsRawFd;
 
     #[test]
     fn b75_two_shared_listeners_on_one_port_and_a_plain_check_refused() {
@@ -105,5 +289,24 @@ mod tests {
         ensure_free(addr).expect("free once both are gone");
         let v6 = shared("[::1]:0".parse().unwrap()).unwrap();
         assert!(v6.local_addr().unwrap().is_ipv6());
+    }
+
+    #[test]
+    fn b99_steered_connections_queue_on_the_successor_and_a_lifted_group_hashes_again() {
+        let old = shared("127.0.0.1:0".parse().unwrap()).unwrap();
+        let addr = old.local_addr().unwrap();
+        let new = shared(addr).unwrap();
+        assert_eq!(find_listeners(addr), [old.as_raw_fd(), new.as_raw_fd()], "both in this process");
+        steer_to_successor(old.as_raw_fd(), 1).unwrap();
+        let clients: Vec<_> = (0..20).map(|_| std::net::TcpStream::connect(addr).unwrap()).collect();
+        let seen = |l: &TcpListener| queued(l.as_raw_fd()).unwrap();
+        assert!(wait_emptied(old.as_raw_fd(), Duration::from_secs(5), || ()), "nothing queued on the old");
+        assert!(!wait_emptied(new.as_raw_fd(), Duration::from_millis(100), || ()), "20 queued on the new");
+        assert_eq!((seen(&old), seen(&new)), (0, 20), "every new connection went to the successor");
+        lift_steering(old.as_raw_fd()).unwrap();
+        lift_steering(old.as_raw_fd()).expect("lifting nothing is no error");
+        let more: Vec<_> = (0..64).map(|_| std::net::TcpStream::connect(addr).unwrap()).collect();
+        assert!(seen(&old) > 0 && seen(&new) > 20, "hashed over both again: {} {}", seen(&old), seen(&new));
+        drop((clients, more));
     }
 }

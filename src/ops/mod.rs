@@ -7,19 +7,21 @@
 //!   (sampled on the timer thread) and their inline SVG charts, HTML text;
 //! - [`logging`], [`process`], [`version`]: the log sink, the process
 //!   wiring (panic policy, open files), the build's identity;
-//! - [`systemd`], [`drain`], [`handover`], `listen`: the notify protocol,
-//!   the drain sequence, the SIGHUP hand-over, and listeners a successor
-//!   can share.
+//! - [`systemd`], [`drain`], [`handover`], `listen`, [`signals`]: the
+//!   notify protocol, the drain sequence, the SIGHUP hand-over, listeners a
+//!   successor can share, and what each signal means when.
 //!
 //! May depend on everything below the assembly: `metrics` names the label
 //! sets of `parking`, `ateapi` and `envoy`; `status` reads their state;
 //! `drain` drives a running `router::Router`. `logging`, `process`,
-//! `version`, `systemd` and `listen` depend on nothing of the crate.
+//! `version`, `systemd`, `signals` and `listen` depend on nothing of the
+//! crate.
 
 pub mod drain;
 pub mod handover;
 pub mod logging;
 pub mod process;
+pub mod signals;
 pub mod systemd;
 pub mod version;
 

@@ -6,6 +6,7 @@
 
 #![allow(dead_code)]
 
+pub mod admin;
 pub mod pki;
 pub mod process;
 
@@ -113,7 +114,7 @@ impl Drop for Stack {
             self.assert_quiescent();
         }
         if let Some(router) = self.router.take() {
-            router.stop(Duration::from_secs(5), &crossbeam_channel::never());
+            router.stop(Duration::from_secs(5), &crossbeam_channel::never::<()>());
         }
     }
 }

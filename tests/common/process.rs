@@ -56,8 +56,23 @@ impl Drop for Spawned {
 
 /// Starts `program` and waits for a stderr line containing `marker`.
 pub fn spawn_until<S: AsRef<std::ffi::OsStr>>(program: &str, args: &[S], marker: &str) -> Spawned {
-    let mut child =
-        Command::new(program).args(args).stderr(Stdio::piped()).stdout(Stdio::null()).spawn().expect("spawn");
+    spawn_until_with(program, args, &[], marker)
+}
+
+/// As [`spawn_until`], with environment variables `env` added.
+pub fn spawn_until_with<S: AsRef<std::ffi::OsStr>>(
+    program: &str,
+    args: &[S],
+    env: &[(&str, &str)],
+    marker: &str,
+) -> Spawned {
+    let mut child = Command::new(program)
+        .args(args)
+        .envs(env.iter().copied())
+        .stderr(Stdio::piped())
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("spawn");
     let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
     let line = lines
         .by_ref()

@@ -293,3 +293,41 @@ def test_without_the_idle_timeout_an_idle_connection_outlives_the_router():
     assert (idle_closed, late, h2_closed) == (None, 503, None)
     assert status == 0
     assert "drain: Envoy still had connections when the window passed" in logs, logs[-2000:]
+
+
+# demo/late's first ResumeActor answers after 7 s: past the 1 s budget and
+# past Envoy's message timeout (budget + 5 s), so its callers live on the
+# late-serve override (B49) that the router sends at the budget.
+LATE_SCRIPT = "demo/late OK 7s 127.0.1.1 true -\n"
+LATE_FLAGS = ["--parked-request-budget", "1s", "--late-serve-limit", "10s"]
+
+
+def test_requests_late_served_across_a_sigterm_get_their_verdict():
+    """Issue 28 part 10's case, targeted: a SIGTERM while requests wait on
+    an attempt that outlives the budget (late serve, B49, their overrides
+    already sent). Each gets its 200 through Envoy, served by the worker
+    once, and the router exits 0 after them (B44)."""
+    with Stack(router_flags=LATE_FLAGS, script=LATE_SCRIPT, workers=1) as s:
+        replies = {}
+
+        def ask(request_id):
+            replies[request_id] = get(s, "demo/late", request_id)
+
+        clients = [threading.Thread(target=ask, args=(f"late-{i}",)) for i in range(3)]
+        for c in clients:
+            c.start()
+        s.wait_router_metric("atenet_router_extproc_streams_active", 3)
+        began = time.monotonic()
+        # Past the 1 s budget, so that the overrides are out (a SIGTERM
+        # that came earlier would only make this test weaker, not wrong).
+        while time.monotonic() - began < 2.0:
+            time.sleep(0.05)
+        s.router.proc.send_signal(signal.SIGTERM)
+        for c in clients:
+            c.join(timeout=60)
+        status = s.router.proc.wait(timeout=60)
+        logs = s.logs()
+        assert {k: v[:2] for k, v in replies.items()} == {f"late-{i}": (200, None) for i in range(3)}, \
+            (replies, logs[-4000:])
+        assert status == 0
+        assert sorted(r["request_id"] for r in s.records()) == [f"late-{i}" for i in range(3)]
