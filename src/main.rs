@@ -51,7 +51,7 @@ fn main() -> ExitCode {
 const SUCCESSOR_PATIENCE: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// Starts the successor and waits until it serves: its pid, or why not. A
-/// SIGTERM or SIGINT on `stops` ends the wait at once (B98).
+/// SIGTERM or SIGINT on `stops` ends the wait at once (B94).
 fn hand_over(
     exe: Result<&std::path::Path, &std::io::Error>,
     args: &[std::ffi::OsString],

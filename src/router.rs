@@ -62,7 +62,7 @@ const SILENT_CHECK: Duration = Duration::from_millis(50);
 /// How long only silent streams must be left before the drain closes them:
 /// Envoy's first message follows its stream's opening within milliseconds.
 const SILENT_GRACE: Duration = Duration::from_secs(1);
-/// How long a handover waits for ext_proc's accept queue to empty (B99).
+/// How long a handover waits for ext_proc's accept queue to empty (B95).
 const QUEUE_PATIENCE: Duration = Duration::from_secs(2);
 /// How long a stopped router waits for gRPC core to close its ext_proc
 /// connections, the last verdicts written.
@@ -72,7 +72,7 @@ const FLUSH_PATIENCE: Duration = Duration::from_secs(2);
 #[derive(Debug)]
 pub enum StartError {
     /// The configuration names no way to reach ateapi: one made for a
-    /// bootstrap only (B102).
+    /// bootstrap only (B96).
     NoAteapiTransport,
     /// ateapi's credentials are unusable.
     Ateapi(CredentialsError),
@@ -398,7 +398,7 @@ impl Router {
         let status = match config.status_addr {
             None => None,
             Some(addr) => {
-                // The charts' samples (B94): a task on the timer thread, no
+                // The charts' samples (B91): a task on the timer thread, no
                 // thread of their own.
                 let history = Arc::new(History::default());
                 let sources = Sources {
@@ -505,7 +505,7 @@ impl Router {
     /// listeners stop first, so that probes and scrapes reach only the
     /// successor, then as [`Router::stop`].
     ///
-    /// No connection queued on this router's listeners is reset (B99):
+    /// No connection queued on this router's listeners is reset (B95):
     /// each port's new connections are steered to the successor's socket
     /// first, and a listener closes only once its accept queue stayed
     /// empty; the HTTP listeners finish the connections they accepted.
@@ -541,7 +541,7 @@ impl Router {
     }
 
     /// Before this router starts a successor: lifts the steering its own
-    /// predecessor left on its ports (B99), so that new connections are
+    /// predecessor left on its ports (B95), so that new connections are
     /// hashed over the sockets again rather than sent to the successor
     /// before it serves.
     pub fn lift_steering(&self) {

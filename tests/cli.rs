@@ -191,7 +191,7 @@ fn b37_bad_flags_exit_nonzero_naming_the_flag() {
         (&["envoy-config", "--ateapi-insecure", "--route-timeout", "1ns"], "--route-timeout"),
         (&["envoy-config", "--ateapi-insecure", "--envoy-idle-timeout", "0"], "--envoy-idle-timeout"),
         (&["serve", "--ateapi-insecure", "--envoy-idle-timeout", "2h"], "--envoy-idle-timeout"),
-        // B92: a heap bound Envoy could not run under, or no machine has.
+        // B90: a heap bound Envoy could not run under, or no machine has.
         (&["envoy-config", "--ateapi-insecure", "--envoy-max-heap", "16Mi"], "--envoy-max-heap"),
         (&["serve", "--ateapi-insecure", "--envoy-max-heap", "2Ti"], "--envoy-max-heap"),
         (&["envoy-config", "--ateapi-insecure", "--envoy-max-heap=1GB"], "--envoy-max-heap"),
@@ -262,11 +262,11 @@ fn b70_envoy_config_at_the_bounds() {
     assert!(err.contains("while parking is off") && !err.contains("1..=0"), "{err}");
 }
 
-/// B102: `envoy-config` prints its bootstrap without ateapi credentials, the
+/// B96: `envoy-config` prints its bootstrap without ateapi credentials, the
 /// same as with `--ateapi-insecure`; it still refuses contradictory ateapi
 /// flags, and `serve` still requires a CA or `--ateapi-insecure`.
 #[test]
-fn b102_envoy_config_needs_no_ateapi_credentials() {
+fn b96_envoy_config_needs_no_ateapi_credentials() {
     let (code, bare, err) = run(&["envoy-config"]);
     assert_eq!(code, 0, "{err}");
     let (code, insecure, err) = run(&["envoy-config", "--ateapi-insecure"]);

@@ -373,12 +373,12 @@ fn b85_a_fleet_router_leaves_the_fleet_and_drains_no_envoy() {
     assert!(log.contains("Envoy not drained (a fleet router"), "{log}");
 }
 
-/// B98: a SIGHUP during a SIGTERM drain is logged and ignored. It neither
+/// B94: a SIGHUP during a SIGTERM drain is logged and ignored. It neither
 /// skips the drain's waits (a second SIGTERM or SIGINT does) nor starts a
 /// handover: Envoy is still drained, and every parked request gets its
 /// verdict.
 #[test]
-fn b98_a_sighup_during_a_drain_neither_skips_it_nor_hands_over() {
+fn b94_a_sighup_during_a_drain_neither_skips_it_nor_hands_over() {
     let sim = scripted_sim();
     let admin = FakeAdmin::start(vec![0]);
     let mut router = spawn_router(&router_args(

@@ -265,7 +265,7 @@ fn lines_with(router: &RouterProcess, what: &str) -> usize {
 }
 
 /// Kills a process group started by a handover (a successor is the leader
-/// of a group of its own, B98), when dropped.
+/// of a group of its own, B94), when dropped.
 struct GroupGuard(u32);
 
 impl Drop for GroupGuard {
@@ -296,12 +296,12 @@ fn hold(
     })
 }
 
-/// B98: SIGHUPs that arrive while a handover runs, one while the successor
+/// B94: SIGHUPs that arrive while a handover runs, one while the successor
 /// starts and one while the old router finishes its streams, are logged
 /// and ignored: they neither cut the streams it holds nor start another
 /// successor.
 #[test]
-fn b98_sighups_during_a_handover_are_ignored() {
+fn b94_sighups_during_a_handover_are_ignored() {
     let sim = scripted_sim();
     let port = free_port();
     let mut router = spawn_router(&router_args(
@@ -345,13 +345,13 @@ fn b98_sighups_during_a_handover_are_ignored() {
     assert_eq!(lines_with(&router, "SIGHUP ignored"), 2, "{log}");
 }
 
-/// B98: a successor that forks, as a wrapper script without `exec` does,
+/// B94: a successor that forks, as a wrapper script without `exec` does,
 /// and fails: each attempt is refused as soon as the script exits, and
 /// leaves no descriptor and no thread in the old router and no process
 /// behind (its whole process group is killed). A wrapper whose router
 /// serves hands over as a direct successor does.
 #[test]
-fn b98_failed_attempts_leave_no_descriptor_thread_or_process_behind() {
+fn b94_failed_attempts_leave_no_descriptor_thread_or_process_behind() {
     let sim = scripted_sim();
     let binary = Binary::copy("forks");
     let port = free_port();
@@ -400,12 +400,12 @@ fn b98_failed_attempts_leave_no_descriptor_thread_or_process_behind() {
     assert_eq!(routed(&Envoy::connect(router.extproc).route_now("demo/a")).1, "10.0.0.1:443");
 }
 
-/// B98: SIGTERM while a successor hangs in its start ends the start at once
+/// B94: SIGTERM while a successor hangs in its start ends the start at once
 /// (the successor's whole process group is killed) and drains as any
 /// SIGTERM does: STOPPING=1 to systemd, Envoy's health check failed, exit 0.
 /// Before, the signal waited for the successor's 30 s.
 #[test]
-fn b98_sigterm_while_a_successor_starts_ends_the_start_and_drains() {
+fn b94_sigterm_while_a_successor_starts_ends_the_start_and_drains() {
     let sim = scripted_sim();
     let admin = common::admin::FakeAdmin::start(vec![0]);
     let binary = Binary::copy("hangs");
@@ -502,13 +502,13 @@ fn probe(addr: std::net::SocketAddr, http: bool) -> Probe {
     }
 }
 
-/// B99: connections that reach a router's ports while it hands over, to
+/// B95: connections that reach a router's ports while it hands over, to
 /// the HTTP listener and to ext_proc, are all answered, by the old router
 /// or by its successor: none is reset from an accept queue that closed
 /// (measured before: 25 and 16 of about 140 k). Five chained handovers
 /// under probes from eight threads; what the clients saw is the truth.
 #[test]
-fn b99_connections_queued_during_handovers_are_answered_never_reset() {
+fn b95_connections_queued_during_handovers_are_answered_never_reset() {
     let sim = scripted_sim();
     let (port, metrics) = (free_port(), format!("127.0.0.1:{}", free_port()));
     let mut router = spawn_router(&router_args(

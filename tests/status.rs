@@ -154,12 +154,12 @@ fn number(json: &str, key: &str) -> Option<f64> {
     (text != "null").then(|| text.parse().unwrap_or_else(|_| panic!("{key}: {text:?} in {json}")))
 }
 
-/// B95: every flight is listed, callers parked or not, with its age and its
+/// B92: every flight is listed, callers parked or not, with its age and its
 /// running attempt's age, and the oldest attempt is a gauge. The truth for
 /// the ages is the test's own clock: the hung attempt started after the
 /// test sent its request and before the simulator saw the call.
 #[test]
-fn b95_every_flight_is_listed_with_its_attempts_age_and_the_oldest_is_a_metric() {
+fn b92_every_flight_is_listed_with_its_attempts_age_and_the_oldest_is_a_metric() {
     let stack = with_status_port();
     stack.sim.script("demo/hung", vec![Answer::ok("10.0.0.3", true).held()]);
     let sent = Instant::now();
@@ -212,13 +212,13 @@ fn b95_every_flight_is_listed_with_its_attempts_age_and_the_oldest_is_a_metric()
     );
 }
 
-/// B96: with thousands of distinct parked actors the page lists the oldest
+/// B93: with thousands of distinct parked actors the page lists the oldest
 /// fifty and the top twenty atespaces, says how many it left out, and its
 /// size does not grow with them. The truth is what the test holds: 3,000
 /// requests, each for an actor of its own, in 30 atespaces, each refused by
 /// the simulator until released.
 #[test]
-fn b96_the_page_is_bounded_and_its_totals_are_what_is_parked() {
+fn b93_the_page_is_bounded_and_its_totals_are_what_is_parked() {
     let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port().to_string();
     let flags = [
         "--parked-request-max",

@@ -89,7 +89,7 @@ pub struct Parking {
     pub backoff: BackoffPolicy,
 }
 
-/// What the flags are validated for (B102): `serve` reaches ateapi and
+/// What the flags are validated for (B96): `serve` reaches ateapi and
 /// needs its transport; `envoy-config` prints a bootstrap, which names no
 /// ateapi setting, and so needs none.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -104,7 +104,7 @@ pub struct Config {
     pub ateapi_address: String,
     /// How ateapi is reached: always set for [`Purpose::Serve`]; `None` only
     /// for a bootstrap given neither `--ateapi-ca-file` nor
-    /// `--ateapi-insecure` (B102), which no router can start with.
+    /// `--ateapi-insecure` (B96), which no router can start with.
     pub ateapi_transport: Option<AteapiTransport>,
     /// A bearer token file, sent as `authorization: Bearer ...` (TLS only).
     pub ateapi_token_file: Option<PathBuf>,
@@ -163,7 +163,7 @@ pub struct Config {
     /// The networks a worker's address must be in; empty: any (B83).
     pub worker_networks: Vec<CidrRange>,
     /// The heap bound of Envoy's overload manager, in bytes, for
-    /// `envoy-config` (B92).
+    /// `envoy-config` (B90).
     pub envoy_max_heap: u64,
     /// Envoy's HTTP listener port, for `envoy-config`.
     pub port_http: u16,
@@ -213,7 +213,7 @@ impl Config {
 
     /// As [`Config::from_args`], for `purpose`: a bootstrap needs no ateapi
     /// transport, but every ateapi flag given is checked as `serve` checks
-    /// it (B102).
+    /// it (B96).
     pub fn from_args_for(args: &ServeArgs, purpose: Purpose) -> Result<Config, ConfigError> {
         let parking = parking(args)?;
         let (extproc_max_requests, flight_max) = capacities(args, &parking)?;
@@ -385,7 +385,7 @@ pub const MIN_ENVOY_MAX_HEAP: u64 = 64 << 20;
 /// which the minimum catches; an extra digit or unit, this).
 pub const MAX_ENVOY_MAX_HEAP: u64 = 1 << 40;
 
-/// `--envoy-max-heap` (B92).
+/// `--envoy-max-heap` (B90).
 fn envoy_max_heap(args: &ServeArgs) -> Result<u64, ConfigError> {
     let bad = |why: String| {
         invalid(format!(
@@ -746,7 +746,7 @@ fn distinct_listeners(listeners: &[(&str, Option<SocketAddr>)]) -> Result<(), Co
 }
 
 /// How ateapi is reached and authenticated (B53); for a bootstrap, no
-/// transport at all is fine (B102).
+/// transport at all is fine (B96).
 fn ateapi(
     args: &ServeArgs,
     purpose: Purpose,
@@ -1048,7 +1048,7 @@ mod tests {
     }
 
     #[test]
-    fn b92_envoy_max_heap_takes_64mi_to_1ti() {
+    fn b90_envoy_max_heap_takes_64mi_to_1ti() {
         assert_eq!(parse(&[]).unwrap().envoy_max_heap, 1 << 30, "default 1Gi");
         assert_eq!(parse(&["--envoy-max-heap", "64Mi"]).unwrap().envoy_max_heap, 64 << 20);
         assert_eq!(parse(&["--envoy-max-heap=1Ti"]).unwrap().envoy_max_heap, 1 << 40);

@@ -169,7 +169,7 @@ pub struct ServeArgs {
     pub port_stats: i64,
 }
 
-/// Loopback only (B90): a peer on Envoy's own host (or in its pod) is the
+/// Loopback only (B88): a peer on Envoy's own host (or in its pod) is the
 /// one source an address vouches for. A private address is not: behind
 /// docker-proxy, kube-proxy's SNAT or an internal L4 load balancer every
 /// external client has one.

@@ -101,7 +101,7 @@ pub fn bootstrap(config: &Config) -> String {
     }
     let _ = write!(
         w,
-        r#"# Envoy's own memory (B92): above 95% of --envoy-max-heap it returns free
+        r#"# Envoy's own memory (B90): above 95% of --envoy-max-heap it returns free
 # memory to the system; above 98% every listener answers new requests 503
 # `envoy overloaded` (a gRPC one UNAVAILABLE), the health listener's
 # /ready included, until the heap falls back; requests already in progress
@@ -137,7 +137,7 @@ static_resources:
   - name: ingress
     address:
       socket_address: {{ address: "{listen_ip}", port_value: {port_http} }}
-    # What Envoy buffers of one connection before it stops reading it (B91):
+    # What Envoy buffers of one connection before it stops reading it (B89):
     # a parked upload waits in the client and the kernel, not in Envoy.
     per_connection_buffer_limit_bytes: {buffer_limit}
     filter_chains:
@@ -182,7 +182,7 @@ static_resources:
           upgrade_configs:
           - upgrade_type: websocket
           - upgrade_type: CONNECT
-          # HTTP/2 (B91): without these windows a client may push 256 MiB
+          # HTTP/2 (B89): without these windows a client may push 256 MiB
           # per stream unasked, and the buffer limit above bounds nothing;
           # one connection holds at most {h2_max_streams} requests, parked ones
           # included.
@@ -191,12 +191,12 @@ static_resources:
             max_concurrent_streams: {h2_max_streams}
             initial_stream_window_size: {h2_stream_window}
             initial_connection_window_size: {h2_connection_window}
-          # Headers that arrive slower than this are a 408 (B91).
+          # Headers that arrive slower than this are a 408 (B89).
           request_headers_timeout: {request_headers_timeout}
           # Envoy keeps the x-envoy-* headers the filter below leaves (the
           # gateway deadline x-envoy-expected-rq-timeout-ms, B68) only from
           # an internal request: one whose peer, the only x-forwarded-for
-          # entry once Envoy appends it, is in --envoy-trusted-ranges (B90).
+          # entry once Envoy appends it, is in --envoy-trusted-ranges (B88).
           use_remote_address: true
           # A drain ends when the last client connection has closed (B43).
           # Envoy's drain closes a connection at its next response but never
@@ -205,7 +205,7 @@ static_resources:
           common_http_protocol_options:
             idle_timeout: {client_idle_timeout}
             # A header named with `_` is removed, never passed on to a worker
-            # that might read it as its `-` twin (B91); the request is served.
+            # that might read it as its `-` twin (B89); the request is served.
             headers_with_underscores_action: DROP_HEADER
 {internal_address_config}          http_filters:
 {client_header_removal}          # Only fields Envoy's ext_proc filter reads are set: it opens the
@@ -524,12 +524,12 @@ fn worker_route(timeout: Duration, idle_timeout: Duration) -> String {
 }
 
 /// What Envoy buffers of one connection, downstream or upstream, before it
-/// stops reading from it (B91): Envoy's edge best practice, 32 KiB. A
+/// stops reading from it (B89): Envoy's edge best practice, 32 KiB. A
 /// parked upload (its headers held at ext_proc) then costs Envoy about this
 /// much of its body, not the 1 MiB of Envoy's default.
 pub const BUFFER_LIMIT_BYTES: u64 = 32 << 10;
 
-/// HTTP/2 from clients (B91), as Envoy's edge best practice sets it: the
+/// HTTP/2 from clients (B89), as Envoy's edge best practice sets it: the
 /// windows are what bound an HTTP/2 upload, since Envoy's default stream
 /// window (256 MiB) lets a client send that much before any flow control;
 /// the buffer limit alone leaves HTTP/2 unbounded (measured on 1.40).
@@ -537,7 +537,7 @@ pub const H2_MAX_CONCURRENT_STREAMS: u32 = 100;
 pub const H2_STREAM_WINDOW_BYTES: u32 = 64 << 10;
 pub const H2_CONNECTION_WINDOW_BYTES: u32 = 1 << 20;
 
-/// How long a client may take to send a request's headers (B91): a
+/// How long a client may take to send a request's headers (B89): a
 /// request being parked has sent them already, so this never cuts a park.
 pub const REQUEST_HEADERS_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -545,7 +545,7 @@ pub const REQUEST_HEADERS_TIMEOUT: Duration = Duration::from_secs(10);
 /// best practice).
 pub const MAX_DOWNSTREAM_CONNECTIONS: u64 = 50_000;
 
-/// Downstream connections Envoy accepts at once (B92): one per
+/// Downstream connections Envoy accepts at once (B90): one per
 /// [`BUFFER_LIMIT_BYTES`] of the heap bound, so that connections each
 /// holding a full buffer cannot by themselves exceed it, and at most
 /// [`MAX_DOWNSTREAM_CONNECTIONS`].
@@ -554,7 +554,7 @@ pub fn max_downstream_connections(max_heap: u64) -> u64 {
 }
 
 /// The `x-envoy-*` request headers the generated Envoy removes from every
-/// client before any filter reads them (B90), each with what it would let
+/// client before any filter reads them (B88), each with what it would let
 /// a client do. Only the caller's deadline, `x-envoy-expected-rq-timeout-ms`
 /// (B68), is left, and Envoy keeps that one only from a trusted peer.
 ///
@@ -583,11 +583,11 @@ pub const CLIENT_HEADERS_REMOVED: [(&str, &str); 15] = [
 
 /// The `header_mutation` filter that removes [`CLIENT_HEADERS_REMOVED`],
 /// first in a listener's chain: it runs after the connection manager's own
-/// sanitising and before ext_proc and the router (B90).
+/// sanitising and before ext_proc and the router (B88).
 fn client_header_removal() -> String {
     let mut y = String::from(
         r#"          # Every client's x-envoy-* control headers go first, whatever its
-          # peer (B90): only the deadline x-envoy-expected-rq-timeout-ms stays.
+          # peer (B88): only the deadline x-envoy-expected-rq-timeout-ms stays.
           - name: envoy.filters.http.header_mutation
             typed_config:
               "@type": type.googleapis.com/envoy.extensions.filters.http.header_mutation.v3.HeaderMutation
@@ -601,7 +601,7 @@ fn client_header_removal() -> String {
     y
 }
 
-/// The ingress connection manager's `internal_address_config` (B90), or
+/// The ingress connection manager's `internal_address_config` (B88), or
 /// nothing when no range is trusted: Envoy 1.40 reads an empty
 /// `cidr_ranges` as its built-in private ranges (loopback 127.0.0.1
 /// included), while no `internal_address_config` at all trusts no peer.
@@ -678,13 +678,13 @@ mod tests {
                 "internal_address_config:\n            cidr_ranges: [{ address_prefix: \"127.0.0.0\", prefix_len: 8 }, \
                  { address_prefix: \"::1\", prefix_len: 128 }]\n"
             ),
-            "B90: loopback only by default: {default}"
+            "B88: loopback only by default: {default}"
         );
         assert!(default.contains("use_remote_address: true"));
         assert!(default.contains("- upgrade_type: websocket\n          - upgrade_type: CONNECT\n"));
         assert_eq!(default.matches("X-Ate-Target-Port").count(), 2, "the CONNECT route and the other");
         // Envoy 1.40 reads an empty cidr_ranges as its private ranges: to
-        // trust none, the field is left out (B90).
+        // trust none, the field is left out (B88).
         let none =
             bootstrap(&parse_serve_args(&["--ateapi-insecure", "--envoy-trusted-ranges", ""]).unwrap());
         assert!(!none.contains("internal_address_config:"), "{none}");
@@ -713,7 +713,7 @@ mod tests {
     }
 
     #[test]
-    fn b90_client_control_headers_are_removed_first_and_the_deadline_is_not() {
+    fn b88_client_control_headers_are_removed_first_and_the_deadline_is_not() {
         let y = bootstrap(&parse_serve_args(&["--ateapi-insecure"]).unwrap());
         assert_eq!(filters_of(&y, "ingress"), ["header_mutation", "ext_proc", "router"]);
         assert_eq!(filters_of(&y, "stats"), ["header_mutation", "router"]);
@@ -728,7 +728,7 @@ mod tests {
     }
 
     #[test]
-    fn b91_buffers_http2_and_headers_are_bounded() {
+    fn b89_buffers_http2_and_headers_are_bounded() {
         let y = bootstrap(&parse_serve_args(&["--ateapi-insecure"]).unwrap());
         assert_eq!(
             y.matches("per_connection_buffer_limit_bytes: 32768\n").count(),
@@ -756,7 +756,7 @@ mod tests {
     }
 
     #[test]
-    fn b92_overload_manager_follows_the_heap_flag() {
+    fn b90_overload_manager_follows_the_heap_flag() {
         let heap = |flags: &[&str]| {
             let mut args = vec!["--ateapi-insecure"];
             args.extend_from_slice(flags);

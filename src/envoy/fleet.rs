@@ -36,7 +36,7 @@ const ROUTER_HOST_MAX_CONNECTIONS: u32 = 4;
 /// rotation sooner, by its health (B85).
 const DNS_REFRESH: &str = "5s";
 
-/// The bounds the bootstrap puts on every connection (B91), which the
+/// The bounds the bootstrap puts on every connection (B89), which the
 /// router cluster keeps in either layout: handed over by the bootstrap,
 /// which owns them.
 pub struct ConnectionLimits {
@@ -291,7 +291,7 @@ mod tests {
         let y = router_cluster(&c, "atenet_router", "", &LIMITS);
         assert!(y.contains("type: STATIC") && y.contains(r#"address: "127.0.0.1", port_value: 50051"#), "{y}");
         assert!(!y.contains("MAGLEV") && !y.contains("health_checks"));
-        assert!(y.contains("per_connection_buffer_limit_bytes: 32768\n"), "B91 in a sidecar's cluster: {y}");
+        assert!(y.contains("per_connection_buffer_limit_bytes: 32768\n"), "B89 in a sidecar's cluster: {y}");
         assert!(y.contains("initial_stream_window_size: 65536\n") && y.contains("initial_connection_window_size: 1048576\n"));
     }
 
@@ -301,7 +301,7 @@ mod tests {
         let y = router_cluster(&c, "atenet_router", "", &LIMITS);
         assert!(y.contains("type: STATIC") && !y.contains("envoy.cluster.dns"), "{y}");
         assert!(y.contains("lb_policy: MAGLEV") && y.contains("healthy_panic_threshold: { value: 0 }"));
-        assert!(y.contains("per_connection_buffer_limit_bytes: 32768\n"), "B91 in a fleet's cluster: {y}");
+        assert!(y.contains("per_connection_buffer_limit_bytes: 32768\n"), "B89 in a fleet's cluster: {y}");
         assert!(y.contains("initial_stream_window_size: 65536\n") && y.contains("initial_connection_window_size: 1048576\n"));
         assert!(y.contains("- header: { header_name: ate-target-actor }\n          terminal: true\n"));
         assert!(y.contains("- header: { header_name: ate-target-actor-fs }"));

@@ -1,4 +1,4 @@
-//! The status page's charts (B94): inline SVG, no script and no external
+//! The status page's charts (B91): inline SVG, no script and no external
 //! asset, so that the page stays one self-contained document that
 //! refreshes itself.
 //!

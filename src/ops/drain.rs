@@ -141,7 +141,7 @@ pub fn remove_stale_marker(path: &Path) -> io::Result<bool> {
 }
 
 /// Runs the drain. `interrupt` delivers further stop signals (SIGTERM or
-/// SIGINT, B98); the first one received skips every remaining wait.
+/// SIGINT, B94); the first one received skips every remaining wait.
 pub fn drain<T>(router: Router, plan: &DrainPlan, interrupt: &Receiver<T>) -> DrainReport {
     drain_reporting(router, plan, interrupt, &|_| {})
 }

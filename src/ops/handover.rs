@@ -1,4 +1,4 @@
-//! A planned restart that fails no request (B75, B98).
+//! A planned restart that fails no request (B75, B94).
 //!
 //! On `SIGHUP` the router starts its successor: the binary on disk with the
 //! same arguments. The successor binds the same ports beside it (every

@@ -1,4 +1,4 @@
-//! The status page's last ten minutes (B94): a ring of [`CAPACITY`]
+//! The status page's last ten minutes (B91): a ring of [`CAPACITY`]
 //! samples, one every [`SAMPLE_INTERVAL`], that its charts draw.
 //!
 //! Sampling reads only what the router keeps anyway: the lot's slot count,
@@ -212,7 +212,7 @@ mod tests {
     }
 
     #[test]
-    fn b94_samples_every_interval_on_the_scheduler_into_a_fixed_ring() {
+    fn b91_samples_every_interval_on_the_scheduler_into_a_fixed_ring() {
         let r = rig();
         assert_eq!(r.history.samples().len(), 1, "one sample at the start");
         r.scheduler.advance(SAMPLE_INTERVAL * 3);
@@ -230,7 +230,7 @@ mod tests {
     }
 
     #[test]
-    fn b94_a_sample_counts_verdicts_by_kind_and_slots_held_over_its_interval() {
+    fn b91_a_sample_counts_verdicts_by_kind_and_slots_held_over_its_interval() {
         let r = rig();
         let verdicts = [
             (RecentVerdict::Routed, 8),
@@ -256,7 +256,7 @@ mod tests {
     }
 
     #[test]
-    fn b94_wait_percentiles_are_those_of_the_waits_that_ended_in_the_interval() {
+    fn b91_wait_percentiles_are_those_of_the_waits_that_ended_in_the_interval() {
         let r = rig();
         // Ten waits end in the first interval: nine of 0.3 s, one of 1.5 s.
         let mut slots: Vec<_> = (0..10).map(|_| r.lot.try_admit("demo").unwrap()).collect();

@@ -122,7 +122,7 @@ pub struct HttpServer {
     listener: RawFd,
     stop: Arc<AtomicBool>,
     /// Set with `stop` by a handover: the loop empties the accept queue
-    /// and finishes its connections before it ends (B99).
+    /// and finishes its connections before it ends (B95).
     finish: Arc<AtomicBool>,
     wake: UnixStream,
     thread: Option<JoinHandle<()>>,
@@ -173,7 +173,7 @@ impl HttpServer {
         self.shutdown();
     }
 
-    /// Stops serving once a successor listens beside this router (B99):
+    /// Stops serving once a successor listens beside this router (B95):
     /// new connections are steered to the successor's socket, the ones
     /// queued on this one are accepted, and every connection open is
     /// finished (within its own deadlines) before the thread ends.
@@ -182,7 +182,7 @@ impl HttpServer {
         self.shutdown();
     }
 
-    /// Lifts the steering a predecessor left on this port (B99).
+    /// Lifts the steering a predecessor left on this port (B95).
     pub fn lift_steering(&self) -> io::Result<()> {
         crate::ops::listen::lift_steering(self.listener)
     }
@@ -312,7 +312,7 @@ impl EventLoop {
     }
 
     /// Steers new connections to the successor, accepts what is queued
-    /// until the queue stays empty, then closes the listener (B99).
+    /// until the queue stays empty, then closes the listener (B95).
     fn hand_over(&mut self, listener: TcpListener) {
         let fd = listener.as_raw_fd();
         if let Err(e) = crate::ops::listen::steer_to_successor(fd, 1) {

@@ -15,7 +15,7 @@
 //! sockets in the order they joined, filling a hole with the last one, so
 //! while the router's own sockets are the group's first, the successor's
 //! come right after them), then empties its own queues, and only then
-//! closes (B99). gRPC core listens on one socket per poller (two on two
+//! closes (B95). gRPC core listens on one socket per poller (two on two
 //! cores) of the ext_proc port. The program stays on the group
 //! after the predecessor leaves, where it picks an index that no longer
 //! exists, which makes the kernel fall back to its hash: a router lifts it
@@ -77,7 +77,7 @@ pub fn shared(addr: SocketAddr) -> io::Result<TcpListener> {
 
 /// Steers the new connections of the `SO_REUSEPORT` group `listener`
 /// belongs to onto the group's socket at index `own`: when the router's
-/// `own` sockets are the group's first, the successor's first (B99).
+/// `own` sockets are the group's first, the successor's first (B95).
 /// Connections already queued on the router's sockets stay there, to be
 /// accepted.
 pub fn steer_to_successor(listener: RawFd, own: usize) -> io::Result<()> {
@@ -292,7 +292,7 @@ mod tests {
     }
 
     #[test]
-    fn b99_steered_connections_queue_on_the_successor_and_a_lifted_group_hashes_again() {
+    fn b95_steered_connections_queue_on_the_successor_and_a_lifted_group_hashes_again() {
         let old = shared("127.0.0.1:0".parse().unwrap()).unwrap();
         let addr = old.local_addr().unwrap();
         let new = shared(addr).unwrap();

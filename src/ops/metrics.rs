@@ -202,7 +202,7 @@ impl Metrics {
             ),
             oldest_attempt: Gauge::new(
                 "atenet_router_oldest_attempt_seconds",
-                "How long the longest-running ResumeActor attempt has run; 0 when none runs (B95).",
+                "How long the longest-running ResumeActor attempt has run; 0 when none runs (B92).",
             )
             .expect("a valid metric name"),
             flights_rejected: counter(
@@ -278,7 +278,7 @@ impl Metrics {
 
     /// The parked-wait histogram (B32) of every outcome together: its
     /// bucket bounds, and the cumulative count of each bucket with `+Inf`
-    /// last, for the status page's wait percentiles (B94).
+    /// last, for the status page's wait percentiles (B91).
     pub fn parked_wait_buckets(&self) -> (&'static [f64], Vec<u64>) {
         let mut cumulative = vec![0; WAIT_BUCKETS.len() + 1];
         for histogram in &self.inner.lot.waits {
@@ -432,7 +432,7 @@ mod tests {
     }
 
     #[test]
-    fn b94_parked_wait_buckets_add_every_outcome_up() {
+    fn b91_parked_wait_buckets_add_every_outcome_up() {
         let metrics = Metrics::new();
         let lot = metrics.lot_instruments();
         lot.waits[WaitOutcome::Served as usize].observe(0.3);

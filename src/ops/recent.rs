@@ -1,5 +1,5 @@
 //! The last requests the router answered, for the status page (B42), and
-//! how many verdicts of each kind it gave, for its charts (B94).
+//! how many verdicts of each kind it gave, for its charts (B91).
 //!
 //! Every request is recorded, on the fast path: the ring reuses its
 //! entries' buffers, and the counts are kept under the lock it takes anyway.
@@ -47,7 +47,7 @@ impl std::fmt::Display for RecentVerdict {
     }
 }
 
-/// The kinds of verdict the page charts (B94).
+/// The kinds of verdict the page charts (B91).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum VerdictKind {
     Routed,
@@ -239,7 +239,7 @@ mod tests {
     }
 
     #[test]
-    fn b94_verdict_kinds() {
+    fn b91_verdict_kinds() {
         let rejected = |reason| VerdictKind::of(RecentVerdict::Rejected { status: 503, reason });
         assert_eq!(VerdictKind::of(RecentVerdict::Routed), VerdictKind::Routed);
         for shed in ["atenet_lot_full", "atenet_flights_full", "atenet_atespace_full", "atenet_deadline_too_short"] {

@@ -1,4 +1,4 @@
-//! What each signal means in each part of the router's life (B43, B75, B98).
+//! What each signal means in each part of the router's life (B43, B75, B94).
 //!
 //! One thread receives SIGTERM, SIGINT and SIGHUP and decides, from the
 //! phase the router is in, where each goes:
@@ -136,7 +136,7 @@ mod tests {
     }
 
     #[test]
-    fn b98_one_sighup_starts_a_handover_and_the_next_is_ignored_until_serving_again() {
+    fn b94_one_sighup_starts_a_handover_and_the_next_is_ignored_until_serving_again() {
         let (s, sr, h, hr) = channels();
         let phase = AtomicU8::new(Phase::Serving as u8);
         assert!(sort(SIGHUP, &phase, &s, &h) && sort(SIGHUP, &phase, &s, &h));
@@ -148,7 +148,7 @@ mod tests {
     }
 
     #[test]
-    fn b98_stops_always_go_through_and_sighups_after_them_are_ignored() {
+    fn b94_stops_always_go_through_and_sighups_after_them_are_ignored() {
         let (s, sr, h, hr) = channels();
         for start in [Phase::Serving, Phase::Starting, Phase::HandedOver, Phase::Draining] {
             let phase = AtomicU8::new(start as u8);

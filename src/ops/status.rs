@@ -2,7 +2,7 @@
 //! doing now, for a person (HTML) or a program (JSON).
 //!
 //! It shows counts and names only: of requests, what [`RecentRequests`]
-//! keeps, which is never a secret. Its lists are bounded (B96), so a
+//! keeps, which is never a secret. Its lists are bounded (B93), so a
 //! saturated router answers it with the same few tens of kilobytes as an
 //! idle one.
 
@@ -29,7 +29,7 @@ use crate::parking::resolver::Resolver;
 const TOP_ATESPACES: usize = 20;
 
 /// How many flights, and how many actors with parked requests, the page
-/// lists: the oldest (B96). Fifty rows are what a person reads; a program
+/// lists: the oldest (B93). Fifty rows are what a person reads; a program
 /// that wants every actor has `/metrics` for counts and the log for names,
 /// and a page that grew with the table would cost a saturated router
 /// megabytes every two seconds per viewer.
@@ -54,11 +54,11 @@ struct Snapshot {
     active: usize,
     max_parked: usize,
     max_wait: Duration,
-    /// Flights in progress (B96: the total, however many are listed).
+    /// Flights in progress (B93: the total, however many are listed).
     flights: usize,
-    /// The oldest [`LISTED`] flights, oldest first (B95).
+    /// The oldest [`LISTED`] flights, oldest first (B92).
     oldest_flights: Vec<FlightView>,
-    /// How long the longest-running attempt has run, if one runs (B95).
+    /// How long the longest-running attempt has run, if one runs (B92).
     oldest_attempt: Option<Duration>,
     shed: u64,
     /// The oldest [`LISTED`] flights with parked callers.
@@ -74,7 +74,7 @@ struct Snapshot {
     attempts: Vec<(&'static str, u64)>,
     /// Verdicts since startup, by [`VerdictKind`].
     verdicts: [u64; VerdictKind::ALL.len()],
-    /// The last ten minutes, oldest first, as seconds ago (B94).
+    /// The last ten minutes, oldest first, as seconds ago (B91).
     history: Vec<(f64, Sample)>,
     flags: Vec<(&'static str, String)>,
     recent: Vec<RecentRequest>,
@@ -137,7 +137,7 @@ impl StatusPage {
 
     fn snapshot(&self) -> Snapshot {
         // Every flight is looked at, for the totals; only the oldest are
-        // kept (B96). Equal ages list by name, so rows keep their places.
+        // kept (B93). Equal ages list by name, so rows keep their places.
         let mut flights = self.resolver.flights().snapshot();
         flights.sort_by(|a, b| b.age.cmp(&a.age).then_with(|| a.actor.as_str().cmp(b.actor.as_str())));
         let parked: Vec<&FlightSnapshot> = flights.iter().filter(|f| f.parked_callers > 0).collect();
@@ -378,7 +378,7 @@ fn series(history: &[(f64, Sample)], value: impl Fn(&Sample) -> Option<f64>) -> 
     points
 }
 
-/// The three charts of the last ten minutes (B94).
+/// The three charts of the last ten minutes (B91).
 fn charts(s: &Snapshot) -> [Chart<'static>; 3] {
     let latest = s.history.last().map(|(_, sample)| sample);
     let peak = s.history.iter().map(|(_, sample)| sample.parked).max().unwrap_or(0);
@@ -473,7 +473,7 @@ fn cell(h: &mut String, label: &str, numeric: bool, text: &str) {
 }
 
 /// "Showing the oldest 50 of 20,000 (19,950 more)", or nothing when all
-/// are shown (B96).
+/// are shown (B93).
 fn more(h: &mut String, id: &str, what: &str, shown: usize, total: usize) {
     if total > shown {
         let _ = write!(
@@ -701,7 +701,7 @@ pub fn effective_flags(config: &Config) -> Vec<(&'static str, String)> {
 }
 
 /// The page's look: a grid of cards that fits any width from a phone's up
-/// (B94): grid tracks never wider than the page, text that wraps anywhere
+/// (B91): grid tracks never wider than the page, text that wraps anywhere
 /// rather than push a card wider, and tables that turn into label-value
 /// lists on a narrow screen.
 const STYLE: &str = "*{box-sizing:border-box}\
@@ -764,12 +764,12 @@ mod tests {
         ));
     }
 
-    /// B96: the page at its largest, whatever is parked: every list full of
+    /// B93: the page at its largest, whatever is parked: every list full of
     /// the longest names an actor id allows (63 + 1 + 63 bytes), a full ring
     /// of samples each with a different figure in every series, 100 recent
     /// requests at their longest.
     #[test]
-    fn b96_the_page_at_its_largest_stays_bounded() {
+    fn b93_the_page_at_its_largest_stays_bounded() {
         let at = Instant::now();
         let name = |i: usize| format!("{:a<63}/{:b<63}", format!("space-{i}-"), format!("actor-{i}-"));
         let flight = |i: usize| FlightView {
@@ -839,7 +839,7 @@ mod tests {
     }
 
     #[test]
-    fn b94_a_series_breaks_where_samples_are_missing() {
+    fn b91_a_series_breaks_where_samples_are_missing() {
         let at = Instant::now();
         let sample = |parked| Sample { at, parked, verdicts_per_second: [0.0; 4], waits: None };
         let history = [(30.0, sample(1)), (28.0, sample(2)), (10.0, sample(3)), (8.0, sample(4))];

@@ -217,7 +217,7 @@ struct FlightState {
     waiters: Waiters,
     /// Callers holding a lot slot on this flight (for the status page).
     parked_callers: usize,
-    /// When the running attempt started; `None` between attempts (B95).
+    /// When the running attempt started; `None` between attempts (B92).
     attempt_started: Option<Instant>,
     /// The deadline check that tells callers about overtime, cancelled when
     /// the flight ends early: most flights end in a millisecond, and their
@@ -298,7 +298,7 @@ pub struct FlightSnapshot {
     pub actor: ActorId,
     pub age: Duration,
     pub budget_left: Duration,
-    /// How long the running attempt has run; `None` between attempts (B95).
+    /// How long the running attempt has run; `None` between attempts (B92).
     pub attempt_age: Option<Duration>,
     pub attempts: u32,
     pub parked_callers: usize,
@@ -462,7 +462,7 @@ impl FlightTable {
         views
     }
 
-    /// How long the longest-running attempt has run, if one runs (B95):
+    /// How long the longest-running attempt has run, if one runs (B92):
     /// `atenet_router_oldest_attempt_seconds`, read at scrape time.
     pub fn oldest_attempt(&self) -> Option<Duration> {
         let now = self.inner.clock.now();
@@ -1014,7 +1014,7 @@ pub(crate) mod tests {
     }
 
     #[test]
-    fn b95_snapshots_show_the_running_attempts_age_and_none_between_attempts() {
+    fn b92_snapshots_show_the_running_attempts_age_and_none_between_attempts() {
         let h = harness(5000, 100, true);
         let (a, b) = (actor("a"), actor("b"));
         let ms = Duration::from_millis;

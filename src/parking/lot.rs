@@ -273,7 +273,7 @@ impl ParkingLot {
     }
 
     /// The atespaces holding slots now, most slots first, at most `top`, and
-    /// how many hold slots in all (B96).
+    /// how many hold slots in all (B93).
     pub fn atespaces(&self, top: usize) -> (Vec<AtespaceView>, usize) {
         self.shares.views(self.clock.now(), top)
     }
@@ -558,7 +558,7 @@ mod tests {
         assert_eq!(m.decision(LotDecision::AtespaceFull).get(), 2);
         let (views, total) = lot.atespaces(20);
         assert_eq!((views.len(), total), (2, 2));
-        assert_eq!(lot.atespaces(1).1, 2, "B96: the total counts what the top leaves out");
+        assert_eq!(lot.atespaces(1).1, 2, "B93: the total counts what the top leaves out");
         assert_eq!(
             views[0],
             AtespaceView {

@@ -253,7 +253,7 @@ def test_echo_worker_echoes(echo_worker, tmp_path):
 
 def test_echo_worker_fails_when_asked(echo_worker):
     """x-echo-status answers with that status, still echoing (the Envoy
-    tests of B90 need a worker that fails); a value it cannot send is 200."""
+    tests of B88 need a worker that fails); a value it cannot send is 200."""
     for asked, status in [("503", 503), ("429", 429), ("204", 200), ("700", 200), ("soon", 200)]:
         request = urllib.request.Request(f"http://{echo_worker}/fail", headers={"x-echo-status": asked,
                                                                               "x-echo-delay-ms": "1"})

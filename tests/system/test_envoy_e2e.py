@@ -433,7 +433,7 @@ B77_COUNTERS = ("streams_started", "server_half_closed", "streams_failed", "stre
 
 def every_phase(mode):
     """Envoy sends the router every phase of each request, bodies `mode`.
-    A BUFFERED body must fit the connection's buffer, which B91 holds at
+    A BUFFERED body must fit the connection's buffer, which B89 holds at
     32 KiB (Envoy 1.40 answers a larger request body 413 `Payload Too
     Large`): for it the limit goes back to Envoy's default, 1 MiB."""
     def edit(config):

@@ -1,7 +1,7 @@
 """Envoy's edge, through a real Envoy 1.40.0 (envoy_stack.py): what a client
-can make Envoy do with x-envoy-* headers (B90), what a parked upload costs
-Envoy's memory (B91), and what Envoy answers under its overload manager
-(B92).
+can make Envoy do with x-envoy-* headers (B88), what a parked upload costs
+Envoy's memory (B89), and what Envoy answers under its overload manager
+(B90).
 
 The truth is what the client got and what the echo worker recorded (one
 line per attempt that reached it, with the body's sha256); Envoy's own
@@ -28,9 +28,9 @@ from envoy_stack import LOOPBACK, Stack
 TIMEOUT = 60
 # A peer on loopback that a stack trusting only 127.0.0.1/32 does not trust.
 UNTRUSTED_SOURCE = "127.0.0.2"
-# The generated bootstrap's per-connection buffer limit (B91).
+# The generated bootstrap's per-connection buffer limit (B89).
 BUFFER_LIMIT = 32 << 10
-# What the generated Envoy removes from every client (B90): the router
+# What the generated Envoy removes from every client (B88): the router
 # filter's control headers, and the ones that steer the access log, an
 # ORIGINAL_DST cluster or tracing.
 REMOVED = ["x-envoy-retry-on", "x-envoy-retry-grpc-on", "x-envoy-max-retries", "x-envoy-retriable-status-codes",
@@ -91,7 +91,7 @@ def attempts(stack, request_id):
     return [r for r in stack.records() if r["request_id"] == request_id]
 
 
-# -- B90: a client's x-envoy-* headers steer nothing -----------------------
+# -- B88: a client's x-envoy-* headers steer nothing -----------------------
 
 SLOW = [("x-echo-delay-ms", "1500")]  # far past every 200 ms timeout below
 FAIL = [("x-echo-status", "503")]
@@ -140,7 +140,7 @@ def probed(stack):
 
 
 @pytest.mark.parametrize("probe", PROBES)
-def test_b90_client_control_headers_get_one_attempt_and_the_workers_answer(stack, probed, probe):
+def test_b88_client_control_headers_get_one_attempt_and_the_workers_answer(stack, probed, probe):
     """From a trusted peer (the worker sees x-envoy-internal), every probe
     reaches the worker exactly once and the client gets the worker's own
     answer: no retry, hedge, timeout or alternative response of Envoy's.
@@ -156,7 +156,7 @@ def test_b90_client_control_headers_get_one_attempt_and_the_workers_answer(stack
     assert len(attempts(stack, probe)) == 1, attempts(stack, probe)
 
 
-def test_b90_a_clients_stat_name_and_original_path_steer_nothing(stack, probed):
+def test_b88_a_clients_stat_name_and_original_path_steer_nothing(stack, probed):
     """No stats named by the client; the access log's path is the request's."""
     assert probed["alt-stat-name"].status == 200
     assert admin_stats(stack, "edgeprobe") == {}
@@ -165,7 +165,7 @@ def test_b90_a_clients_stat_name_and_original_path_steer_nothing(stack, probed):
     assert entry["path"] == "/edge/original-path", entry
 
 
-def test_b90_the_router_names_the_worker_whatever_the_client_says(stack):
+def test_b88_the_router_names_the_worker_whatever_the_client_says(stack):
     """x-envoy-original-dst-host (which an ORIGINAL_DST cluster reading
     headers would obey) never reaches Envoy's load balancer or the worker."""
     other = stack.worker(1)
@@ -177,7 +177,7 @@ def test_b90_the_router_names_the_worker_whatever_the_client_says(stack):
     assert [r["worker"] for r in attempts(stack, "dst")] == [f"127.0.1.1:{stack.worker_port}"]
 
 
-# -- B90: the caller's deadline passes from a trusted peer only ------------
+# -- B88: the caller's deadline passes from a trusted peer only ------------
 
 def caller_deadline(reply):
     """The router honoured a 300 ms deadline: its own 504, long before the
@@ -194,7 +194,7 @@ def budget_exhausted(reply):
 DEADLINE = [("x-envoy-expected-rq-timeout-ms", "300")]
 
 
-def test_b90_the_deadline_passes_from_a_trusted_front_only():
+def test_b88_the_deadline_passes_from_a_trusted_front_only():
     """--envoy-trusted-ranges 127.0.0.1/32: the same parked request with a
     300 ms x-envoy-expected-rq-timeout-ms gets the router's 504 from
     127.0.0.1 and waits out its budget from 127.0.0.2, whose headers Envoy
@@ -209,8 +209,8 @@ def test_b90_the_deadline_passes_from_a_trusted_front_only():
         assert "x-envoy-internal" not in untrusted, untrusted
 
 
-def test_b90_no_trusted_range_trusts_not_even_loopback():
-    """--envoy-trusted-ranges "": no internal_address_config. Before B90 it
+def test_b88_no_trusted_range_trusts_not_even_loopback():
+    """--envoy-trusted-ranges "": no internal_address_config. Before B88 it
     rendered `cidr_ranges: []`, which Envoy 1.40 reads as its private ranges:
     this very request from 127.0.0.1 then got the router's 504."""
     flags = [*PARKING, "--envoy-trusted-ranges", ""]
@@ -219,7 +219,7 @@ def test_b90_no_trusted_range_trusts_not_even_loopback():
         assert "x-envoy-internal" not in h1(s, "demo/routed", "/none").echoed()["headers"]
 
 
-# -- B91: a parked upload costs Envoy its buffer, not its body --------------
+# -- B89: a parked upload costs Envoy its buffer, not its body --------------
 
 UPLOADS = 24
 BODY_BYTES = 8 << 20
@@ -287,7 +287,7 @@ def wait_for(what, check, timeout=TIMEOUT):
 
 
 @pytest.mark.parametrize("proto", ["h1", "h2"])
-def test_b91_parked_uploads_cost_envoy_their_buffers_and_arrive_whole(upload_stack, body_file, proto, tmp_path):
+def test_b89_parked_uploads_cost_envoy_their_buffers_and_arrive_whole(upload_stack, body_file, proto, tmp_path):
     """24 uploads of 8 MiB each, held parked (the pool is full) for an 8 s
     restore, then routed: Envoy's RSS grows by at most 256 KiB per upload
     (+16 MiB) while they are parked, each client having pushed past the
@@ -335,7 +335,7 @@ def test_b91_parked_uploads_cost_envoy_their_buffers_and_arrive_whole(upload_sta
         assert [(r["body_sha256"], r["body_length"]) for r in records] == [(want, BODY_BYTES)], request_id
 
 
-def test_b91_a_header_named_with_an_underscore_is_dropped_and_the_request_served(stack, tmp_path):
+def test_b89_a_header_named_with_an_underscore_is_dropped_and_the_request_served(stack, tmp_path):
     """HTTP/1.1 and HTTP/2: the worker gets the request without `x_client`
     (DROP_HEADER), where REJECT_REQUEST would have answered 400 or reset
     the stream; Envoy counts each drop."""
@@ -352,7 +352,7 @@ def test_b91_a_header_named_with_an_underscore_is_dropped_and_the_request_served
     assert drops.get("http2.dropped_headers_with_underscores", 0) >= 1, drops
 
 
-def test_b91_headers_that_never_end_get_a_408(stack):
+def test_b89_headers_that_never_end_get_a_408(stack):
     """request_headers_timeout (10 s): a client that sends half its headers
     and stops gets Envoy's 408 and a closed connection, never the router."""
     with socket.create_connection((LOOPBACK, stack.http_port), timeout=TIMEOUT) as conn:
@@ -364,7 +364,7 @@ def test_b91_headers_that_never_end_get_a_408(stack):
     assert all(r["path"] != "/slow" for r in stack.records())
 
 
-# -- B92: the overload manager ----------------------------------------------
+# -- B90: the overload manager ----------------------------------------------
 
 def overloaded(text):
     """The bootstrap with a heap bound an idle Envoy already exceeds."""
@@ -372,7 +372,7 @@ def overloaded(text):
     return text.replace("max_heap_size_bytes: 1073741824\n", "max_heap_size_bytes: 2097152\n")
 
 
-def test_b92_over_its_heap_bound_envoy_refuses_new_requests_readiness_included():
+def test_b90_over_its_heap_bound_envoy_refuses_new_requests_readiness_included():
     """Over the heap bound (here one an idle Envoy exceeds), every listener
     answers a new request 503 `envoy overloaded` before any filter: the
     router is never asked, the worker never reached, and the health

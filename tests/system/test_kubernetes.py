@@ -51,7 +51,7 @@ ENVOY_WINDOW_SLACK = 10
 GRACE_SLACK = 10
 DRAIN_TIMEOUT_FLOOR = 15
 # Envoy's container memory limit is the router's --envoy-max-heap (the
-# overload manager's bound, B92) plus this, for what is not Envoy's heap.
+# overload manager's bound, B90) plus this, for what is not Envoy's heap.
 ENVOY_MEMORY_HEADROOM = 256 * 2**20
 ENVOY_MAX_HEAP_DEFAULT = "1Gi"
 
@@ -377,7 +377,7 @@ def wiring_problems(docs):
         p.append("envoy.readinessProbe must be GET /ready on the health listener (port envoy-health)")
 
     # Envoy's memory: the limit is sized from the heap bound the bootstrap
-    # gives its overload manager, both from --envoy-max-heap (B92).
+    # gives its overload manager, both from --envoy-max-heap (B90).
     heap = quantity(flag(flags, "--envoy-max-heap", ENVOY_MAX_HEAP_DEFAULT))
     monitors = {m["name"]: m for m in bootstrap.get("overload_manager", {}).get("resource_monitors", [])}
     bound = monitors.get("envoy.resource_monitors.fixed_heap", {}).get("typed_config", {}).get("max_heap_size_bytes")
@@ -715,7 +715,7 @@ def fleet_problems(docs):
             and all(labels.get(k) == v for k, v in d["spec"]["selector"]["matchLabels"].items())]
     if not pdbs or pdbs[0]["spec"].get("maxUnavailable") != 1:
         p.append("the routers need a PodDisruptionBudget of one at a time")
-    # A fleet Envoy's memory limit follows its heap bound (B92), as the sidecar's.
+    # A fleet Envoy's memory limit follows its heap bound (B90), as the sidecar's.
     heap = quantity(flag(fleet_envoy_flags() + flags, "--envoy-max-heap", ENVOY_MAX_HEAP_DEFAULT))
     bootstrap = yaml.safe_load((FLEET / "envoy-bootstrap.yaml").read_text())
     monitors = {m["name"]: m for m in bootstrap.get("overload_manager", {}).get("resource_monitors", [])}

@@ -1,4 +1,4 @@
-"""The status page in Debian's real Chromium (B94-B96), at a phone's width
+"""The status page in Debian's real Chromium (B91-B93), at a phone's width
 (390 px) and at 1280 and 1920 px, with 0, 20 and 2,000 actors parked.
 
 The pool is saturated for real: ateapi-sim with one worker that an actor
@@ -34,9 +34,9 @@ LOT = 2500
 WARM = [f"demo/warm-{i}" for i in range(5)]
 SCRIPT = "".join(f"{a} ResourceExhausted 0s - false no free workers available\n"
                  f"{a} OK 0s 10.0.0.9 true -\n" for a in WARM)
-# What the page may weigh however many actors park (B96): its lists are
+# What the page may weigh however many actors park (B93): its lists are
 # bounded, 50 + 50 + 20 rows, 100 recent requests, 300 samples: at its
-# largest (the longest names, a full ring; src/ops/status.rs's B96 test)
+# largest (the longest names, a full ring; src/ops/status.rs's B93 test)
 # 108 KB of JSON and 159 KB of HTML.
 MAX_JSON = 128 * 1024
 MAX_HTML = 192 * 1024
@@ -186,14 +186,14 @@ def test_the_page_fits_and_charts_at_every_width_with_0_20_and_2000_parked(satur
             poll(f"{parked} parked on the page", lambda: page(status)["parking"]["active"] == parked, timeout=30)
             shown = page(status)
             listed = min(parked, 50)
-            assert (shown["flights"], shown["parked_actors_total"]) == (parked, parked), "B95, B96"
+            assert (shown["flights"], shown["parked_actors_total"]) == (parked, parked), "B92, B93"
             assert (len(shown["oldest_flights"]), shown["oldest_flights_more"]) == (listed, parked - listed)
             assert (len(shown["parked_actors"]), shown["parked_actors_more"]) == (listed, parked - listed)
             assert {a["actor"] for a in shown["parked_actors"]} <= wanted
             assert (shown["atespaces_total"], shown["atespaces_more"]) == ((1, 0) if parked else (0, 0))
             json_bytes, html_bytes = len(fetch(f"{status}?format=json")), len(fetch(status))
             print(f"{parked} parked: JSON {json_bytes} B, HTML {html_bytes} B")
-            assert json_bytes <= MAX_JSON and html_bytes <= MAX_HTML, "B96: the page is bounded"
+            assert json_bytes <= MAX_JSON and html_bytes <= MAX_HTML, "B93: the page is bounded"
 
             for width in WIDTHS:
                 shot = saturated["shots"] / f"statusz-{parked}-parked-{width}px.png"

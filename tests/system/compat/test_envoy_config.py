@@ -158,7 +158,7 @@ def test_defaults_field_by_field():
     assert hcm.http2_protocol_options.allow_connect
     assert hcm.use_remote_address.value is True
     assert [(r.address_prefix, r.prefix_len.value) for r in hcm.internal_address_config.cidr_ranges] == [
-        ("127.0.0.0", 8), ("::1", 128)], "B90: loopback only"
+        ("127.0.0.0", 8), ("::1", 128)], "B88: loopback only"
 
 
 def test_access_log_health_and_stats_listeners_and_worker_breakers():
@@ -246,7 +246,7 @@ def test_refuses_what_serve_refuses(flags, flag):
     assert out.stdout == ""
 
 
-# Router-control headers a client may send; only the deadline passes (B90).
+# Router-control headers a client may send; only the deadline passes (B88).
 ROUTER_CONTROL = ["x-envoy-retry-on", "x-envoy-retry-grpc-on", "x-envoy-max-retries",
                   "x-envoy-retriable-status-codes", "x-envoy-retriable-header-names",
                   "x-envoy-upstream-rq-timeout-ms", "x-envoy-upstream-rq-per-try-timeout-ms",
@@ -263,7 +263,7 @@ def removed_headers(hcm):
     return [m.remove for m in mutation.mutations.request_mutations]
 
 
-def test_b90_every_client_control_header_is_removed_but_the_deadline():
+def test_b88_every_client_control_header_is_removed_but_the_deadline():
     bootstrap = envoy_config()
     listeners = {l.name: l for l in bootstrap.static_resources.listeners}
     for name in ("ingress", "stats"):
@@ -273,7 +273,7 @@ def test_b90_every_client_control_header_is_removed_but_the_deadline():
         assert "x-envoy-expected-rq-timeout-ms" not in removed, "the caller's deadline, B68"
 
 
-def test_b90_no_trusted_range_leaves_internal_address_config_out():
+def test_b88_no_trusted_range_leaves_internal_address_config_out():
     """An empty cidr_ranges is Envoy 1.40's private ranges, not none."""
     _, hcm, _, _ = parts(envoy_config("--envoy-trusted-ranges", ""))
     assert not hcm.HasField("internal_address_config")
@@ -282,7 +282,7 @@ def test_b90_no_trusted_range_leaves_internal_address_config_out():
         ("10.1.0.0", 16), ("fd00::", 8)]
 
 
-def test_b91_buffers_and_http2_are_bounded():
+def test_b89_buffers_and_http2_are_bounded():
     bootstrap = envoy_config()
     listeners = {l.name: l for l in bootstrap.static_resources.listeners}
     clusters = {c.name: c for c in bootstrap.static_resources.clusters}
@@ -306,7 +306,7 @@ def test_b91_buffers_and_http2_are_bounded():
 
 @pytest.mark.parametrize("flag,heap,connections", [
     (None, 1 << 30, 32768), ("64Mi", 64 << 20, 2048), ("1Ti", 1 << 40, 50000)])
-def test_b92_overload_manager_follows_the_heap_flag(flag, heap, connections):
+def test_b90_overload_manager_follows_the_heap_flag(flag, heap, connections):
     overload = envoy_config(*(["--envoy-max-heap", flag] if flag else [])).overload_manager
     assert overload.refresh_interval.ToMilliseconds() == 250
     monitors = {m.name: m for m in overload.resource_monitors}
@@ -323,7 +323,7 @@ def test_b92_overload_manager_follows_the_heap_flag(flag, heap, connections):
 
 
 @pytest.mark.parametrize("bad", ["63Mi", "2Ti", "1.5Gi", "1G", "512"])
-def test_b92_refuses_an_absurd_heap(bad):
+def test_b90_refuses_an_absurd_heap(bad):
     out = subprocess.run([f"{BIN}/atenet-router", "envoy-config", "--ateapi-insecure", "--envoy-max-heap", bad],
                          capture_output=True, text=True)
     assert out.returncode == 2 and out.stdout == ""
