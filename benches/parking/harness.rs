@@ -124,6 +124,12 @@ impl Proc {
         self.status_field("VmRSS:")
     }
 
+    /// The anonymous part of [`Proc::rss_kib`]: the heap and thread stacks,
+    /// without the mapped binary and libraries.
+    pub fn rss_anon_kib(&self) -> u64 {
+        self.status_field("RssAnon:")
+    }
+
     /// Each thread's name (`/proc/PID/task/*/comm`), with how many have it.
     pub fn thread_names(&self) -> std::collections::BTreeMap<String, u32> {
         let mut names = std::collections::BTreeMap::new();

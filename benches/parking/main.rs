@@ -13,12 +13,14 @@
 //! cost-growth, deadlines, fair-shares, envoy-path (through a real Envoy,
 //! every component a process of its own); and, only when named,
 //! fast-path-external (the fast path with the load generator and the
-//! simulator in processes of their own) and park-memory, with the
+//! simulator in processes of their own), park-distinct (memory per
+//! distinct actor) and park-memory, with the
 //! `memory-probe` feature (`make bench-memory`). The table goes to
 //! `$CARGO_TARGET_DIR/tmp/bench-results.md`, the targets and raw figures to
 //! `bench-results.json` beside it (and a copy named by the run's time), which
 //! `make bench-compare A B` compares.
 
+mod distinct;
 mod envoy_path;
 mod fast_path;
 mod harness;
@@ -46,8 +48,11 @@ const SCENARIOS: [Scenario; 9] = [
 ];
 
 /// Scenarios a full run leaves out, run only when named with `--only`.
-const ON_REQUEST: [Scenario; 2] =
-    [("park-memory", memory::park_memory), ("fast-path-external", fast_path::fast_path_external)];
+const ON_REQUEST: [Scenario; 3] = [
+    ("park-memory", memory::park_memory),
+    ("fast-path-external", fast_path::fast_path_external),
+    ("park-distinct", distinct::park_distinct),
+];
 
 fn main() {
     if std::env::var("ATENET_BENCH_ROLE").as_deref() == Ok("baseline") {

@@ -13,6 +13,7 @@ use atenet_router::tools::sim::{Answer, Sim, SimConfig};
 use futures::executor::block_on;
 use futures::future::join_all;
 
+use crate::distinct;
 use crate::harness::{actors, cpu_stall_micros, http_get, own_cpu_seconds, sim, spec, Proc};
 use crate::report::{median, Bound, Report};
 
@@ -134,6 +135,10 @@ pub fn park_capacity(report: &mut Report) {
         let status = report.target(what, *value, bound);
         report.line(&format!("| {what} | {value:.2} | {status} |"));
     }
+    // Beside the one-actor figure, without a target yet (issue 29): what a
+    // parked request costs when its actor has no other, its flight's
+    // ResumeActor call in flight.
+    distinct::distinct_actors(report, "park-capacity", &[20_000], &[distinct::Waiting::InCall]);
 }
 
 fn per_parked(h: &Held) -> f64 {
