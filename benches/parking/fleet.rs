@@ -28,8 +28,6 @@
 
 use std::path::Path;
 use std::process::{Command, Stdio};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use atenet_router::tools::load::http::{self, HttpTarget};
@@ -291,18 +289,16 @@ impl Sample {
 /// for a random actor through a random Envoy of `stack`.
 fn load(stack: &Stack, seed: u64) -> Vec<Exchange> {
     let end = Instant::now() + RUN;
-    let stop = Arc::new(AtomicBool::new(false));
     std::thread::scope(|scope| {
         let clients: Vec<_> = (0..CLIENTS)
             .map(|i| {
-                let stop = Arc::clone(&stop);
                 let targets = &stack.targets;
                 scope.spawn(move || {
                     let mut rng = fastrand::Rng::with_seed(seed * 1000 + i as u64);
                     let mut connections: Vec<Option<http::Connection>> =
                         (0..targets.len()).map(|_| None).collect();
                     let mut seen = Vec::new();
-                    while Instant::now() < end && !stop.load(Ordering::Relaxed) {
+                    while Instant::now() < end {
                         let actor = rng.usize(0..ACTORS);
                         let envoy = rng.usize(0..targets.len());
                         let sent = Instant::now();
