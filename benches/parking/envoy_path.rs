@@ -13,7 +13,8 @@
 //! worker, a direct-response Envoy whose capacity is measured first so that
 //! it is seen not to be the bottleneck.
 //!
-//! Ports are `ATENET_BENCH_PORT_BASE` (20400) and the 21 after it; the
+//! Ports are `ATENET_BENCH_PORT_BASE` (20400) and the 21 after it (the
+//! `fleet` scenario takes the 30th to the 55th after it); the
 //! Envoy is `ENVOY` or the venv's (`make venv`); `ATENET_BENCH_ROUTER`
 //! names a router binary to measure instead of this build's, and
 //! `ATENET_BENCH_ROUTER_FLAGS` adds flags to it.
@@ -74,18 +75,18 @@ impl Path3 {
 }
 
 /// The ports this scenario binds, all from one base.
-struct Ports {
-    base: u16,
+pub(crate) struct Ports {
+    pub(crate) base: u16,
 }
 
 impl Ports {
-    fn from_env() -> Ports {
+    pub(crate) fn from_env() -> Ports {
         let base = match std::env::var("ATENET_BENCH_PORT_BASE") {
             Ok(text) => text
                 .parse::<u16>()
                 .ok()
-                .filter(|b| *b >= 1024 && *b <= u16::MAX - 32)
-                .unwrap_or_else(|| panic!("ATENET_BENCH_PORT_BASE={text:?}: want a port, 1024 to 65503")),
+                .filter(|b| *b >= 1024 && *b <= u16::MAX - 64)
+                .unwrap_or_else(|| panic!("ATENET_BENCH_PORT_BASE={text:?}: want a port, 1024 to 65471")),
             Err(_) => 20400,
         };
         Ports { base }
@@ -114,7 +115,7 @@ impl Ports {
 }
 
 /// The Envoy binary: `ENVOY`, else the one `make venv` installs.
-fn envoy_binary() -> String {
+pub(crate) fn envoy_binary() -> String {
     if let Ok(envoy) = std::env::var("ENVOY") {
         if !envoy.is_empty() {
             return envoy;
@@ -136,14 +137,14 @@ fn envoy_binary() -> String {
 }
 
 /// An Envoy process, stopped when dropped.
-struct EnvoyProc {
+pub(crate) struct EnvoyProc {
     child: Child,
 }
 
 impl EnvoyProc {
     /// Starts Envoy on `config` (`--concurrency 1`, a base id of its own),
     /// and waits until `ready` answers 200.
-    fn start(binary: &str, config: &Path, log: &Path, ready: &str) -> EnvoyProc {
+    pub(crate) fn start(binary: &str, config: &Path, log: &Path, ready: &str) -> EnvoyProc {
         use std::os::unix::process::CommandExt;
         let log_file = std::fs::File::create(log).expect("creating an Envoy log");
         let mut command = Command::new(binary);
@@ -205,7 +206,7 @@ impl Drop for EnvoyProc {
 
 /// The worker: an Envoy that answers every request itself, 200 and a short
 /// body, as a worker that does nearly nothing.
-fn worker_config(port: u16) -> String {
+pub(crate) fn worker_config(port: u16) -> String {
     format!(
         r#"# The envoy-path bench's worker: a direct response to everything.
 static_resources:
@@ -439,7 +440,7 @@ impl Stack {
 
 /// The body of a GET to Envoy's admin API on `port`; empty if it fails (a
 /// report line then says nothing).
-fn admin_get(port: u16, path: &str) -> String {
+pub(crate) fn admin_get(port: u16, path: &str) -> String {
     use std::io::{Read, Write};
     let Ok(mut stream) = std::net::TcpStream::connect(("127.0.0.1", port)) else {
         return String::new();

@@ -425,9 +425,13 @@ pub struct Simulator {
 impl Simulator {
     /// Starts it with `args` added (`--listen` among them).
     pub fn start(args: &[&str]) -> Simulator {
+        let pool = ["--workers", "64", "--actors", "64", "--idle-suspend", "1h", "--restore-latency", "1ms"];
+        Simulator::start_shaped(&[&pool, args].concat())
+    }
+
+    /// Starts it with `args` alone: a pool of another shape (`fleet`).
+    pub fn start_shaped(args: &[&str]) -> Simulator {
         let mut child = std::process::Command::new(SIMULATOR)
-            .args(["--workers", "64", "--actors", "64"])
-            .args(["--idle-suspend", "1h", "--restore-latency", "1ms"])
             .args(args)
             .stderr(std::process::Stdio::piped())
             .stdout(std::process::Stdio::null())

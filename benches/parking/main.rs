@@ -11,7 +11,9 @@
 //! `cargo bench --profile release --features testkit --bench parking [-- --only NAME]`;
 //! scenarios: fast-path, park-capacity, amplification, timer, recovery,
 //! cost-growth, deadlines, fair-shares, envoy-path (through a real Envoy,
-//! every component a process of its own); and, only when named,
+//! every component a process of its own), fleet (ResumeActor calls per
+//! waiting actor-second, 3 routers against 1, through real Envoys); and,
+//! only when named,
 //! fast-path-external (the fast path with the load generator and the
 //! simulator in processes of their own), park-distinct (memory per
 //! distinct actor) and park-memory, with the
@@ -23,6 +25,7 @@
 mod distinct;
 mod envoy_path;
 mod fast_path;
+mod fleet;
 mod harness;
 mod memory;
 mod parking;
@@ -35,7 +38,7 @@ use report::Report;
 type Scenario = (&'static str, fn(&mut Report));
 
 /// Every scenario, in the order a full run takes them.
-const SCENARIOS: [Scenario; 9] = [
+const SCENARIOS: [Scenario; 10] = [
     ("fast-path", fast_path::fast_path),
     ("park-capacity", parking::park_capacity),
     ("amplification", parking::amplification),
@@ -45,6 +48,7 @@ const SCENARIOS: [Scenario; 9] = [
     ("deadlines", policy::deadlines),
     ("fair-shares", policy::fair_shares),
     ("envoy-path", envoy_path::envoy_path),
+    ("fleet", fleet::fleet),
 ];
 
 /// Scenarios a full run leaves out, run only when named with `--only`.
