@@ -411,7 +411,9 @@ fn b94_a_sighup_during_a_drain_neither_skips_it_nor_hands_over() {
         router.process.log.lock().iter().any(|l| l.contains(what))
     };
     signal(&router.process.child, "TERM");
-    eventually_within(PATIENCE, "the drain delay began", || logged(&router, "drain: not ready (health NOT_SERVING); waiting"));
+    eventually_within(PATIENCE, "the drain delay began", || {
+        logged(&router, "drain: not ready (health NOT_SERVING); waiting")
+    });
     signal(&router.process.child, "HUP");
     eventually_within(PATIENCE, "ext_proc stopping", || logged(&router, "stopping ext_proc"));
     sim.script("demo/held", vec![Answer::ok("10.0.0.1", true)]);
