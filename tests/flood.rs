@@ -11,10 +11,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use atenet_router::proto::EXT_PROC_PROCESS;
-use atenet_router::tools::load::{request_for, verdict_key};
+use atenet_router::tools::load::request_for;
 use atenet_router::tools::sim::{Answer, Sim};
 use common::process::{router_args, spawn_router, terminate, RouterProcess};
-use common::{http_get, Envoy, Metrics};
+use common::{http_get, verdict_within, Envoy, Metrics};
 use futures::executor::block_on;
 use futures::stream::{self, StreamExt};
 use futures::SinkExt;
@@ -41,27 +41,6 @@ async fn send_and_reset(client: &Client, actor: &str) {
     let _ = tx.send((request_for(actor, None), WriteFlags::default())).await;
     tx.cancel();
     drop(rx);
-}
-
-/// A request's verdict key, or `no verdict` when none came within `patience`.
-async fn verdict_within(client: &Client, actor: &str, patience: Duration) -> String {
-    let call = CallOption::default().timeout(patience);
-    let Ok((mut tx, mut rx)) = client.duplex_streaming(&EXT_PROC_PROCESS, call) else {
-        return "open failed".into();
-    };
-    if tx.send((request_for(actor, None), WriteFlags::default())).await.is_err() {
-        return "send failed".into();
-    }
-    let key = loop {
-        match rx.next().await {
-            // A late-serve override (B49) before the verdict.
-            Some(Ok(reply)) if reply.response.is_none() => continue,
-            Some(Ok(reply)) => break verdict_key(&reply),
-            _ => break "no verdict".to_string(),
-        }
-    };
-    tx.cancel();
-    key
 }
 
 fn flights(router: &RouterProcess) -> f64 {

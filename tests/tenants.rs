@@ -13,14 +13,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use atenet_router::ateapi::resume::Code;
-use atenet_router::proto::EXT_PROC_PROCESS;
-use atenet_router::tools::load::{request_for, verdict_key};
 use atenet_router::tools::sim::Answer;
 use common::process::{eventually_within, router_args, spawn_router, RouterProcess};
-use common::{empty_sim, http_get, Metrics, PATIENCE};
+use common::{empty_sim, http_get, verdict_within, Metrics, PATIENCE};
 use futures::channel::mpsc;
-use futures::{SinkExt, StreamExt};
-use grpcio::{CallOption, ChannelBuilder, Client, EnvBuilder, WriteFlags};
+use futures::StreamExt;
+use grpcio::{ChannelBuilder, Client, EnvBuilder};
 
 fn client(router: &RouterProcess) -> Arc<Client> {
     let env = Arc::new(EnvBuilder::new().cq_count(1).name_prefix("tenant").build());
@@ -29,26 +27,9 @@ fn client(router: &RouterProcess) -> Arc<Client> {
     Arc::new(Client::new(channel))
 }
 
-/// Sends a request for `actor` and waits for its verdict, as Envoy does:
-/// the verdict's key (`200 routed`, `503 atenet_lot_full`, ...).
+/// A request's verdict key (common's, with the tests' patience).
 async fn verdict(client: &Client, actor: &str) -> String {
-    let call = CallOption::default().timeout(PATIENCE);
-    let Ok((mut tx, mut rx)) = client.duplex_streaming(&EXT_PROC_PROCESS, call) else {
-        return "open failed".into();
-    };
-    if tx.send((request_for(actor, None), WriteFlags::default())).await.is_err() {
-        return "send failed".into();
-    }
-    let key = loop {
-        match rx.next().await {
-            // A late-serve override (B49) before the verdict.
-            Some(Ok(reply)) if reply.response.is_none() => continue,
-            Some(Ok(reply)) => break verdict_key(&reply),
-            _ => break "no verdict".to_string(),
-        }
-    };
-    tx.cancel();
-    key
+    verdict_within(client, actor, PATIENCE).await
 }
 
 /// Sends a request for each actor, `per_second` of them a second, each on

@@ -313,3 +313,26 @@ pub fn http_get(addr: SocketAddr, path: &str) -> (u16, String) {
     let body = response.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default();
     (status, body)
 }
+
+/// Sends a request for `actor` on a stream of its own and waits for its
+/// verdict, as Envoy does: the verdict's key (`200 routed`, `503
+/// atenet_lot_full`, ...), or `no verdict` when none came within `patience`.
+pub async fn verdict_within(client: &Client, actor: &str, patience: Duration) -> String {
+    let call = CallOption::default().timeout(patience);
+    let Ok((mut tx, mut rx)) = client.duplex_streaming(&EXT_PROC_PROCESS, call) else {
+        return "open failed".into();
+    };
+    if tx.send((atenet_router::tools::load::request_for(actor, None), WriteFlags::default())).await.is_err() {
+        return "send failed".into();
+    }
+    let key = loop {
+        match rx.next().await {
+            // A late-serve override (B49) before the verdict.
+            Some(Ok(reply)) if reply.response.is_none() => continue,
+            Some(Ok(reply)) => break atenet_router::tools::load::verdict_key(&reply),
+            _ => break "no verdict".to_string(),
+        }
+    };
+    tx.cancel();
+    key
+}
