@@ -70,10 +70,10 @@ help: ## lists the targets
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{ \
 		name = $$1; n = split($$2, words, " "); line = ""; \
 		for (i = 1; i <= n; i++) { \
-			if (line != "" && length(line) + 1 + length(words[i]) > 77) { printf "  %-20s %s\n", name, line; name = ""; line = words[i] } \
+			if (line != "" && length(line) + 1 + length(words[i]) > 75) { printf "  %-22s %s\n", name, line; name = ""; line = words[i] } \
 			else line = line == "" ? words[i] : line " " words[i]; \
 		} \
-		printf "  %-20s %s\n", name, line }'
+		printf "  %-22s %s\n", name, line }'
 
 toolchain:
 	@command -v cargo >/dev/null || { \

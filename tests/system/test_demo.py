@@ -111,7 +111,9 @@ class Demo:
                 self.changed.wait(left)
 
     def group(self):
-        """The processes of the demo's process group now: {pid: command line}."""
+        """The processes of the demo's session now: {pid: command line}. The
+        demo leads its session; a router's hand-over successor leads a process
+        group of its own in it (B94)."""
         found = {}
         for entry in pathlib.Path("/proc").iterdir():
             if not entry.name.isdigit():
@@ -122,13 +124,13 @@ class Demo:
             except OSError:
                 continue
             fields = stat.rsplit(")", 1)[1].split()
-            # fields: state, ppid, pgrp, ...; a zombie is gone but for its reaping.
-            if int(fields[2]) == self.pgid and fields[0] != "Z":
+            # fields: state, ppid, pgrp, session, ...; a zombie is gone but for its reaping.
+            if int(fields[3]) == self.pgid and fields[0] != "Z":
                 found[int(entry.name)] = cmdline.strip()
         return found
 
     def wait_exit(self, timeout=STOP_TIMEOUT):
-        """The demo's exit status, once every process of its group is gone."""
+        """The demo's exit status, once every process of its session is gone."""
         status = self.proc.wait(timeout=timeout)
         deadline = time.monotonic() + timeout
         while self.group():
@@ -139,10 +141,13 @@ class Demo:
 
     def kill(self):
         """Teardown: nothing of the demo may outlive the test."""
-        try:
-            os.killpg(self.pgid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+        # The demo's group, then whatever else its session holds (a
+        # successor's own group).
+        for kill, pid in [(os.killpg, self.pgid), *((os.kill, pid) for pid in self.group())]:
+            try:
+                kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
         self.proc.wait(timeout=STOP_TIMEOUT)
 
 
@@ -178,7 +183,7 @@ def make_help():
                          capture_output=True, text=True, check=True).stdout
     targets = {}
     for line in out.splitlines():
-        name, text = line[2:23].strip(), line[23:].strip()
+        name, text = line[2:25].strip(), line[25:].strip()
         if name:
             targets[name] = text
         else:
