@@ -433,9 +433,10 @@ B77_COUNTERS = ("streams_started", "server_half_closed", "streams_failed", "stre
 
 def every_phase(mode):
     """Envoy sends the router every phase of each request, bodies `mode`.
-    A BUFFERED body must fit the connection's buffer, which B89 holds at
-    32 KiB (Envoy 1.40 answers a larger request body 413 `Payload Too
-    Large`): for it the limit goes back to Envoy's default, 1 MiB."""
+    A BUFFERED body must fit the stream's buffer, which B89 holds at 32 KiB
+    (the connection's limit) and, over HTTP/2, at the 64 KiB stream window
+    (Envoy 1.40 answers a larger request body 413 `Payload Too Large` when
+    it arrives before the verdict): for it both go back to 1 MiB."""
     def edit(config):
         edits = [("response_header_mode: SKIP", "response_header_mode: SEND"),
                  ("request_body_mode: NONE", f"request_body_mode: {mode}"),
@@ -443,7 +444,8 @@ def every_phase(mode):
                  ("request_trailer_mode: SKIP", "request_trailer_mode: SEND"),
                  ("response_trailer_mode: SKIP", "response_trailer_mode: SEND")]
         if mode == "BUFFERED":
-            edits.append(("per_connection_buffer_limit_bytes: 32768", "per_connection_buffer_limit_bytes: 1048576"))
+            edits += [("per_connection_buffer_limit_bytes: 32768", "per_connection_buffer_limit_bytes: 1048576"),
+                      ("initial_stream_window_size: 65536", "initial_stream_window_size: 1048576")]
         for old, new in edits:
             assert old in config, old
             config = config.replace(old, new)
