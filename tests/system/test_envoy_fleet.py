@@ -176,3 +176,74 @@ def test_without_hashing_two_routers_resume_one_actor_at_once(tmp_path):
     print(f"no hashing: {len(outcomes)} requests, {exhausted(outcomes)}, ResumeActor {sum(calls.values())} "
           f"({dict(calls)})")
     assert len(aborted(answers)) > 0, calls
+
+
+def placement(stack, actors):
+    """Which router each Envoy sends each actor's stream to, from Envoy's own
+    per-host `rq_total` (`/clusters`): one request at a time, and the host
+    whose count grew by one is the actor's router. The actors are unknown to
+    the simulator, so every stream is a quick 404 verdict and nothing parks."""
+    places = []
+    for j in range(stack.envoy_count):
+        place = {}
+        before = {h: int(v.get("rq_total", 0)) for h, v in stack.router_hosts(j).items()}
+        for actor in actors:
+            conn = http.client.HTTPConnection(LOOPBACK, stack.envoy_ports[j]["http"], timeout=30)
+            try:
+                conn.request("GET", "/", headers={"ate-target-actor": actor})
+                response = conn.getresponse()
+                response.read()
+                assert response.getheader("x-atenet-reason") == "atenet_not_found", \
+                    (actor, response.status, response.getheader("x-atenet-reason"))
+            finally:
+                conn.close()
+            after = {h: int(v.get("rq_total", 0)) for h, v in stack.router_hosts(j).items()}
+            grew = [h for h in after if after[h] != before.get(h, 0)]
+            assert len(grew) == 1 and after[grew[0]] == before.get(grew[0], 0) + 1, (actor, before, after)
+            place[actor] = grew[0]
+            before = after
+        places.append(place)
+    return places
+
+
+def wait_healthy(stack, want, timeout=60):
+    """Until every Envoy has `want` routers in rotation (a bounded poll)."""
+    deadline = time.monotonic() + timeout
+    while not all(stack.healthy_routers(j) == want for j in range(stack.envoy_count)):
+        assert time.monotonic() < deadline, [stack.router_hosts(j) for j in range(stack.envoy_count)]
+        time.sleep(0.1)
+
+
+def test_a_router_that_leaves_moves_its_actors_and_almost_no_others():
+    """Issue 27 part 3: when a router leaves, its actors, about 1/N, move to
+    the others and the rest stay where they were (MAGLEV's collateral, under
+    0.4 % for 3 to 2 hosts by a replica of Envoy's table, docs/envoy.md); when
+    it comes back on its address, every actor is placed as before. Every
+    Envoy places every actor on the same router throughout. Seen failing
+    with RING_HASH in the bootstrap: 33 of 300 actors moved between the
+    routers that stayed."""
+    actors = [f"fleet/probe-{i}" for i in range(300)]
+    with FleetStack(routers=3, envoys=2, sim_flags=SIM_FLAGS) as stack:
+        first = placement(stack, actors)
+        leaving = f"{LOOPBACK}:{stack.extproc_ports[0]}"
+        stack.routers[0].proc.terminate()
+        assert stack.routers[0].proc.wait(timeout=120) == 0, stack.routers[0].tail()
+        wait_healthy(stack, 2)
+        without = placement(stack, actors)
+        stack.start_router(0)
+        wait_healthy(stack, 3)
+        back = placement(stack, actors)
+    for places in (first, without, back):
+        assert places[0] == places[1], "two Envoys placed an actor on different routers"
+    first, without, back = first[0], without[0], back[0]
+    share = Counter(first.values())
+    assert len(share) == 3 and min(share.values()) >= len(actors) // 6, f"unbalanced: {share}"
+    moved = [a for a in actors if without[a] != first[a]]
+    its_own = [a for a in actors if first[a] == leaving]
+    collateral = [a for a in moved if first[a] != leaving]
+    assert leaving not in without.values()
+    assert set(its_own) <= set(moved)
+    assert len(collateral) <= len(actors) // 100, f"{len(collateral)} actors moved between the routers that stayed"
+    assert back == first, f"{sum(back[a] != first[a] for a in actors)} actors placed elsewhere after the rejoin"
+    print(f"placement: {dict(share)} of {len(actors)} actors; router 0 left: {len(moved)} moved "
+          f"({len(its_own)} its own, {len(collateral)} others); it came back: all {len(actors)} placed as before")
