@@ -11,8 +11,8 @@
 # Truth is what the client got, set against what the echo worker recorded
 # (one JSON line per request it received, with the client's
 # x-client-request-id) and what ateapi-sim answered (its answer log), never
-# the router's counters. Envoy's own stats (the routers it counts healthy)
-# only time the windows. Load: LOAD_CLIENTS clients, each sending requests
+# the router's counters. Envoy's own stats time the windows (the routers it
+# counts healthy) and show what it retried. Load: LOAD_CLIENTS clients, each sending requests
 # one after another, each for a random actor of the sim's 24 through a
 # random one of the two Envoys, which saturates the sim's 6 workers. A
 # request succeeds when it is 200 and recorded by the worker once, for its
@@ -28,19 +28,24 @@
 #     fleet router's drain (B85: health NOT_SERVING, --drain-delay 3s, which
 #     covers every Envoy's 1s health check, then its streams finished)
 #     takes it out of both Envoys' rotation before it stops taking streams,
-#     it exits 0 within its stop timeout (stop_grace_period), no Envoy is
-#     drained (both still /ready), and both take it back after the restart;
+#     so neither Envoy retried a stream or failed a connect (retries on
+#     another router would hide a drain delay too short for the health
+#     checks: with --drain-delay=0s no request failed, 6 streams were
+#     retried); it exits 0 within its stop timeout (stop_grace_period), no
+#     Envoy is drained (both still /ready), and both take it back after the
+#     restart;
 #  4. router-2 killed under the load (`docker kill`, SIGKILL), then started
 #     again: the failures, counted by kind, are at most the requests in
 #     flight at the kill plus those sent before both Envoys had taken the
 #     router out of rotation. Those are the only requests the kill can
 #     touch: once an Envoy counts the router out, no stream goes to it
-#     (healthy_panic_threshold 0, B87). A killed container's address stops
-#     answering at all on the bridge, so a connect to it times out (0.25 s,
-#     connect_timeout) rather than being refused; the ext_proc retry then
-#     goes to another router (previous_hosts, B87), and outlier detection
-#     ejects the router after 3 such failures, before its health checks
-#     time out twice.
+#     (healthy_panic_threshold 0, B87). Its kernel resets the streams it
+#     held as it dies; its address then stops answering at all on the
+#     bridge, so a connect to it times out (0.25 s, connect_timeout) rather
+#     than being refused. The ext_proc retry takes either to another router
+#     (previous_hosts, B87), and outlier detection ejects the router after 3
+#     such failures, before its health checks time out twice: 0 failed in
+#     every run here (8 with the retry policy removed).
 # Each step prints its numbers: requests, outcomes by kind, ResumeActor
 # answers by code, the windows.
 #
