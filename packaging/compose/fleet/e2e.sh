@@ -25,7 +25,7 @@
 #     can send), parking happened (an actor refused ResourceExhausted, then
 #     resumed), both Envoys served, and no request failed;
 #  3. a `docker restart` of router-1 under the load, 0 failed requests: the
-#     fleet router's drain (B85: health NOT_SERVING, --drain-delay 3s, which
+#     fleet router's drain (B85: health NOT_SERVING, --drain-delay 5s, which
 #     covers every Envoy's 1s health check, then its streams finished)
 #     takes it out of both Envoys' rotation before it stops taking streams,
 #     so neither Envoy retried a stream or failed a connect (retries on
