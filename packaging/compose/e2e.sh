@@ -3,7 +3,8 @@
 # (Envoy, atenet-router, ateapi-sim, an echo worker) from the images `make
 # e2e` builds, sends real HTTP requests through Envoy, and tears the stack
 # down. `make e2e` runs it (after building the images, under an engine it
-# starts when none runs). Needs a Docker engine, Compose v2 (`docker
+# starts when none runs), then fleet/e2e.sh, the fleet's stack (two Envoys
+# over three routers). Needs a Docker engine, Compose v2 (`docker
 # compose`) or Debian's docker-compose 1.29, curl, and free loopback ports.
 #
 # Truth is what the client got, set against what the echo worker recorded

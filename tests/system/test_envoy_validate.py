@@ -44,7 +44,8 @@ def test_generated_config_loads_in_envoy(flags, tmp_path):
     assert f"configuration '{path}' OK" in result.stdout
 
 
-@pytest.mark.parametrize("shipped", ["packaging/kubernetes/envoy-bootstrap.yaml", "packaging/compose/envoy.yaml"])
+@pytest.mark.parametrize("shipped", ["packaging/kubernetes/envoy-bootstrap.yaml", "packaging/compose/envoy.yaml",
+                                     "packaging/compose/fleet/envoy.yaml"])
 def test_shipped_config_loads_in_envoy(shipped):
     result = validate_config(REPO / shipped)
     assert result.returncode == 0, result.stdout
