@@ -16,11 +16,17 @@ use crate::report::{median, Report};
 /// Rounds of each case; figures are their medians.
 const ROUNDS: usize = 3;
 
+/// The most ResumeActor calls one atespace has open by default (B103):
+/// half of `--ateapi-max-calls`; every actor here is in one atespace.
+const CALLS_OPEN: usize = 512;
+
 /// Where every flight is while the reading is taken.
 #[derive(Clone, Copy, PartialEq)]
 pub enum Waiting {
-    /// Its ResumeActor call is in flight: the first attempt answered
-    /// ResourceExhausted, the simulator holds the second unanswered.
+    /// Retrying against a control plane that holds every call: the first
+    /// attempt answered ResourceExhausted, the simulator holds the second
+    /// unanswered, so the calls open are at their bound (B103) and the
+    /// other flights' attempts wait for one.
     InCall,
     /// Between attempts: the first call answered ResourceExhausted and the
     /// next is two minutes away (`--parked-request-retry-interval 120s`).
@@ -30,7 +36,7 @@ pub enum Waiting {
 impl Waiting {
     fn label(self) -> &'static str {
         match self {
-            Waiting::InCall => "call in flight",
+            Waiting::InCall => "calls held",
             Waiting::BetweenAttempts => "between attempts",
         }
     }
@@ -75,11 +81,22 @@ fn park_once(n: usize, n_actors: usize, waiting: Waiting) -> Reading {
         sim.script(actor, answers.clone());
     }
     let max = n.to_string();
-    let mut flags =
-        vec!["--parked-request-max", &max, "--parked-request-budget", "300s", "--drain-timeout", "340s"];
-    if waiting == Waiting::BetweenAttempts {
-        flags.extend(["--parked-request-retry-interval", "120s"]);
-    }
+    // Retries wait until every first attempt has been answered: the
+    // reading is of flights on their second attempt (held or due).
+    let interval = match waiting {
+        Waiting::InCall => "45s",
+        Waiting::BetweenAttempts => "120s",
+    };
+    let flags = vec![
+        "--parked-request-max",
+        &max,
+        "--parked-request-budget",
+        "300s",
+        "--drain-timeout",
+        "340s",
+        "--parked-request-retry-interval",
+        interval,
+    ];
     let router = Proc::router(sim.addr(), &flags);
     let envoy = Envoy::connect(router.extproc);
     sim.script("demo/warm", vec![Answer::ok("10.0.0.1", false)]);
@@ -99,10 +116,10 @@ fn park_once(n: usize, n_actors: usize, waiting: Waiting) -> Reading {
     };
     let all_parked =
         router.wait_metric("atenet_router_parking_active", "", n as f64, Duration::from_secs(240));
-    // Every flight has made its first call, and with a call in flight its
-    // second.
+    // Every flight has made its first call, and with calls held the
+    // bound's worth of second ones.
     let calls = match waiting {
-        Waiting::InCall => 2 * n_actors as u64,
+        Waiting::InCall => (n_actors + n_actors.min(CALLS_OPEN)) as u64,
         Waiting::BetweenAttempts => n_actors as u64,
     };
     let deadline = Instant::now() + Duration::from_secs(120);
