@@ -1106,6 +1106,26 @@ mod tests {
     }
 
     #[test]
+    fn b103_calls_open_at_once_and_an_atespaces_share_of_them() {
+        let c = parse(&[]).unwrap();
+        assert_eq!((c.ateapi_max_calls, c.ateapi_max_calls_per_atespace), (1024, 512));
+        let c = parse(&["--ateapi-max-calls", "1"]).unwrap();
+        assert_eq!((c.ateapi_max_calls, c.ateapi_max_calls_per_atespace), (1, 1), "at least one");
+        let c = parse(&["--ateapi-max-calls", "1000000", "--ateapi-max-calls-per-atespace", "1000000"]).unwrap();
+        assert_eq!((c.ateapi_max_calls, c.ateapi_max_calls_per_atespace), (1_000_000, 1_000_000));
+        for bad in [
+            &["--ateapi-max-calls", "0"][..],
+            &["--ateapi-max-calls", "-1"],
+            &["--ateapi-max-calls", "1000001"],
+            &["--ateapi-max-calls-per-atespace", "-1"],
+            &["--ateapi-max-calls", "8", "--ateapi-max-calls-per-atespace", "9"],
+        ] {
+            let e = parse(bad).unwrap_err().to_string();
+            assert!(e.contains(bad[bad.len() - 2]), "{bad:?}: {e}");
+        }
+    }
+
+    #[test]
     fn b37_rejections_name_the_flag() {
         let cases: &[(&[&str], &str)] = &[
             (&["--parked-request-retry-factor", "0.5"], "--parked-request-retry-factor"),
