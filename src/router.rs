@@ -27,6 +27,7 @@ use crate::ops::http::{self, BindError, HttpServer, Limits};
 use crate::ops::metrics::Metrics;
 use crate::ops::recent::RecentRequests;
 use crate::ops::status::StatusPage;
+use crate::parking::calls::CallGate;
 use crate::parking::clock::SystemClock;
 use crate::parking::flight::{FlightPolicy, FlightTable};
 use crate::parking::lot::ParkingLot;
@@ -304,11 +305,18 @@ impl Router {
             max_flights: config.flight_max,
             max_flights_per_atespace: config.flight_max_per_atespace,
         };
+        let calls = CallGate::new(
+            ateapi.clone(),
+            config.ateapi_max_calls,
+            config.ateapi_max_calls_per_atespace,
+            timer.clone(),
+            metrics.call_gauges(),
+        );
         let flights = FlightTable::new(
             policy,
             Arc::new(SystemClock),
             timer.clone(),
-            ateapi.clone(),
+            Arc::new(calls),
             metrics.flights_abandoned(),
         );
         let lot = config.parking.enabled.then(|| {

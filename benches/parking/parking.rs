@@ -135,10 +135,9 @@ pub fn park_capacity(report: &mut Report) {
         let status = report.target(what, *value, bound);
         report.line(&format!("| {what} | {value:.2} | {status} |"));
     }
-    // Beside the one-actor figure, without a target yet (issue 29): what a
-    // parked request costs when its actor has no other, its flight's
-    // ResumeActor call in flight.
-    distinct::distinct_actors(report, "park-capacity", &[20_000], &[distinct::Waiting::InCall]);
+    // Beside the one-actor figure: what a parked request costs when its
+    // actor has no other, the control plane holding every call it gets.
+    distinct::distinct_actors(report, "park-capacity", &[(20_000, vec![distinct::Waiting::InCall])]);
 }
 
 fn per_parked(h: &Held) -> f64 {

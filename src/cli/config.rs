@@ -108,6 +108,10 @@ pub struct Config {
     pub ateapi_transport: Option<AteapiTransport>,
     /// A bearer token file, sent as `authorization: Bearer ...` (TLS only).
     pub ateapi_token_file: Option<PathBuf>,
+    /// ResumeActor calls open at once at most (B103).
+    pub ateapi_max_calls: usize,
+    /// ... and for one atespace.
+    pub ateapi_max_calls_per_atespace: usize,
     pub extproc_addr: SocketAddr,
     /// TLS on the ext_proc listener; `None` is plaintext, which only
     /// loopback or `--extproc-insecure` allows (B86).
@@ -218,6 +222,7 @@ impl Config {
         let parking = parking(args)?;
         let (extproc_max_requests, flight_max) = capacities(args, &parking)?;
         let route_timeout = route_timeout(args)?;
+        let ateapi_max_calls = ateapi_max_calls(args.ateapi_max_calls)?;
         let late_serve_limit = late_serve_limit(args, parking.budget)?;
         let (drain_delay, drain_timeout) = drain(args, &parking, late_serve_limit)?;
         let envoy = envoy_ports(args)?;
@@ -261,6 +266,13 @@ impl Config {
                 sds_dir: non_empty(&args.envoy_sds_dir).map(PathBuf::from),
             },
             routers: crate::cli::fleet::parse_routers(&args.routers).map_err(ConfigError::new)?,
+            ateapi_max_calls,
+            ateapi_max_calls_per_atespace: share(
+                "--ateapi-max-calls-per-atespace",
+                args.ateapi_max_calls_per_atespace,
+                "--ateapi-max-calls",
+                ateapi_max_calls as u64,
+            )?,
             metrics_addr,
             status_addr,
             parking,
@@ -491,6 +503,15 @@ fn capacities(args: &ServeArgs, parking: &Parking) -> Result<(u64, usize), Confi
         n => return Err(invalid(format!("--flight-max must not be negative, got {n}"))),
     };
     Ok((breaker, flight_max))
+}
+
+/// The most ResumeActor calls that may be open at once (B103): each costs
+/// about 19 KiB in gRPC core, so a million is already 19 GiB.
+fn ateapi_max_calls(value: i64) -> Result<usize, ConfigError> {
+    match value {
+        1..=1_000_000 => Ok(value as usize),
+        n => Err(invalid(format!("--ateapi-max-calls must be in 1..=1000000, got {n}"))),
+    }
 }
 
 /// One atespace's share of `whole` (B79, B80): 0 is half of it (at least
@@ -1081,6 +1102,26 @@ mod tests {
         for bad in ["-1", "257", "9223372036854775807"] {
             let e = parse(&["--grpc-threads", bad]).unwrap_err().to_string();
             assert!(e.contains("--grpc-threads") && e.contains(bad), "{bad}: {e}");
+        }
+    }
+
+    #[test]
+    fn b103_calls_open_at_once_and_an_atespaces_share_of_them() {
+        let c = parse(&[]).unwrap();
+        assert_eq!((c.ateapi_max_calls, c.ateapi_max_calls_per_atespace), (1024, 512));
+        let c = parse(&["--ateapi-max-calls", "1"]).unwrap();
+        assert_eq!((c.ateapi_max_calls, c.ateapi_max_calls_per_atespace), (1, 1), "at least one");
+        let c = parse(&["--ateapi-max-calls", "1000000", "--ateapi-max-calls-per-atespace", "1000000"]).unwrap();
+        assert_eq!((c.ateapi_max_calls, c.ateapi_max_calls_per_atespace), (1_000_000, 1_000_000));
+        for bad in [
+            &["--ateapi-max-calls", "0"][..],
+            &["--ateapi-max-calls", "-1"],
+            &["--ateapi-max-calls", "1000001"],
+            &["--ateapi-max-calls-per-atespace", "-1"],
+            &["--ateapi-max-calls", "8", "--ateapi-max-calls-per-atespace", "9"],
+        ] {
+            let e = parse(bad).unwrap_err().to_string();
+            assert!(e.contains(bad[bad.len() - 2]), "{bad:?}: {e}");
         }
     }
 

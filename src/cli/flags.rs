@@ -29,6 +29,12 @@ pub struct ServeArgs {
     /// file holding a bearer token for ateapi (re-read on change; needs TLS) (default: none)
     #[argh(option, default = "String::new()")]
     pub ateapi_token_file: String,
+    /// most ResumeActor calls open at once, 1..=1000000; more attempts wait their turn, unsent, within their budget (default: 1024)
+    #[argh(option, default = "1024")]
+    pub ateapi_max_calls: i64,
+    /// most ResumeActor calls one atespace may have open at once, 1..=--ateapi-max-calls (default: 0 = half of --ateapi-max-calls)
+    #[argh(option, default = "0")]
+    pub ateapi_max_calls_per_atespace: i64,
     /// address the ext_proc gRPC server binds (default: 127.0.0.1)
     #[argh(option, default = "String::from(\"127.0.0.1\")")]
     pub extproc_address: String,

@@ -20,6 +20,7 @@ use prometheus::{
     Opts, Registry, TextEncoder,
 };
 
+use crate::parking::calls::CallGauges;
 use crate::parking::lot::{LotDecision, LotInstruments, WaitOutcome};
 use crate::parking::resolver::ResumeLabel;
 use crate::ateapi::resume::Code;
@@ -52,6 +53,7 @@ struct Instruments {
     oldest_attempt: Gauge,
     flights_rejected: IntCounter,
     flights_abandoned: IntCounter,
+    calls: CallGauges,
     /// `atenet_router_atespace_refused_total` by [`AtespaceShare`].
     atespace_refused: [IntCounter; 2],
     streams_refused: IntCounter,
@@ -213,6 +215,16 @@ impl Metrics {
                 "atenet_router_flights_abandoned_total",
                 "Flights ended without an outcome because no caller was left when a retry was due (B78).",
             ),
+            calls: CallGauges {
+                open: gauge(
+                    "atenet_router_resume_calls_open",
+                    "ResumeActor calls open now, at most --ateapi-max-calls (B103).",
+                ),
+                waiting: gauge(
+                    "atenet_router_resume_attempts_waiting",
+                    "ResumeActor attempts waiting, unsent, for one of --ateapi-max-calls calls to end (B103).",
+                ),
+            },
             atespace_refused: AtespaceShare::ALL.map(|s| atespace_refused.with_label_values(&[s.name()])),
             streams_refused: counter(
                 "atenet_router_extproc_streams_refused_total",
@@ -247,6 +259,8 @@ impl Metrics {
             Box::new(instruments.oldest_attempt.clone()),
             Box::new(instruments.flights_rejected.clone()),
             Box::new(instruments.flights_abandoned.clone()),
+            Box::new(instruments.calls.open.clone()),
+            Box::new(instruments.calls.waiting.clone()),
             Box::new(atespace_refused),
             Box::new(instruments.streams_refused.clone()),
             Box::new(instruments.streams_silent_closed.clone()),
@@ -380,6 +394,11 @@ impl Metrics {
     /// `atenet_router_flights_abandoned_total`, for the flight table (B78).
     pub fn flights_abandoned(&self) -> IntCounter {
         self.inner.flights_abandoned.clone()
+    }
+
+    /// The gauges of the bound on open ResumeActor calls (B103).
+    pub fn call_gauges(&self) -> CallGauges {
+        self.inner.calls.clone()
     }
 
     /// Counts a request its atespace's `share` refused (B79, B80).

@@ -42,6 +42,7 @@ use prometheus::IntCounter;
 use crate::ateapi::resume::{AttemptResult, Code, ResumeError, Resumed};
 use crate::ateapi::target::ActorId;
 use crate::parking::backoff::{Backoff, BackoffPolicy};
+use crate::parking::calls::CallPermit;
 use crate::parking::clock::Clock;
 use crate::parking::share::{AtespaceShares, ShareHold};
 use crate::parking::timer::{Scheduler, TimerId};
@@ -63,13 +64,28 @@ pub trait Resumer: Send + Sync + 'static {
 pub struct AttemptDone {
     table: Arc<Inner>,
     flight: Arc<Flight>,
+    /// The attempt's place among the calls open at once (B103), given back
+    /// once the flight has the result.
+    _permit: Option<CallPermit>,
 }
 
 impl AttemptDone {
     /// When the flight's budget ends: an attempt that has not reached the
-    /// control plane by then (no connection) need not be awaited (B82).
+    /// control plane by then (no connection, no free call) need not be
+    /// awaited (B82, B103).
     pub fn budget_deadline(&self) -> Instant {
         self.flight.deadline
+    }
+
+    /// Whether any request still waits on the flight (B78): an attempt not
+    /// sent yet need not be sent when none does.
+    pub fn has_callers(&self) -> bool {
+        self.flight.state.lock().callers > 0
+    }
+
+    /// The same attempt, holding `permit` until it reports.
+    pub fn holding(self, permit: CallPermit) -> AttemptDone {
+        AttemptDone { _permit: Some(permit), ..self }
     }
 
     /// Reports the attempt's result to its flight.
@@ -486,7 +502,7 @@ impl Inner {
             state.attempts += 1;
             state.attempt_started = Some(inner.clock.now());
         }
-        let done = AttemptDone { table: Arc::clone(inner), flight: Arc::clone(flight) };
+        let done = AttemptDone { table: Arc::clone(inner), flight: Arc::clone(flight), _permit: None };
         inner.resumer.start(&flight.actor, done);
     }
 
@@ -673,6 +689,11 @@ pub(crate) mod tests {
             self.pending.lock().len()
         }
 
+        /// The actors of the running attempts, oldest first.
+        pub(crate) fn pending_actors(&self) -> Vec<ActorId> {
+            self.pending.lock().iter().map(|(a, _)| a.clone()).collect()
+        }
+
         /// Answers the oldest running attempt for `actor`.
         pub(crate) fn answer(&self, actor: &ActorId, result: AttemptResult) {
             let done = {
@@ -738,7 +759,7 @@ pub(crate) mod tests {
         Err(ResumeError::new(code, message))
     }
 
-    fn poll(wait: &mut FlightWait) -> Poll<FlightEvent> {
+    pub(crate) fn poll(wait: &mut FlightWait) -> Poll<FlightEvent> {
         let waker = noop_waker();
         Pin::new(wait).poll(&mut Context::from_waker(&waker))
     }
@@ -756,7 +777,7 @@ pub(crate) mod tests {
         }
     }
 
-    fn done(wait: &mut FlightWait) -> FlightOutcome {
+    pub(crate) fn done(wait: &mut FlightWait) -> FlightOutcome {
         match poll(wait) {
             Poll::Ready(FlightEvent::Done(outcome)) => (*outcome).clone(),
             other => panic!("expected done, got {other:?}"),

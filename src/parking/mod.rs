@@ -7,6 +7,7 @@
 //! - `lot`: the slots parked callers hold, and each atespace's share;
 //! - `share`: each atespace's share of the flights and of the requests the
 //!   router holds;
+//! - `calls`: the bound on the ResumeActor calls open at once;
 //! - `backoff`, `timer`, `clock`, `deadline`: retry delays, the one timer
 //!   thread, time as a seam, and a caller's own deadline.
 //!
@@ -17,4 +18,4 @@
 //! May depend on: `ateapi`'s vocabulary only (`target`, `resume`), and
 //! `proto` (headers, for a caller's deadline).
 
-internal!(backoff, clock, deadline, flight, lot, resolver, share, timer);
+internal!(backoff, calls, clock, deadline, flight, lot, resolver, share, timer);

@@ -1,0 +1,456 @@
+//! A bound on the `ResumeActor` calls open at once (B103).
+//!
+//! Each open call costs about 19 KiB in gRPC core, whatever the router
+//! holds for it, and the heap a burst of calls leaves behind stays with the
+//! process (BENCHMARKS.md, "Memory per distinct actor"). Without a bound,
+//! every flight can have a call open, so a crowd of parked requests for
+//! distinct actors costs three times what the same crowd costs on one
+//! actor, and a control plane that stops answering collects one call per
+//! flight. [`CallGate`] wraps the [`Resumer`]: at most `limit` calls are
+//! open; an attempt beyond it waits, unsent, for one to end.
+//!
+//! A waiting attempt has reached nobody, so it is no committed attempt
+//! (B15): one whose flight's budget ends first fails as Unavailable without
+//! being sent (the verdict then comes at the budget, as B82's attempt
+//! without a connection), and one whose flight has no caller left when its
+//! turn comes is not sent (B78). Turns go one atespace at a time, oldest
+//! first within each, and no atespace holds more than its share of the
+//! calls (half by default, as B79's share of the flights), so that a tenant
+//! with many actors waiting, or whose resumes hang, neither delays another's
+//! attempts by more than one call per turn nor holds every call.
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::sync::Arc;
+
+use parking_lot::{Mutex, MutexGuard};
+use prometheus::IntGauge;
+
+use crate::ateapi::resume::{Code, ResumeError};
+use crate::ateapi::target::ActorId;
+use crate::parking::flight::{AttemptDone, Resumer};
+use crate::parking::timer::{Scheduler, TimerId};
+
+/// Gauges of the gate, for `/metrics`.
+#[derive(Clone)]
+pub struct CallGauges {
+    /// `atenet_router_resume_calls_open`.
+    pub open: IntGauge,
+    /// `atenet_router_resume_attempts_waiting`.
+    pub waiting: IntGauge,
+}
+
+/// A [`Resumer`] that keeps at most `limit` attempts of the one it wraps
+/// running at once.
+pub struct CallGate {
+    shared: Arc<Shared>,
+}
+
+struct Shared {
+    inner: Arc<dyn Resumer>,
+    scheduler: Arc<dyn Scheduler>,
+    limit: usize,
+    /// The calls one atespace may hold open.
+    share: usize,
+    gauges: CallGauges,
+    state: Mutex<State>,
+}
+
+#[derive(Default)]
+struct State {
+    /// Calls holding a [`CallPermit`], in all and by atespace.
+    open: usize,
+    open_by_atespace: HashMap<Arc<str>, usize>,
+    /// Waiting attempts by atespace, by arrival.
+    queues: HashMap<Arc<str>, BTreeMap<u64, Waiting>>,
+    /// The atespaces with a waiting attempt, whose turn is next first.
+    turns: VecDeque<Arc<str>>,
+    waiting: usize,
+    next_seq: u64,
+    /// Whether a thread is sending waiting attempts; it sends until the
+    /// calls are at the limit or none waits, so no other need.
+    dispatching: bool,
+}
+
+struct Waiting {
+    actor: ActorId,
+    done: AttemptDone,
+    /// The flight's budget: past it the attempt is not sent.
+    expiry: Option<TimerId>,
+}
+
+/// One open call's place under the limit, given back when the attempt
+/// reports (or is dropped unreported).
+pub struct CallPermit {
+    gate: Arc<Shared>,
+    atespace: Arc<str>,
+}
+
+impl Drop for CallPermit {
+    fn drop(&mut self) {
+        let mut state = self.gate.state.lock();
+        state.close(&self.atespace);
+        self.gate.dispatch(state);
+    }
+}
+
+impl CallGate {
+    /// Wraps `inner` so that at most `limit` (at least 1) of its attempts
+    /// run at once, `share` of them (at least 1) for one atespace;
+    /// `scheduler` ends waits at their flights' budgets.
+    pub fn new(
+        inner: Arc<dyn Resumer>,
+        limit: usize,
+        share: usize,
+        scheduler: Arc<dyn Scheduler>,
+        gauges: CallGauges,
+    ) -> CallGate {
+        let (limit, share) = (limit.max(1), share.clamp(1, limit.max(1)));
+        let shared = Shared { inner, scheduler, limit, share, gauges, state: Mutex::new(State::default()) };
+        CallGate { shared: Arc::new(shared) }
+    }
+}
+
+impl Resumer for CallGate {
+    fn start(&self, actor: &ActorId, done: AttemptDone) {
+        let shared = &self.shared;
+        let atespace: Arc<str> = Arc::from(actor.atespace());
+        let mut state = shared.state.lock();
+        if !state.dispatching && state.waiting == 0 && state.can_open(&atespace, shared) {
+            state.open(&atespace);
+            shared.gauges.open.set(state.open as i64);
+            drop(state);
+            return shared.send(actor, done, atespace);
+        }
+        let seq = state.next_seq;
+        state.next_seq += 1;
+        let deadline = done.budget_deadline();
+        let queue = state.queues.entry(Arc::clone(&atespace)).or_default();
+        if queue.is_empty() {
+            state.turns.push_back(Arc::clone(&atespace));
+        }
+        state.queues.get_mut(&atespace).expect("just made").insert(seq, Waiting { actor: actor.clone(), done, expiry: None });
+        state.waiting += 1;
+        shared.gauges.waiting.set(state.waiting as i64);
+        drop(state);
+        // Scheduled with the gate unlocked: the timer may run the task at
+        // once (it is due), and the task takes the gate's lock.
+        let gate = Arc::clone(shared);
+        let key = Arc::clone(&atespace);
+        let timer = shared.scheduler.schedule(deadline, Box::new(move || gate.expire(&key, seq)));
+        let mut state = shared.state.lock();
+        match state.queues.get_mut(&atespace).and_then(|q| q.get_mut(&seq)) {
+            Some(waiting) => waiting.expiry = Some(timer),
+            // Sent or expired already: the task has nothing left to do.
+            None => shared.scheduler.cancel(timer),
+        }
+        shared.dispatch(state);
+    }
+}
+
+impl Shared {
+    fn send(self: &Arc<Self>, actor: &ActorId, done: AttemptDone, atespace: Arc<str>) {
+        self.inner.start(actor, done.holding(CallPermit { gate: Arc::clone(self), atespace }));
+    }
+
+    /// Sends waiting attempts while calls are under the limit, unless
+    /// another thread already does. The lock is released around each send,
+    /// since an attempt may report (and give its permit back) inside it.
+    fn dispatch<'a>(self: &'a Arc<Self>, mut state: MutexGuard<'a, State>) {
+        if state.dispatching {
+            return self.gauges.open.set(state.open as i64);
+        }
+        state.dispatching = true;
+        while state.open < self.limit {
+            let Some((atespace, waiting)) = state.next(self) else { break };
+            self.gauges.waiting.set(state.waiting as i64);
+            let wanted = waiting.done.has_callers();
+            if wanted {
+                state.open(&atespace);
+            }
+            self.gauges.open.set(state.open as i64);
+            drop(state);
+            if let Some(timer) = waiting.expiry {
+                self.scheduler.cancel(timer);
+            }
+            if wanted {
+                self.send(&waiting.actor, waiting.done, atespace);
+            } else {
+                // Nobody would read the answer: the flight ends (B78).
+                let message = "not sent: no request waits for it any more";
+                waiting.done.complete(Err(ResumeError::new(Code::Unavailable, message)));
+            }
+            state = self.state.lock();
+        }
+        state.dispatching = false;
+        self.gauges.open.set(state.open as i64);
+    }
+
+    /// The flight's budget ended while its attempt waited: it fails unsent,
+    /// and the flight ends with its verdict (B19, B82).
+    fn expire(&self, atespace: &Arc<str>, seq: u64) {
+        let waiting = {
+            let mut state = self.state.lock();
+            let Some(waiting) = state.remove(atespace, seq) else { return };
+            self.gauges.waiting.set(state.waiting as i64);
+            waiting
+        };
+        let message = "not sent within the budget: the router's ResumeActor calls were all in use";
+        waiting.done.complete(Err(ResumeError::new(Code::Unavailable, message)));
+    }
+}
+
+impl State {
+    fn can_open(&self, atespace: &Arc<str>, gate: &Shared) -> bool {
+        self.open < gate.limit && self.open_by_atespace.get(atespace).copied().unwrap_or(0) < gate.share
+    }
+
+    fn open(&mut self, atespace: &Arc<str>) {
+        self.open += 1;
+        *self.open_by_atespace.entry(Arc::clone(atespace)).or_default() += 1;
+    }
+
+    fn close(&mut self, atespace: &Arc<str>) {
+        self.open -= 1;
+        if let Some(n) = self.open_by_atespace.get_mut(atespace) {
+            *n -= 1;
+            if *n == 0 {
+                self.open_by_atespace.remove(atespace);
+            }
+        }
+    }
+
+    /// The oldest waiting attempt of the next atespace in turn that is
+    /// under its share; atespaces at their share keep their turn.
+    fn next(&mut self, gate: &Shared) -> Option<(Arc<str>, Waiting)> {
+        for _ in 0..self.turns.len() {
+            let atespace = self.turns.pop_front()?;
+            if !self.can_open(&atespace, gate) {
+                self.turns.push_back(atespace);
+                continue;
+            }
+            let queue = self.queues.get_mut(&atespace).expect("an atespace in turn waits");
+            let (_, waiting) = queue.pop_first().expect("an atespace in turn waits");
+            if queue.is_empty() {
+                self.queues.remove(&atespace);
+            } else {
+                self.turns.push_back(Arc::clone(&atespace));
+            }
+            self.waiting -= 1;
+            return Some((atespace, waiting));
+        }
+        None
+    }
+
+    fn remove(&mut self, atespace: &Arc<str>, seq: u64) -> Option<Waiting> {
+        let queue = self.queues.get_mut(atespace)?;
+        let waiting = queue.remove(&seq)?;
+        if queue.is_empty() {
+            self.queues.remove(atespace);
+            self.turns.retain(|a| a != atespace);
+        }
+        self.waiting -= 1;
+        Some(waiting)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use prometheus::IntCounter;
+
+    use super::*;
+    use crate::ateapi::resume::AttemptResult;
+    use crate::parking::backoff::BackoffPolicy;
+    use crate::parking::clock::ManualClock;
+    use crate::parking::flight::tests::{done, err, ok, poll, ScriptedResumer};
+    use crate::parking::flight::{FlightOutcome, FlightPolicy, FlightTable, Until};
+    use crate::parking::timer::ManualScheduler;
+
+    struct Gated {
+        clock: ManualClock,
+        scheduler: ManualScheduler,
+        resumer: Arc<ScriptedResumer>,
+        table: FlightTable,
+        gauges: CallGauges,
+        abandoned: IntCounter,
+    }
+
+    /// A flight table whose attempts go through a gate of `limit` calls to
+    /// `inner` (the scripted control plane unless given).
+    fn gated(limit: usize, budget_ms: u64, inner: Option<Arc<dyn Resumer>>) -> Gated {
+        gated_with_share(limit, limit, budget_ms, inner)
+    }
+
+    fn gated_with_share(limit: usize, share: usize, budget_ms: u64, inner: Option<Arc<dyn Resumer>>) -> Gated {
+        let clock = ManualClock::new();
+        let scheduler = ManualScheduler::new(clock.clone());
+        let resumer = Arc::new(ScriptedResumer::default());
+        let gauges = CallGauges {
+            open: IntGauge::new("open", "open").unwrap(),
+            waiting: IntGauge::new("waiting", "waiting").unwrap(),
+        };
+        let inner = inner.unwrap_or_else(|| Arc::clone(&resumer) as Arc<dyn Resumer>);
+        let gate = CallGate::new(inner, limit, share, Arc::new(scheduler.clone()), gauges.clone());
+        let abandoned = IntCounter::new("abandoned", "abandoned").unwrap();
+        let policy = FlightPolicy {
+            budget: Duration::from_millis(budget_ms),
+            backoff: BackoffPolicy { interval: Duration::from_millis(100), factor: 2.0, jitter: 0.0 },
+            parking_enabled: true,
+            max_flights: 100_000,
+            max_flights_per_atespace: 100_000,
+        };
+        let table =
+            FlightTable::new(policy, Arc::new(clock.clone()), Arc::new(scheduler.clone()), Arc::new(gate), abandoned.clone());
+        Gated { clock, scheduler, resumer, table, gauges, abandoned }
+    }
+
+    fn actor(reference: &str) -> ActorId {
+        ActorId::parse(reference).unwrap()
+    }
+
+    fn open_and_waiting(g: &Gated) -> (i64, i64) {
+        (g.gauges.open.get(), g.gauges.waiting.get())
+    }
+
+    #[test]
+    fn b103_at_most_the_limit_open_and_the_rest_sent_one_atespace_at_a_time() {
+        let g = gated(2, 10_000, None);
+        let greedy: Vec<ActorId> = (0..8).map(|i| actor(&format!("greedy/a{i}"))).collect();
+        let polite = actor("polite/b");
+        let mut callers: Vec<_> = greedy.iter().map(|a| g.table.join(a).unwrap().0).collect();
+        callers.push(g.table.join(&polite).unwrap().0);
+        assert_eq!(g.resumer.running(), 2, "two calls open, the rest wait");
+        assert_eq!((g.resumer.calls(&greedy[0]), g.resumer.calls(&greedy[1])), (1, 1));
+        assert_eq!(open_and_waiting(&g), (2, 7));
+        // One call ends: the greedy atespace's oldest waiting attempt goes,
+        // then the polite one's turn comes before the greedy one's next.
+        g.resumer.answer(&greedy[0], ok(true));
+        assert_eq!(g.resumer.calls(&greedy[2]), 1);
+        g.resumer.answer(&greedy[1], ok(true));
+        assert_eq!(g.resumer.calls(&polite), 1, "its turn, ahead of 5 older greedy attempts");
+        assert_eq!(g.resumer.calls(&greedy[3]), 0);
+        assert_eq!(open_and_waiting(&g), (2, 5));
+        while g.resumer.running() > 0 {
+            let next = g.resumer.pending_actors()[0].clone();
+            g.resumer.answer(&next, ok(true));
+        }
+        assert!(greedy.iter().all(|a| g.resumer.calls(a) == 1), "every attempt sent once");
+        assert_eq!(open_and_waiting(&g), (0, 0));
+        assert!(g.table.is_empty());
+        drop(callers);
+    }
+
+    #[test]
+    fn b103_an_atespace_whose_calls_hang_holds_only_its_share() {
+        let g = gated_with_share(4, 2, 10_000, None);
+        let hanging: Vec<ActorId> = (0..6).map(|i| actor(&format!("slow/a{i}"))).collect();
+        let _slow: Vec<_> = hanging.iter().map(|a| g.table.join(a).unwrap().0).collect();
+        assert_eq!(g.resumer.running(), 2, "its share, though 4 calls are allowed");
+        assert_eq!(open_and_waiting(&g), (2, 4));
+        // Another atespace's attempts go out at once, up to its own share.
+        let others: Vec<ActorId> = (0..3).map(|i| actor(&format!("fast/b{i}"))).collect();
+        let _fast: Vec<_> = others.iter().map(|a| g.table.join(a).unwrap().0).collect();
+        assert_eq!((g.resumer.calls(&others[0]), g.resumer.calls(&others[1])), (1, 1));
+        assert_eq!(g.resumer.calls(&others[2]), 0);
+        g.resumer.answer(&others[0], ok(true));
+        assert_eq!(g.resumer.calls(&others[2]), 1, "the freed call goes to the atespace under its share");
+        assert!(hanging[2..].iter().all(|a| g.resumer.calls(a) == 0), "the hanging atespace stays at 2");
+        assert_eq!(open_and_waiting(&g), (4, 4));
+        g.resumer.answer(&hanging[0], ok(true));
+        assert_eq!(g.resumer.calls(&hanging[2]), 1, "its own next attempt takes its freed call");
+        for a in [&others[1], &others[2]] {
+            g.resumer.answer(a, ok(true));
+        }
+        assert_eq!(open_and_waiting(&g), (2, 3), "at its share, with calls free: the rest wait");
+        while g.resumer.running() > 0 {
+            let next = g.resumer.pending_actors()[0].clone();
+            g.resumer.answer(&next, ok(true));
+        }
+        assert!(hanging.iter().all(|a| g.resumer.calls(a) == 1));
+        assert_eq!(open_and_waiting(&g), (0, 0));
+    }
+
+    #[test]
+    fn b103_an_attempt_still_waiting_at_the_budget_is_not_sent_and_the_flight_ends_there() {
+        let g = gated(1, 1_000, None);
+        let (held, waiting) = (actor("demo/held"), actor("demo/waiting"));
+        let _held = g.table.join(&held).unwrap().0;
+        g.clock.advance(Duration::from_millis(400));
+        let (flight, _) = g.table.join(&waiting).unwrap();
+        let mut wait = flight.wait(Until::Done);
+        assert!(poll(&mut wait).is_pending());
+        g.scheduler.advance(Duration::from_millis(999));
+        assert!(poll(&mut wait).is_pending(), "waits within its budget");
+        g.scheduler.advance(Duration::from_millis(1));
+        match done(&mut wait) {
+            FlightOutcome::BudgetExhausted(e) => {
+                assert_eq!(e.code, Code::Unavailable);
+                assert!(e.message.starts_with("not sent within the budget"), "{}", e.message);
+            }
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(g.resumer.calls(&waiting), 0, "never sent");
+        assert_eq!(open_and_waiting(&g), (1, 0));
+        // The held call ends later: nothing is left to send.
+        g.resumer.answer(&held, ok(true));
+        assert_eq!(open_and_waiting(&g), (0, 0));
+        assert_eq!(g.scheduler.pending(), 0, "no timer left behind");
+    }
+
+    #[test]
+    fn b103_an_attempt_nobody_waits_for_any_more_is_not_sent() {
+        let g = gated(1, 10_000, None);
+        let (held, left) = (actor("demo/held"), actor("demo/left"));
+        let _held = g.table.join(&held).unwrap().0;
+        let caller = g.table.join(&left).unwrap().0;
+        drop(caller);
+        g.resumer.answer(&held, err(Code::NotFound, "gone"));
+        assert_eq!(g.resumer.calls(&left), 0, "B78: not sent once its callers left");
+        assert_eq!(g.abandoned.get(), 1, "its flight ended, abandoned");
+        assert!(g.table.is_empty());
+        assert_eq!(open_and_waiting(&g), (0, 0));
+        assert_eq!(g.scheduler.pending(), 0, "its budget's timer cancelled");
+    }
+
+    /// Holds its first attempt and fails every later one inside `start`,
+    /// as a client whose channel is gone does.
+    #[derive(Default)]
+    struct FailsAtOnce {
+        first: parking_lot::Mutex<Option<AttemptDone>>,
+        started: std::sync::atomic::AtomicUsize,
+    }
+
+    impl Resumer for FailsAtOnce {
+        fn start(&self, _: &ActorId, done: AttemptDone) {
+            if self.started.fetch_add(1, std::sync::atomic::Ordering::SeqCst) == 0 {
+                *self.first.lock() = Some(done);
+            } else {
+                done.complete(Err(ResumeError::new(Code::NotFound, "gone")));
+            }
+        }
+    }
+
+    #[test]
+    fn b103_attempts_that_report_inside_start_are_sent_in_a_loop_not_a_recursion() {
+        let inner = Arc::new(FailsAtOnce::default());
+        let g = gated(1, 10_000, Some(Arc::clone(&inner) as Arc<dyn Resumer>));
+        let n = 50_000;
+        let callers: Vec<_> = (0..n).map(|i| g.table.join(&actor(&format!("demo/a{i}"))).unwrap().0).collect();
+        assert_eq!(open_and_waiting(&g), (1, n as i64 - 1));
+        // Each send reports at once and frees the one call for the next:
+        // with a send per release on the stack this would overflow it.
+        let first = inner.first.lock().take().unwrap();
+        let result: AttemptResult = Err(ResumeError::new(Code::NotFound, "gone"));
+        std::thread::Builder::new()
+            .stack_size(256 * 1024)
+            .spawn(move || first.complete(result))
+            .unwrap()
+            .join()
+            .expect("no stack overflow");
+        assert_eq!(inner.started.load(std::sync::atomic::Ordering::SeqCst), n);
+        assert_eq!(open_and_waiting(&g), (0, 0));
+        assert!(g.table.is_empty());
+        drop(callers);
+    }
+}
