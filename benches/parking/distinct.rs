@@ -22,7 +22,7 @@ const DISTINCT_TARGET_KIB: f64 = 24.0;
 /// Rounds of each case; figures are their medians.
 const ROUNDS: usize = 3;
 
-/// The most ResumeActor calls one atespace has open by default (B103):
+/// The most ResumeActor calls one atespace has open by default (B97):
 /// half of `--ateapi-max-calls`; every actor here is in one atespace.
 const CALLS_OPEN: usize = 512;
 
@@ -31,7 +31,7 @@ const CALLS_OPEN: usize = 512;
 pub enum Waiting {
     /// Retrying against a control plane that holds every call: the first
     /// attempt answered ResourceExhausted, the simulator holds the second
-    /// unanswered, so the calls open are at their bound (B103) and the
+    /// unanswered, so the calls open are at their bound (B97) and the
     /// other flights' attempts wait for one.
     InCall,
     /// Between attempts: the first call answered ResourceExhausted and the

@@ -108,7 +108,7 @@ pub struct Config {
     pub ateapi_transport: Option<AteapiTransport>,
     /// A bearer token file, sent as `authorization: Bearer ...` (TLS only).
     pub ateapi_token_file: Option<PathBuf>,
-    /// ResumeActor calls open at once at most (B103).
+    /// ResumeActor calls open at once at most (B97).
     pub ateapi_max_calls: usize,
     /// ... and for one atespace.
     pub ateapi_max_calls_per_atespace: usize,
@@ -505,7 +505,7 @@ fn capacities(args: &ServeArgs, parking: &Parking) -> Result<(u64, usize), Confi
     Ok((breaker, flight_max))
 }
 
-/// The most ResumeActor calls that may be open at once (B103): each costs
+/// The most ResumeActor calls that may be open at once (B97): each costs
 /// about 19 KiB in gRPC core, so a million is already 19 GiB.
 fn ateapi_max_calls(value: i64) -> Result<usize, ConfigError> {
     match value {
@@ -1106,7 +1106,7 @@ mod tests {
     }
 
     #[test]
-    fn b103_calls_open_at_once_and_an_atespaces_share_of_them() {
+    fn b97_calls_open_at_once_and_an_atespaces_share_of_them() {
         let c = parse(&[]).unwrap();
         assert_eq!((c.ateapi_max_calls, c.ateapi_max_calls_per_atespace), (1024, 512));
         let c = parse(&["--ateapi-max-calls", "1"]).unwrap();

@@ -218,11 +218,11 @@ impl Metrics {
             calls: CallGauges {
                 open: gauge(
                     "atenet_router_resume_calls_open",
-                    "ResumeActor calls open now, at most --ateapi-max-calls (B103).",
+                    "ResumeActor calls open now, at most --ateapi-max-calls (B97).",
                 ),
                 waiting: gauge(
                     "atenet_router_resume_attempts_waiting",
-                    "ResumeActor attempts waiting, unsent, for one of --ateapi-max-calls calls to end (B103).",
+                    "ResumeActor attempts waiting, unsent, for one of --ateapi-max-calls calls to end (B97).",
                 ),
             },
             atespace_refused: AtespaceShare::ALL.map(|s| atespace_refused.with_label_values(&[s.name()])),
@@ -396,7 +396,7 @@ impl Metrics {
         self.inner.flights_abandoned.clone()
     }
 
-    /// The gauges of the bound on open ResumeActor calls (B103).
+    /// The gauges of the bound on open ResumeActor calls (B97).
     pub fn call_gauges(&self) -> CallGauges {
         self.inner.calls.clone()
     }

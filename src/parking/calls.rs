@@ -1,4 +1,4 @@
-//! A bound on the `ResumeActor` calls open at once (B103).
+//! A bound on the `ResumeActor` calls open at once (B97).
 //!
 //! Each open call costs about 19 KiB in gRPC core, whatever the router
 //! holds for it, and the heap a burst of calls leaves behind stays with the
@@ -314,7 +314,7 @@ mod tests {
     }
 
     #[test]
-    fn b103_at_most_the_limit_open_and_the_rest_sent_one_atespace_at_a_time() {
+    fn b97_at_most_the_limit_open_and_the_rest_sent_one_atespace_at_a_time() {
         let g = gated(2, 10_000, None);
         let greedy: Vec<ActorId> = (0..8).map(|i| actor(&format!("greedy/a{i}"))).collect();
         let polite = actor("polite/b");
@@ -342,7 +342,7 @@ mod tests {
     }
 
     #[test]
-    fn b103_an_atespace_whose_calls_hang_holds_only_its_share() {
+    fn b97_an_atespace_whose_calls_hang_holds_only_its_share() {
         let g = gated_with_share(4, 2, 10_000, None);
         let hanging: Vec<ActorId> = (0..6).map(|i| actor(&format!("slow/a{i}"))).collect();
         let _slow: Vec<_> = hanging.iter().map(|a| g.table.join(a).unwrap().0).collect();
@@ -372,7 +372,7 @@ mod tests {
     }
 
     #[test]
-    fn b103_an_attempt_still_waiting_at_the_budget_is_not_sent_and_the_flight_ends_there() {
+    fn b97_an_attempt_still_waiting_at_the_budget_is_not_sent_and_the_flight_ends_there() {
         let g = gated(1, 1_000, None);
         let (held, waiting) = (actor("demo/held"), actor("demo/waiting"));
         let _held = g.table.join(&held).unwrap().0;
@@ -399,7 +399,7 @@ mod tests {
     }
 
     #[test]
-    fn b103_an_attempt_nobody_waits_for_any_more_is_not_sent() {
+    fn b97_an_attempt_nobody_waits_for_any_more_is_not_sent() {
         let g = gated(1, 10_000, None);
         let (held, left) = (actor("demo/held"), actor("demo/left"));
         let _held = g.table.join(&held).unwrap().0;
@@ -432,7 +432,7 @@ mod tests {
     }
 
     #[test]
-    fn b103_attempts_that_report_inside_start_are_sent_in_a_loop_not_a_recursion() {
+    fn b97_attempts_that_report_inside_start_are_sent_in_a_loop_not_a_recursion() {
         let inner = Arc::new(FailsAtOnce::default());
         let g = gated(1, 10_000, Some(Arc::clone(&inner) as Arc<dyn Resumer>));
         let n = 50_000;

@@ -64,7 +64,7 @@ pub trait Resumer: Send + Sync + 'static {
 pub struct AttemptDone {
     table: Arc<Inner>,
     flight: Arc<Flight>,
-    /// The attempt's place among the calls open at once (B103), given back
+    /// The attempt's place among the calls open at once (B97), given back
     /// once the flight has the result.
     _permit: Option<CallPermit>,
 }
@@ -72,7 +72,7 @@ pub struct AttemptDone {
 impl AttemptDone {
     /// When the flight's budget ends: an attempt that has not reached the
     /// control plane by then (no connection, no free call) need not be
-    /// awaited (B82, B103).
+    /// awaited (B82, B97).
     pub fn budget_deadline(&self) -> Instant {
         self.flight.deadline
     }
