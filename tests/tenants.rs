@@ -1,4 +1,4 @@
-//! Tenants against each other, through the real binary (B78-B80): a tenant
+//! Tenants against each other, through the real binary (B78-B80, B97): a tenant
 //! that floods the router with requests for its own actors, while the pool
 //! is saturated or its first answers are slow, cannot make the router
 //! refuse another tenant's running actors. The truth is what the clients
@@ -198,4 +198,56 @@ fn b80_callers_on_slow_first_attempts_hold_at_most_their_share() {
     });
     let greedy_calls: u64 = greedy.iter().map(|a| sim.calls(a)).sum();
     assert_eq!(greedy_calls, 32, "one attempt for each caller within the share, none for the rest");
+}
+
+/// A tenant whose resumes hang (B97): with at most 8 ResumeActor calls open
+/// and so 4 for one atespace, 40 requests for its actors, whose calls the
+/// control plane holds, open 4 calls and the other 36 attempts wait unsent;
+/// another tenant's suspended actors are resumed meanwhile. Without the
+/// bound the simulator held 40 calls; without the share, all 8.
+#[test]
+fn b97_a_tenant_whose_resumes_hang_holds_its_share_of_the_calls_and_others_resume() {
+    let sim = empty_sim();
+    let greedy: Vec<String> = (0..40).map(|i| format!("greedy/hang{i}")).collect();
+    sim.script_all(greedy.iter().map(|a| (a.clone(), Answer::ok("10.0.0.2", true).held())).collect());
+    let polite: Vec<String> = (0..10).map(|i| format!("polite/asleep{i}")).collect();
+    sim.script_all(polite.iter().map(|a| (a.clone(), Answer::ok("10.0.0.1", true))).collect());
+    let router = spawn_router(&router_args(
+        &sim.addr().to_string(),
+        &["--ateapi-max-calls", "8", "--parked-request-budget", "60s"],
+    ));
+    let client = client(&router);
+    let mut verdicts = open_loop(&client, greedy.clone(), 1000);
+    eventually_within(PATIENCE, "the greedy tenant's share of calls", || sim.total_calls() >= 4);
+    eventually_within(PATIENCE, "36 attempts waiting", || {
+        metrics(&router).value("atenet_router_resume_attempts_waiting", &[]) == 36.0
+    });
+    for actor in &polite {
+        let key = futures::executor::block_on(verdict(&client, actor));
+        assert_eq!(key, "200 routed", "{actor}: another tenant resumes while the greedy one hangs");
+        assert_eq!(sim.calls(actor), 1);
+    }
+    let greedy_calls: u64 = greedy.iter().map(|a| sim.calls(a)).sum();
+    assert_eq!(greedy_calls, 4, "the hanging tenant holds its share, 4 of 8 calls");
+    assert_eq!(sim.unanswered(), 4);
+    // The control plane answers again: every waiting attempt is sent in
+    // turn, once, and every request is routed.
+    let mut routed = 0;
+    let mut most_held = 0;
+    futures::executor::block_on(async {
+        while routed < greedy.len() {
+            most_held = most_held.max(sim.unanswered());
+            for actor in &greedy {
+                sim.release(actor);
+            }
+            if let Ok(Some((actor, key))) = verdicts.try_next() {
+                assert_eq!(key, "200 routed", "{actor}");
+                routed += 1;
+            } else {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+        }
+    });
+    assert!(most_held <= 4, "at most the share held at once: {most_held}");
+    assert!(greedy.iter().all(|a| sim.calls(a) == 1), "each waiting attempt sent once");
 }

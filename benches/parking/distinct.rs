@@ -188,7 +188,10 @@ pub fn distinct_actors(report: &mut Report, scenario: &str, cases: &[(usize, Vec
                 waiting.label(),
                 medians[1] - medians[0]
             ));
-            targets.push((format!("{n} parked, one actor each, {}: KiB per parked request", waiting.label()), medians[1]));
+            targets.push((
+                format!("{n} parked, one actor each, {}: KiB per parked request", waiting.label()),
+                medians[1],
+            ));
         }
     }
     report.line(

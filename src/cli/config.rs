@@ -1111,7 +1111,8 @@ mod tests {
         assert_eq!((c.ateapi_max_calls, c.ateapi_max_calls_per_atespace), (1024, 512));
         let c = parse(&["--ateapi-max-calls", "1"]).unwrap();
         assert_eq!((c.ateapi_max_calls, c.ateapi_max_calls_per_atespace), (1, 1), "at least one");
-        let c = parse(&["--ateapi-max-calls", "1000000", "--ateapi-max-calls-per-atespace", "1000000"]).unwrap();
+        let c =
+            parse(&["--ateapi-max-calls", "1000000", "--ateapi-max-calls-per-atespace", "1000000"]).unwrap();
         assert_eq!((c.ateapi_max_calls, c.ateapi_max_calls_per_atespace), (1_000_000, 1_000_000));
         for bad in [
             &["--ateapi-max-calls", "0"][..],
