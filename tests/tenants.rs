@@ -240,7 +240,7 @@ fn b97_a_tenant_whose_resumes_hang_holds_its_share_of_the_calls_and_others_resum
             for actor in &greedy {
                 sim.release(actor);
             }
-            if let Ok(Some((actor, key))) = verdicts.try_next() {
+            if let Ok((actor, key)) = verdicts.try_recv() {
                 assert_eq!(key, "200 routed", "{actor}");
                 routed += 1;
             } else {

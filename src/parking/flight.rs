@@ -42,7 +42,6 @@ use prometheus::IntCounter;
 use crate::ateapi::resume::{AttemptResult, Code, ResumeError, Resumed};
 use crate::ateapi::target::ActorId;
 use crate::parking::backoff::{Backoff, BackoffPolicy};
-use crate::parking::calls::CallPermit;
 use crate::parking::clock::Clock;
 use crate::parking::share::{AtespaceShares, ShareHold};
 use crate::parking::timer::{Scheduler, TimerId};
@@ -64,9 +63,9 @@ pub trait Resumer: Send + Sync + 'static {
 pub struct AttemptDone {
     table: Arc<Inner>,
     flight: Arc<Flight>,
-    /// The attempt's place among the calls open at once (B97), given back
-    /// once the flight has the result.
-    _permit: Option<CallPermit>,
+    /// Dropped once the flight has the result: the attempt's place among the
+    /// calls open at once (B97, `calls::CallPermit`).
+    _guard: Option<Box<dyn Send>>,
 }
 
 impl AttemptDone {
@@ -83,9 +82,9 @@ impl AttemptDone {
         self.flight.state.lock().callers > 0
     }
 
-    /// The same attempt, holding `permit` until it reports.
-    pub fn holding(self, permit: CallPermit) -> AttemptDone {
-        AttemptDone { _permit: Some(permit), ..self }
+    /// The same attempt, holding `guard` until it has reported.
+    pub fn holding(self, guard: impl Send + 'static) -> AttemptDone {
+        AttemptDone { _guard: Some(Box::new(guard)), ..self }
     }
 
     /// Reports the attempt's result to its flight.
@@ -502,7 +501,7 @@ impl Inner {
             state.attempts += 1;
             state.attempt_started = Some(inner.clock.now());
         }
-        let done = AttemptDone { table: Arc::clone(inner), flight: Arc::clone(flight), _permit: None };
+        let done = AttemptDone { table: Arc::clone(inner), flight: Arc::clone(flight), _guard: None };
         inner.resumer.start(&flight.actor, done);
     }
 
