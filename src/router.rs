@@ -10,6 +10,7 @@
 //! HTTP connections add none.
 
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -18,14 +19,16 @@ use crossbeam_channel::{bounded, Receiver};
 use grpcio::{ChannelBuilder, EnvBuilder, Environment, Server, ServerBuilder, ServerCredentials};
 
 use crate::ateapi::client::AteapiClient;
-use crate::cli::config::{AteapiTransport, Config};
+use crate::cli::config::{AteapiTransport, Config, ExtprocListen};
 use crate::envoy::extproc::{ExtProc, ExtProcSettings};
 use crate::envoy::health::Health;
 use crate::envoy::streams::StreamSlots;
 use crate::ops::history::{History, Sampler, Sources};
 use crate::ops::http::{self, BindError, HttpServer, Limits};
+use crate::ops::listen::BoundTo;
 use crate::ops::metrics::Metrics;
 use crate::ops::recent::RecentRequests;
+use crate::ops::socket_path::{self, Found, PathError};
 use crate::ops::status::StatusPage;
 use crate::parking::clock::SystemClock;
 use crate::parking::flight::{FlightPolicy, FlightTable};
@@ -43,10 +46,18 @@ enum Role {
 }
 
 /// Every port this router would bind is free (B70, B75): listeners share
-/// ports only with a predecessor that handed over.
+/// ports only with a predecessor that handed over. A Unix socket's path
+/// holds nothing, or a stale socket (B100).
 fn ports_free(config: &Config) -> Result<(), StartError> {
-    crate::ops::listen::ensure_free(config.extproc_addr)
-        .map_err(|source| StartError::ExtProcTaken { addr: config.extproc_addr, source })?;
+    match &config.extproc {
+        ExtprocListen::Tcp(addr) => crate::ops::listen::ensure_free(*addr)
+            .map_err(|source| StartError::ExtProcTaken { addr: *addr, source })?,
+        ExtprocListen::Unix(socket) => {
+            if socket_path::check_free(&socket.path).map_err(StartError::ExtProcSocket)? == Found::Stale {
+                log::info!("{}: a stale socket nothing listens on; replacing it", socket.path.display());
+            }
+        }
+    }
     let http = [("metrics listener", Some(config.metrics_addr)), ("status page", config.status_addr)];
     for (what, addr) in http {
         if let Some(addr) = addr {
@@ -80,10 +91,15 @@ pub enum StartError {
     ExtProcTls(CredentialsError),
     /// gRPC could not build the ext_proc server.
     ExtProcServer(grpcio::Error),
-    /// The ext_proc port could not be bound.
-    ExtProcListen { addr: SocketAddr, source: grpcio::Error },
+    /// The ext_proc port (or socket) could not be bound.
+    ExtProcListen { addr: ExtprocListen, source: grpcio::Error },
     /// The ext_proc port is held already (B75).
     ExtProcTaken { addr: SocketAddr, source: std::io::Error },
+    /// ext_proc's Unix socket path cannot be taken (B100).
+    ExtProcSocket(PathError),
+    /// ext_proc's Unix socket could not be given its mode and group, or
+    /// renamed onto its public path (B101).
+    ExtProcPublish { path: PathBuf, source: std::io::Error },
     /// An HTTP listener (`what`: metrics or status) could not be bound.
     Http { what: &'static str, source: BindError },
 }
@@ -103,6 +119,10 @@ impl std::fmt::Display for StartError {
             StartError::ExtProcTaken { addr, source } => {
                 write!(f, "cannot listen for ext_proc on {addr}: {source}")
             }
+            StartError::ExtProcSocket(e) => write!(f, "cannot listen for ext_proc: {e}"),
+            StartError::ExtProcPublish { path, source } => {
+                write!(f, "cannot listen for ext_proc on unix:{}: {source}", path.display())
+            }
             StartError::Http { what, source } => write!(f, "{what}: {source}"),
         }
     }
@@ -114,7 +134,15 @@ impl StartError {
     /// refused flag (B70). A port taken by another process may free up, and
     /// is not.
     pub fn is_configuration(&self) -> bool {
-        matches!(self, StartError::NoAteapiTransport | StartError::Ateapi(_) | StartError::ExtProcTls(_))
+        match self {
+            StartError::NoAteapiTransport | StartError::Ateapi(_) | StartError::ExtProcTls(_) => true,
+            StartError::ExtProcSocket(e) => e.is_configuration(),
+            // A group the router is no member of, a directory it cannot write.
+            StartError::ExtProcPublish { source, .. } => {
+                source.kind() == std::io::ErrorKind::PermissionDenied
+            }
+            _ => false,
+        }
     }
 }
 
@@ -124,7 +152,10 @@ impl std::error::Error for StartError {
             StartError::NoAteapiTransport => None,
             StartError::Ateapi(e) | StartError::ExtProcTls(e) => Some(e),
             StartError::ExtProcServer(e) | StartError::ExtProcListen { source: e, .. } => Some(e),
-            StartError::ExtProcTaken { source, .. } => Some(source),
+            StartError::ExtProcTaken { source, .. } | StartError::ExtProcPublish { source, .. } => {
+                Some(source)
+            }
+            StartError::ExtProcSocket(e) => Some(e),
             StartError::Http { source, .. } => Some(source),
         }
     }
@@ -187,7 +218,11 @@ pub struct Router {
     /// What the gRPC health service answers (B84): flipped by a drain, not
     /// by a hand-over.
     health: Arc<Health>,
-    extproc_addr: SocketAddr,
+    /// Where ext_proc listens, its port chosen.
+    extproc: ExtprocListen,
+    /// What gRPC's listeners are bound to: the address, or a Unix
+    /// socket's private name (B101).
+    extproc_bound: BoundTo,
     credentials: Option<CredentialWatcher>,
     _env: Arc<Environment>,
 }
@@ -261,6 +296,8 @@ impl Router {
         let transport = config.ateapi_transport.as_ref().ok_or(StartError::NoAteapiTransport)?;
         if role == Role::First {
             ports_free(config)?;
+        } else if let ExtprocListen::Unix(socket) = &config.extproc {
+            socket_path::check_kind(&socket.path).map_err(StartError::ExtProcSocket)?;
         }
         let flags: Vec<String> = crate::ops::status::effective_flags(config)
             .iter()
@@ -360,11 +397,26 @@ impl Router {
             .map_err(StartError::ExtProcServer)?;
         let credentials =
             extproc_tls.as_ref().map_or_else(ServerCredentials::insecure, |tls| tls.credentials());
-        let port = grpc
-            .add_listening_port(config.extproc_addr.to_string(), credentials)
-            .map_err(|source| StartError::ExtProcListen { addr: config.extproc_addr, source })?;
-        let extproc_addr = SocketAddr::new(config.extproc_addr.ip(), port);
-        if !extproc_addr.ip().is_loopback() {
+        let (extproc, extproc_bound) = match &config.extproc {
+            ExtprocListen::Tcp(addr) => {
+                let port = grpc
+                    .add_listening_port(addr.to_string(), credentials)
+                    .map_err(|source| StartError::ExtProcListen { addr: config.extproc.clone(), source })?;
+                let addr = SocketAddr::new(addr.ip(), port);
+                (ExtprocListen::Tcp(addr), BoundTo::Inet(addr))
+            }
+            ExtprocListen::Unix(socket) => {
+                // Bound under a private name, born owner-only (B101);
+                // published once everything else is bound.
+                let private = socket_path::private_name(&socket.path, std::process::id());
+                let narrowed = socket_path::OwnerOnly::narrow();
+                let added = grpc.add_listening_port(format!("unix:{}", private.display()), credentials);
+                drop(narrowed);
+                added.map_err(|source| StartError::ExtProcListen { addr: config.extproc.clone(), source })?;
+                (config.extproc.clone(), BoundTo::Unix(private))
+            }
+        };
+        if let Some(extproc_addr) = extproc.tcp().filter(|a| !a.ip().is_loopback()) {
             match &config.extproc_tls {
                 None => log::warn!(
                     "ext_proc listens on {extproc_addr} in plaintext (--extproc-insecure): anyone who reaches \
@@ -430,6 +482,12 @@ impl Router {
         if let Some(tls) = extproc_tls {
             refreshes.push(Box::new(move || tls.refresh()));
         }
+        if let (ExtprocListen::Unix(socket), BoundTo::Unix(private)) = (&extproc, &extproc_bound) {
+            // The last step before serving: from here Envoy's new
+            // connections reach this router, a predecessor's no more.
+            socket_path::publish(private, &socket.path, socket.mode, socket.group)
+                .map_err(|source| StartError::ExtProcPublish { path: socket.path.clone(), source })?;
+        }
         let credentials = (!refreshes.is_empty()).then(|| CredentialWatcher::start(refreshes));
         grpc.start();
         Ok(Router {
@@ -443,15 +501,22 @@ impl Router {
             metrics,
             ready,
             health,
-            extproc_addr,
+            extproc,
+            extproc_bound,
             credentials,
             _env: env,
         })
     }
 
     /// Where ext_proc listens.
+    pub fn extproc(&self) -> &ExtprocListen {
+        &self.extproc
+    }
+
+    /// Where ext_proc listens, for tests of a router on TCP.
+    #[cfg(feature = "testkit")]
     pub fn extproc_addr(&self) -> SocketAddr {
-        self.extproc_addr
+        self.extproc.tcp().expect("a router listening on TCP")
     }
 
     /// Where `/metrics`, `/healthz` and `/readyz` listen.
@@ -518,8 +583,16 @@ impl Router {
         });
         // gRPC core accepts whatever reaches its listeners; once their
         // queues stayed empty, its shutdown closes them with nothing in them.
-        let listeners = crate::ops::listen::find_listeners(self.extproc_addr);
-        match listeners.first().map(|&fd| crate::ops::listen::steer_to_successor(fd, listeners.len())) {
+        let listeners = crate::ops::listen::find_listeners(&self.extproc_bound);
+        // A Unix socket's successor has renamed its own socket onto the
+        // public path: nothing new reaches this one's queue (B101).
+        let steered = match self.extproc_bound {
+            BoundTo::Inet(_) => {
+                listeners.first().map(|&fd| crate::ops::listen::steer_to_successor(fd, listeners.len()))
+            }
+            BoundTo::Unix(_) => listeners.first().map(|_| Ok(())),
+        };
+        match steered {
             Some(Ok(())) => {
                 for fd in listeners {
                     if !crate::ops::listen::wait_emptied(fd, QUEUE_PATIENCE, || ()) {
@@ -532,10 +605,9 @@ impl Router {
             Some(Err(e)) => {
                 log::warn!("handover: cannot steer ext_proc's new connections to the successor: {e}")
             }
-            None => log::warn!(
-                "handover: ext_proc's listener on {} not found; closing it as it is",
-                self.extproc_addr
-            ),
+            None => {
+                log::warn!("handover: ext_proc's listener on {} not found; closing it as it is", self.extproc)
+            }
         }
         self.stop(timeout, interrupt)
     }
@@ -550,9 +622,11 @@ impl Router {
                 log::warn!("handover: cannot lift the steering on {}: {e}", server.addr());
             }
         }
-        if let Some(&fd) = crate::ops::listen::find_listeners(self.extproc_addr).first() {
-            if let Err(e) = crate::ops::listen::lift_steering(fd) {
-                log::warn!("handover: cannot lift the steering on {}: {e}", self.extproc_addr);
+        if let BoundTo::Inet(addr) = self.extproc_bound {
+            if let Some(&fd) = crate::ops::listen::find_listeners(&self.extproc_bound).first() {
+                if let Err(e) = crate::ops::listen::lift_steering(fd) {
+                    log::warn!("handover: cannot lift the steering on {addr}: {e}");
+                }
             }
         }
     }
@@ -613,7 +687,7 @@ impl Router {
         // last stream ended after the GOAWAY; until then, or a bound, the
         // process stays.
         let flushing = Instant::now() + FLUSH_PATIENCE;
-        while crate::ops::listen::connections_on(self.extproc_addr) > 0 && Instant::now() < flushing {
+        while crate::ops::listen::connections_on(&self.extproc_bound) > 0 && Instant::now() < flushing {
             std::thread::sleep(Duration::from_millis(10));
         }
         for server in [self.http.take(), self.status.take()].into_iter().flatten() {

@@ -143,8 +143,13 @@ impl Stream {
 
 impl Envoy {
     pub fn connect(addr: SocketAddr) -> Envoy {
+        Envoy::connect_to(&addr.to_string())
+    }
+
+    /// A client of any gRPC target: `host:port`, or `unix:/path` (B99).
+    pub fn connect_to(target: &str) -> Envoy {
         let env = Arc::new(EnvBuilder::new().cq_count(1).name_prefix("test-envoy").build());
-        let channel = ChannelBuilder::new(env).connect(&addr.to_string());
+        let channel = ChannelBuilder::new(env).connect(target);
         Envoy { client: Arc::new(Client::new(channel)) }
     }
 
