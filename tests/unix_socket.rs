@@ -247,7 +247,8 @@ fn b101_a_handover_over_the_socket_leaves_no_moment_where_connecting_fails() {
                     // A stream that reached the old router after its shutdown
                     // began is cancelled before any reply; Envoy retries it
                     // (B67), and so does this client, once.
-                    let reply = common_exchange(&client).or_else(|| common_exchange(&Envoy::connect_to(&target)));
+                    let reply =
+                        common_exchange(&client).or_else(|| common_exchange(&Envoy::connect_to(&target)));
                     match reply {
                         Some(reply) if reply.has_request_headers() => routed += 1,
                         _ => failed += 1,
