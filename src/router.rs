@@ -92,7 +92,7 @@ pub enum StartError {
     /// gRPC could not build the ext_proc server.
     ExtProcServer(grpcio::Error),
     /// The ext_proc port (or socket) could not be bound.
-    ExtProcListen { addr: ExtprocListen, source: grpcio::Error },
+    ExtProcListen { addr: String, source: grpcio::Error },
     /// The ext_proc port is held already (B75).
     ExtProcTaken { addr: SocketAddr, source: std::io::Error },
     /// ext_proc's Unix socket path cannot be taken (B100).
@@ -399,9 +399,9 @@ impl Router {
             extproc_tls.as_ref().map_or_else(ServerCredentials::insecure, |tls| tls.credentials());
         let (extproc, extproc_bound) = match &config.extproc {
             ExtprocListen::Tcp(addr) => {
-                let port = grpc
-                    .add_listening_port(addr.to_string(), credentials)
-                    .map_err(|source| StartError::ExtProcListen { addr: config.extproc.clone(), source })?;
+                let port = grpc.add_listening_port(addr.to_string(), credentials).map_err(|source| {
+                    StartError::ExtProcListen { addr: config.extproc.to_string(), source }
+                })?;
                 let addr = SocketAddr::new(addr.ip(), port);
                 (ExtprocListen::Tcp(addr), BoundTo::Inet(addr))
             }
@@ -412,7 +412,10 @@ impl Router {
                 let narrowed = socket_path::OwnerOnly::narrow();
                 let added = grpc.add_listening_port(format!("unix:{}", private.display()), credentials);
                 drop(narrowed);
-                added.map_err(|source| StartError::ExtProcListen { addr: config.extproc.clone(), source })?;
+                added.map_err(|source| StartError::ExtProcListen {
+                    addr: config.extproc.to_string(),
+                    source,
+                })?;
                 (config.extproc.clone(), BoundTo::Unix(private))
             }
         };

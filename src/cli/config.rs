@@ -924,15 +924,14 @@ fn extproc_listen(args: &ServeArgs) -> Result<ExtprocListen, ConfigError> {
             "is for plaintext off the loopback; a Unix socket is local, its mode says who connects",
         ));
     }
-    for flag in [
+    let tls_flag = [
         ("--extproc-cert-file", &args.extproc_cert_file),
         ("--extproc-key-file", &args.extproc_key_file),
         ("--extproc-client-ca-file", &args.extproc_client_ca_file),
     ]
     .into_iter()
-    .filter(|(_, v)| !v.trim().is_empty())
-    .map(|(flag, _)| flag)
-    {
+    .find(|(_, v)| !v.trim().is_empty());
+    if let Some((flag, _)) = tls_flag {
         return Err(socket_only(
             flag,
             "is refused: TLS on a Unix socket protects nothing its mode does not (only this host's \
