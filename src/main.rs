@@ -138,6 +138,7 @@ fn serve(config: &Config) -> ExitCode {
                     return ExitCode::FAILURE;
                 }
                 router.lift_steering();
+                router.keep_socket_name();
                 match hand_over(exe.as_deref(), &args, config, &signals.stops) {
                     Ok(pid) => {
                         signals.handed_over();
@@ -150,10 +151,12 @@ fn serve(config: &Config) -> ExitCode {
                         return ExitCode::SUCCESS;
                     }
                     Err(NotServing::Failed(why)) => {
+                        router.reclaim_socket_name();
                         warn!("handover refused: {why}; this router serves on");
                         signals.serving();
                     }
                     Err(NotServing::Stopped(signal)) => {
+                        router.reclaim_socket_name();
                         warn!(
                             "handover refused: signal {signal} received while the successor started; \
                              its process group killed"

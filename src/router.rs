@@ -223,6 +223,8 @@ pub struct Router {
     /// What gRPC's listeners are bound to: the address, or a Unix
     /// socket's private name (B101).
     extproc_bound: BoundTo,
+    /// A Unix socket's file inode, which tells it from a successor's.
+    socket_inode: Option<u64>,
     credentials: Option<CredentialWatcher>,
     _env: Arc<Environment>,
 }
@@ -485,11 +487,13 @@ impl Router {
         if let Some(tls) = extproc_tls {
             refreshes.push(Box::new(move || tls.refresh()));
         }
+        let mut socket_inode = None;
         if let (ExtprocListen::Unix(socket), BoundTo::Unix(private)) = (&extproc, &extproc_bound) {
+            let failed = |source| StartError::ExtProcPublish { path: socket.path.clone(), source };
+            socket_inode = Some(socket_path::inode(private).map_err(failed)?);
             // The last step before serving: from here Envoy's new
             // connections reach this router, a predecessor's no more.
-            socket_path::publish(private, &socket.path, socket.mode, socket.group)
-                .map_err(|source| StartError::ExtProcPublish { path: socket.path.clone(), source })?;
+            socket_path::publish(private, &socket.path, socket.mode, socket.group).map_err(failed)?;
         }
         let credentials = (!refreshes.is_empty()).then(|| CredentialWatcher::start(refreshes));
         grpc.start();
@@ -506,6 +510,7 @@ impl Router {
             health,
             extproc,
             extproc_bound,
+            socket_inode,
             credentials,
             _env: env,
         })
@@ -613,6 +618,40 @@ impl Router {
             }
         }
         self.stop(timeout, interrupt)
+    }
+
+    /// Before this router starts a successor on a Unix socket: gives its
+    /// socket a second name, its private one, so that a successor that
+    /// renames its own onto the path and then fails does not leave the
+    /// path naming a dead socket (B101).
+    pub fn keep_socket_name(&self) {
+        if let (ExtprocListen::Unix(socket), BoundTo::Unix(private), Some(own)) =
+            (&self.extproc, &self.extproc_bound, self.socket_inode)
+        {
+            if let Err(e) = socket_path::keep_second_name(&socket.path, private, own) {
+                log::warn!(
+                    "handover: cannot keep a second name for {} ({e}): should the successor fail after \
+                     taking the path, the path stays its",
+                    socket.path.display()
+                );
+            }
+        }
+    }
+
+    /// After a hand-over that failed: takes the socket's path back if the
+    /// successor took it (B101).
+    pub fn reclaim_socket_name(&self) {
+        if let (ExtprocListen::Unix(socket), BoundTo::Unix(private), Some(own)) =
+            (&self.extproc, &self.extproc_bound, self.socket_inode)
+        {
+            match socket_path::reclaim(&socket.path, private, own) {
+                Ok(true) => {
+                    log::warn!("handover: the successor had taken {}; taken back", socket.path.display())
+                }
+                Ok(false) => {}
+                Err(e) => log::error!("handover: cannot take {} back: {e}", socket.path.display()),
+            }
+        }
     }
 
     /// Before this router starts a successor: lifts the steering its own

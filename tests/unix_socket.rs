@@ -288,6 +288,46 @@ fn b101_a_handover_over_the_socket_leaves_no_moment_where_connecting_fails() {
     drop(successor);
 }
 
+#[test]
+fn b101_a_successor_that_takes_the_path_and_fails_gives_it_back() {
+    let sim = scripted_sim();
+    let dir = Dir::new("taker");
+    let path = dir.socket();
+    let binary = dir.0.join("atenet-router");
+    std::fs::copy(ROUTER_BIN, &binary).unwrap();
+    let (mut router, target) = {
+        let process =
+            common::process::spawn_until(binary.to_str().unwrap(), &socket_args(&sim, &path, &[]), "serving");
+        let target = word_after(&process.line, "ext_proc on ").to_string();
+        (process, target)
+    };
+    let own = std::fs::symlink_metadata(&path).unwrap().ino();
+    // The binary on disk is now a "successor" that does what a router
+    // does last, renames a socket of its own onto the path, and then dies.
+    std::fs::remove_file(&binary).unwrap();
+    let script = format!(
+        "#!/bin/sh
+exec python3 -c 'import os, socket, sys; p = sys.argv[1]; s = socket.socket(socket.AF_UNIX); \
+         s.bind(p + \".taker\"); s.listen(); os.rename(p + \".taker\", p); sys.exit(1)' {}\n",
+        path.display()
+    );
+    std::fs::write(&binary, script).unwrap();
+    std::fs::set_permissions(&binary, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    signal(&router.child, "HUP");
+    eventually_within(PATIENCE, "the refusal logged", || {
+        router.log.lock().iter().any(|l| l.contains("handover refused"))
+    });
+    let log = router.log.lock().join("\n");
+    assert!(log.contains("the successor exited (exit status: 1) before it served"), "{log}");
+    assert!(log.contains("the successor had taken"), "the path was taken, and taken back: {log}");
+    assert_eq!(std::fs::symlink_metadata(&path).unwrap().ino(), own, "the router's own socket again");
+    assert_eq!(probe(&path), Probe::Answered);
+    assert_eq!(routed_to(&target), "10.0.0.1:443", "still serving");
+    assert_eq!(dir.names(), ["atenet-router", "extproc.sock"], "no second name left");
+    signal(&router.child, "TERM");
+    assert_eq!(wait_exit(&mut router.child, PATIENCE), 0);
+}
+
 fn routed_to(target: &str) -> String {
     routed(&Envoy::connect_to(target).route_now("demo/a")).1
 }

@@ -166,6 +166,40 @@ pub fn publish(private: &Path, public: &Path, mode: u32, group: Option<u32>) -> 
     done
 }
 
+/// The filesystem inode of the socket file at `path` (which a rename
+/// keeps): how a router tells its own socket from a successor's.
+pub fn inode(path: &Path) -> io::Result<u64> {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::symlink_metadata(path).map(|meta| meta.ino())
+}
+
+/// Before a hand-over: gives this router's socket (inode `own`), which
+/// `public` names, a second name `private`, so that it can take `public`
+/// back should the successor rename its socket there and then fail. A
+/// left-over `private` of this same socket is replaced. Once the hand-over
+/// succeeds gRPC's shutdown unlinks `private` (it is the path it bound).
+pub fn keep_second_name(public: &Path, private: &Path, own: u64) -> io::Result<()> {
+    if inode(public)? != own {
+        return Err(io::Error::other("the public path names another socket"));
+    }
+    if inode(private).is_ok_and(|ino| ino == own) {
+        std::fs::remove_file(private)?;
+    }
+    std::fs::hard_link(public, private)
+}
+
+/// After a hand-over that failed: takes `public` back from a successor that
+/// renamed its socket there before it failed (true), by renaming `private`
+/// onto it; else drops the second name (false).
+pub fn reclaim(public: &Path, private: &Path, own: u64) -> io::Result<bool> {
+    if inode(public).is_ok_and(|ino| ino == own) {
+        std::fs::remove_file(private)?;
+        return Ok(false);
+    }
+    std::fs::rename(private, public)?;
+    Ok(true)
+}
+
 fn set_owner_and_mode(path: &Path, mode: u32, group: Option<u32>) -> io::Result<()> {
     if let Some(gid) = group {
         let name = std::ffi::CString::new(path.as_os_str().as_bytes())
@@ -234,6 +268,18 @@ mod tests {
         first.set_nonblocking(true).unwrap();
         assert!(first.accept().is_err(), "the old one gets nothing new");
         drop(client);
+        // A hand-over that fails after the successor took the name.
+        let own = inode(&public).unwrap();
+        keep_second_name(&public, &private, own).unwrap();
+        keep_second_name(&public, &private, own).expect("a left-over second name is replaced");
+        let taker = dir.join("taker.sock");
+        let _taken = UnixListener::bind(&taker).unwrap();
+        std::fs::rename(&taker, &public).unwrap();
+        assert!(reclaim(&public, &private, own).unwrap(), "taken back");
+        assert_eq!(inode(&public).unwrap(), own);
+        keep_second_name(&public, &private, own).unwrap();
+        assert!(!reclaim(&public, &private, own).unwrap(), "still ours: the second name dropped");
+        assert!(!private.exists());
         let gone = dir.join("gone.sock.1");
         assert!(publish(&gone, &public, 0o600, None).is_err(), "nothing bound there");
         assert!(public.exists(), "the public path keeps its socket");
