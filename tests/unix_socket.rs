@@ -17,7 +17,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use atenet_router::tools::sim::{Answer, Sim};
-use common::process::{eventually_within, signal, wait_exit, word_after, Spawned, ROUTER_BIN};
+use common::process::{eventually_within, signal, successor_pid, wait_exit, word_after, Spawned, ROUTER_BIN};
 use common::*;
 
 fn scripted_sim() -> Sim {
@@ -247,8 +247,9 @@ fn b101_a_handover_over_the_socket_leaves_no_moment_where_connecting_fails() {
                     // A stream that reached the old router after its shutdown
                     // began is cancelled before any reply; Envoy retries it
                     // (B67), and so does this client, once.
-                    let reply =
-                        common_exchange(&client).or_else(|| common_exchange(&Envoy::connect_to(&target)));
+                    let reply = client
+                        .try_exchange(demo_a())
+                        .or_else(|| Envoy::connect_to(&target).try_exchange(demo_a()));
                     match reply {
                         Some(reply) if reply.has_request_headers() => routed += 1,
                         _ => failed += 1,
@@ -328,43 +329,10 @@ exec python3 -c 'import os, socket, sys; p = sys.argv[1]; s = socket.socket(sock
     assert_eq!(wait_exit(&mut router.child, PATIENCE), 0);
 }
 
+fn demo_a() -> atenet_router::proto::external_processor::ProcessingRequest {
+    headers_request(&[("ate-target-actor", "demo/a")])
+}
+
 fn routed_to(target: &str) -> String {
     routed(&Envoy::connect_to(target).route_now("demo/a")).1
-}
-
-/// One exchange for demo/a; `None` when the stream was cancelled before
-/// any reply.
-fn common_exchange(client: &Envoy) -> Option<atenet_router::proto::external_processor::ProcessingResponse> {
-    use futures::{SinkExt, StreamExt};
-    futures::executor::block_on(async {
-        let mut stream = client.open();
-        let request = headers_request(&[("ate-target-actor", "demo/a")]);
-        stream.tx.send((request, grpcio::WriteFlags::default())).await.ok()?;
-        let reply = stream.rx.next().await?.ok()?;
-        stream.tx.cancel();
-        Some(reply)
-    })
-}
-
-/// A successor, which is no child of this test: killed when dropped.
-struct SuccessorGuard(u32);
-
-impl Drop for SuccessorGuard {
-    fn drop(&mut self) {
-        let _ = std::process::Command::new("kill").args(["-KILL", &self.0.to_string()]).status();
-    }
-}
-
-/// The successor's pid, from the old router's log (which it shares).
-fn successor_pid(router: &Spawned) -> SuccessorGuard {
-    let mut pid = None;
-    eventually_within(PATIENCE, "the successor serves", || {
-        let log = router.log.lock();
-        pid = log
-            .iter()
-            .find(|l| l.contains("handover: successor "))
-            .map(|l| word_after(l, "successor ").parse().unwrap());
-        pid.is_some()
-    });
-    SuccessorGuard(pid.unwrap())
 }

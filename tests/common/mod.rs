@@ -194,6 +194,18 @@ impl Envoy {
         replies
     }
 
+    /// One exchange, as [`Envoy::exchange`]; `None` when the stream was
+    /// cancelled before any reply (a router shutting down, B75).
+    pub fn try_exchange(&self, request: ProcessingRequest) -> Option<ProcessingResponse> {
+        futures::executor::block_on(async {
+            let mut stream = self.open();
+            stream.tx.send((request, WriteFlags::default())).await.ok()?;
+            let reply = stream.rx.next().await?.ok()?;
+            stream.tx.cancel();
+            Some(reply)
+        })
+    }
+
     /// A request for `actor` (via the header) with no other headers.
     pub async fn route(&self, actor: &str) -> ProcessingResponse {
         self.exchange(headers_request(&[("ate-target-actor", actor)])).await
