@@ -17,7 +17,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use atenet_router::tools::sim::{Answer, Sim};
-use common::process::{eventually_within, signal, successor_pid, wait_exit, word_after, Spawned, ROUTER_BIN};
+use common::process::{
+    eventually_within, router_args, signal, successor_pid, wait_exit, word_after, Spawned, ROUTER_BIN,
+};
 use common::*;
 
 fn scripted_sim() -> Sim {
@@ -57,31 +59,15 @@ impl Drop for Dir {
     }
 }
 
-/// `serve` flags for a router on the socket `path`, plaintext to the sim,
-/// free HTTP ports, no drain waits.
+/// `serve` flags for a router on the socket `path`: [`router_args`]
+/// without the TCP port, which a socket refuses (B99).
 fn socket_args(sim: &Sim, path: &Path, extra: &[&str]) -> Vec<String> {
-    let mut args: Vec<String> = [
-        "serve",
-        "--ateapi-insecure",
-        "--ateapi-address",
-        &sim.addr().to_string(),
-        "--extproc-address",
-        &format!("unix:{}", path.display()),
-        "--metrics-listen-addr",
-        "127.0.0.1:0",
-        "--status-port",
-        "0",
-        "--drain-delay",
-        "0s",
-        "--envoy-admin-address",
-        "",
-        "--drain-complete-file",
-        "",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
-    args.extend(extra.iter().map(|s| s.to_string()));
+    let address = format!("unix:{}", path.display());
+    let mut flags = vec!["--extproc-address", &address];
+    flags.extend_from_slice(extra);
+    let mut args = router_args(&sim.addr().to_string(), &flags);
+    let port = args.iter().position(|a| a == "--port-extproc").expect("router_args sets a port");
+    args.drain(port..port + 2);
     args
 }
 
