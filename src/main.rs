@@ -58,7 +58,7 @@ fn hand_over(
     config: &Config,
     stops: &crossbeam_channel::Receiver<i32>,
 ) -> Result<u32, NotServing> {
-    if config.extproc_addr.port() == 0 {
+    if config.extproc.tcp().is_some_and(|addr| addr.port() == 0) {
         return Err(NotServing::Failed(
             "--port-extproc 0: a successor would listen on another port than Envoy's".into(),
         ));
@@ -114,7 +114,7 @@ fn serve(config: &Config) -> ExitCode {
     info!(
         "{} serving: ext_proc on {}, metrics on http://{}/metrics, status {status}, ateapi at {}, parking {}",
         version::describe("atenet-router"),
-        router.extproc_addr(),
+        router.extproc(),
         router.metrics_addr(),
         config.ateapi_address,
         if config.parking.enabled {
@@ -125,7 +125,7 @@ fn serve(config: &Config) -> ExitCode {
     );
     // Every listener is bound and serving: only now is the unit started.
     let systemd = Notifier::from_env();
-    systemd.ready(&format!("serving ext_proc on {}", router.extproc_addr()));
+    systemd.ready(&format!("serving ext_proc on {}", router.extproc()));
     handover::announce_ready();
     let signal = loop {
         crossbeam_channel::select! {
@@ -138,6 +138,7 @@ fn serve(config: &Config) -> ExitCode {
                     return ExitCode::FAILURE;
                 }
                 router.lift_steering();
+                router.keep_socket_name();
                 match hand_over(exe.as_deref(), &args, config, &signals.stops) {
                     Ok(pid) => {
                         signals.handed_over();
@@ -150,10 +151,12 @@ fn serve(config: &Config) -> ExitCode {
                         return ExitCode::SUCCESS;
                     }
                     Err(NotServing::Failed(why)) => {
+                        router.reclaim_socket_name();
                         warn!("handover refused: {why}; this router serves on");
                         signals.serving();
                     }
                     Err(NotServing::Stopped(signal)) => {
+                        router.reclaim_socket_name();
                         warn!(
                             "handover refused: signal {signal} received while the successor started; \
                              its process group killed"

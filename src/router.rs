@@ -10,6 +10,7 @@
 //! HTTP connections add none.
 
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -18,14 +19,16 @@ use crossbeam_channel::{bounded, Receiver};
 use grpcio::{ChannelBuilder, EnvBuilder, Environment, Server, ServerBuilder, ServerCredentials};
 
 use crate::ateapi::client::AteapiClient;
-use crate::cli::config::{AteapiTransport, Config};
+use crate::cli::config::{AteapiTransport, Config, ExtprocListen};
 use crate::envoy::extproc::{ExtProc, ExtProcSettings};
 use crate::envoy::health::Health;
 use crate::envoy::streams::StreamSlots;
 use crate::ops::history::{History, Sampler, Sources};
 use crate::ops::http::{self, BindError, HttpServer, Limits};
+use crate::ops::listen::BoundTo;
 use crate::ops::metrics::Metrics;
 use crate::ops::recent::RecentRequests;
+use crate::ops::socket_path::{self, Found, PathError};
 use crate::ops::status::StatusPage;
 use crate::parking::calls::CallGate;
 use crate::parking::clock::SystemClock;
@@ -44,10 +47,18 @@ enum Role {
 }
 
 /// Every port this router would bind is free (B70, B75): listeners share
-/// ports only with a predecessor that handed over.
+/// ports only with a predecessor that handed over. A Unix socket's path
+/// holds nothing, or a stale socket (B99).
 fn ports_free(config: &Config) -> Result<(), StartError> {
-    crate::ops::listen::ensure_free(config.extproc_addr)
-        .map_err(|source| StartError::ExtProcTaken { addr: config.extproc_addr, source })?;
+    match &config.extproc {
+        ExtprocListen::Tcp(addr) => crate::ops::listen::ensure_free(*addr)
+            .map_err(|source| StartError::ExtProcTaken { addr: *addr, source })?,
+        ExtprocListen::Unix(socket) => {
+            if socket_path::check_free(&socket.path).map_err(StartError::ExtProcSocket)? == Found::Stale {
+                log::info!("{}: a stale socket nothing listens on; replacing it", socket.path.display());
+            }
+        }
+    }
     let http = [("metrics listener", Some(config.metrics_addr)), ("status page", config.status_addr)];
     for (what, addr) in http {
         if let Some(addr) = addr {
@@ -81,10 +92,15 @@ pub enum StartError {
     ExtProcTls(CredentialsError),
     /// gRPC could not build the ext_proc server.
     ExtProcServer(grpcio::Error),
-    /// The ext_proc port could not be bound.
-    ExtProcListen { addr: SocketAddr, source: grpcio::Error },
+    /// The ext_proc port (or socket) could not be bound.
+    ExtProcListen { addr: String, source: grpcio::Error },
     /// The ext_proc port is held already (B75).
     ExtProcTaken { addr: SocketAddr, source: std::io::Error },
+    /// ext_proc's Unix socket path cannot be taken (B99).
+    ExtProcSocket(PathError),
+    /// ext_proc's Unix socket could not be given its mode and group, or
+    /// renamed onto its public path (B100).
+    ExtProcPublish { path: PathBuf, source: std::io::Error },
     /// An HTTP listener (`what`: metrics or status) could not be bound.
     Http { what: &'static str, source: BindError },
 }
@@ -104,6 +120,10 @@ impl std::fmt::Display for StartError {
             StartError::ExtProcTaken { addr, source } => {
                 write!(f, "cannot listen for ext_proc on {addr}: {source}")
             }
+            StartError::ExtProcSocket(e) => write!(f, "cannot listen for ext_proc: {e}"),
+            StartError::ExtProcPublish { path, source } => {
+                write!(f, "cannot listen for ext_proc on unix:{}: {source}", path.display())
+            }
             StartError::Http { what, source } => write!(f, "{what}: {source}"),
         }
     }
@@ -115,7 +135,15 @@ impl StartError {
     /// refused flag (B70). A port taken by another process may free up, and
     /// is not.
     pub fn is_configuration(&self) -> bool {
-        matches!(self, StartError::NoAteapiTransport | StartError::Ateapi(_) | StartError::ExtProcTls(_))
+        match self {
+            StartError::NoAteapiTransport | StartError::Ateapi(_) | StartError::ExtProcTls(_) => true,
+            StartError::ExtProcSocket(e) => e.is_configuration(),
+            // A group the router is no member of, a directory it cannot write.
+            StartError::ExtProcPublish { source, .. } => {
+                source.kind() == std::io::ErrorKind::PermissionDenied
+            }
+            _ => false,
+        }
     }
 }
 
@@ -125,7 +153,10 @@ impl std::error::Error for StartError {
             StartError::NoAteapiTransport => None,
             StartError::Ateapi(e) | StartError::ExtProcTls(e) => Some(e),
             StartError::ExtProcServer(e) | StartError::ExtProcListen { source: e, .. } => Some(e),
-            StartError::ExtProcTaken { source, .. } => Some(source),
+            StartError::ExtProcTaken { source, .. } | StartError::ExtProcPublish { source, .. } => {
+                Some(source)
+            }
+            StartError::ExtProcSocket(e) => Some(e),
             StartError::Http { source, .. } => Some(source),
         }
     }
@@ -188,7 +219,13 @@ pub struct Router {
     /// What the gRPC health service answers (B84): flipped by a drain, not
     /// by a hand-over.
     health: Arc<Health>,
-    extproc_addr: SocketAddr,
+    /// Where ext_proc listens, its port chosen.
+    extproc: ExtprocListen,
+    /// What gRPC's listeners are bound to: the address, or a Unix
+    /// socket's private name (B100).
+    extproc_bound: BoundTo,
+    /// A Unix socket's file inode, which tells it from a successor's.
+    socket_inode: Option<u64>,
     credentials: Option<CredentialWatcher>,
     _env: Arc<Environment>,
 }
@@ -262,6 +299,8 @@ impl Router {
         let transport = config.ateapi_transport.as_ref().ok_or(StartError::NoAteapiTransport)?;
         if role == Role::First {
             ports_free(config)?;
+        } else if let ExtprocListen::Unix(socket) = &config.extproc {
+            socket_path::check_kind(&socket.path).map_err(StartError::ExtProcSocket)?;
         }
         let flags: Vec<String> = crate::ops::status::effective_flags(config)
             .iter()
@@ -368,11 +407,29 @@ impl Router {
             .map_err(StartError::ExtProcServer)?;
         let credentials =
             extproc_tls.as_ref().map_or_else(ServerCredentials::insecure, |tls| tls.credentials());
-        let port = grpc
-            .add_listening_port(config.extproc_addr.to_string(), credentials)
-            .map_err(|source| StartError::ExtProcListen { addr: config.extproc_addr, source })?;
-        let extproc_addr = SocketAddr::new(config.extproc_addr.ip(), port);
-        if !extproc_addr.ip().is_loopback() {
+        let (extproc, extproc_bound) = match &config.extproc {
+            ExtprocListen::Tcp(addr) => {
+                let port = grpc.add_listening_port(addr.to_string(), credentials).map_err(|source| {
+                    StartError::ExtProcListen { addr: config.extproc.to_string(), source }
+                })?;
+                let addr = SocketAddr::new(addr.ip(), port);
+                (ExtprocListen::Tcp(addr), BoundTo::Inet(addr))
+            }
+            ExtprocListen::Unix(socket) => {
+                // Bound under a private name, born owner-only (B100);
+                // published once everything else is bound.
+                let private = socket_path::private_name(&socket.path, std::process::id());
+                let narrowed = socket_path::OwnerOnly::narrow();
+                let added = grpc.add_listening_port(format!("unix:{}", private.display()), credentials);
+                drop(narrowed);
+                added.map_err(|source| StartError::ExtProcListen {
+                    addr: config.extproc.to_string(),
+                    source,
+                })?;
+                (config.extproc.clone(), BoundTo::Unix(private))
+            }
+        };
+        if let Some(extproc_addr) = extproc.tcp().filter(|a| !a.ip().is_loopback()) {
             match &config.extproc_tls {
                 None => log::warn!(
                     "ext_proc listens on {extproc_addr} in plaintext (--extproc-insecure): anyone who reaches \
@@ -438,6 +495,14 @@ impl Router {
         if let Some(tls) = extproc_tls {
             refreshes.push(Box::new(move || tls.refresh()));
         }
+        let mut socket_inode = None;
+        if let (ExtprocListen::Unix(socket), BoundTo::Unix(private)) = (&extproc, &extproc_bound) {
+            let failed = |source| StartError::ExtProcPublish { path: socket.path.clone(), source };
+            socket_inode = Some(socket_path::inode(private).map_err(failed)?);
+            // The last step before serving: from here Envoy's new
+            // connections reach this router, a predecessor's no more.
+            socket_path::publish(private, &socket.path, socket.mode, socket.group).map_err(failed)?;
+        }
         let credentials = (!refreshes.is_empty()).then(|| CredentialWatcher::start(refreshes));
         grpc.start();
         Ok(Router {
@@ -451,15 +516,23 @@ impl Router {
             metrics,
             ready,
             health,
-            extproc_addr,
+            extproc,
+            extproc_bound,
+            socket_inode,
             credentials,
             _env: env,
         })
     }
 
     /// Where ext_proc listens.
+    pub fn extproc(&self) -> &ExtprocListen {
+        &self.extproc
+    }
+
+    /// Where ext_proc listens, for tests of a router on TCP.
+    #[cfg(feature = "testkit")]
     pub fn extproc_addr(&self) -> SocketAddr {
-        self.extproc_addr
+        self.extproc.tcp().expect("a router listening on TCP")
     }
 
     /// Where `/metrics`, `/healthz` and `/readyz` listen.
@@ -526,8 +599,16 @@ impl Router {
         });
         // gRPC core accepts whatever reaches its listeners; once their
         // queues stayed empty, its shutdown closes them with nothing in them.
-        let listeners = crate::ops::listen::find_listeners(self.extproc_addr);
-        match listeners.first().map(|&fd| crate::ops::listen::steer_to_successor(fd, listeners.len())) {
+        let listeners = crate::ops::listen::find_listeners(&self.extproc_bound);
+        // A Unix socket's successor has renamed its own socket onto the
+        // public path: nothing new reaches this one's queue (B100).
+        let steered = match self.extproc_bound {
+            BoundTo::Inet(_) => {
+                listeners.first().map(|&fd| crate::ops::listen::steer_to_successor(fd, listeners.len()))
+            }
+            BoundTo::Unix(_) => listeners.first().map(|_| Ok(())),
+        };
+        match steered {
             Some(Ok(())) => {
                 for fd in listeners {
                     if !crate::ops::listen::wait_emptied(fd, QUEUE_PATIENCE, || ()) {
@@ -540,12 +621,45 @@ impl Router {
             Some(Err(e)) => {
                 log::warn!("handover: cannot steer ext_proc's new connections to the successor: {e}")
             }
-            None => log::warn!(
-                "handover: ext_proc's listener on {} not found; closing it as it is",
-                self.extproc_addr
-            ),
+            None => {
+                log::warn!("handover: ext_proc's listener on {} not found; closing it as it is", self.extproc)
+            }
         }
         self.stop(timeout, interrupt)
+    }
+
+    /// Before this router starts a successor on a Unix socket: gives its
+    /// socket a second name, its private one, so that a successor that
+    /// renames its own onto the path and then fails does not leave the
+    /// path naming a dead socket (B100).
+    pub fn keep_socket_name(&self) {
+        if let (ExtprocListen::Unix(socket), BoundTo::Unix(private), Some(own)) =
+            (&self.extproc, &self.extproc_bound, self.socket_inode)
+        {
+            if let Err(e) = socket_path::keep_second_name(&socket.path, private, own) {
+                log::warn!(
+                    "handover: cannot keep a second name for {} ({e}): should the successor fail after \
+                     taking the path, the path stays its",
+                    socket.path.display()
+                );
+            }
+        }
+    }
+
+    /// After a hand-over that failed: takes the socket's path back if the
+    /// successor took it (B100).
+    pub fn reclaim_socket_name(&self) {
+        if let (ExtprocListen::Unix(socket), BoundTo::Unix(private), Some(own)) =
+            (&self.extproc, &self.extproc_bound, self.socket_inode)
+        {
+            match socket_path::reclaim(&socket.path, private, own) {
+                Ok(true) => {
+                    log::warn!("handover: the successor had taken {}; taken back", socket.path.display())
+                }
+                Ok(false) => {}
+                Err(e) => log::error!("handover: cannot take {} back: {e}", socket.path.display()),
+            }
+        }
     }
 
     /// Before this router starts a successor: lifts the steering its own
@@ -558,9 +672,11 @@ impl Router {
                 log::warn!("handover: cannot lift the steering on {}: {e}", server.addr());
             }
         }
-        if let Some(&fd) = crate::ops::listen::find_listeners(self.extproc_addr).first() {
-            if let Err(e) = crate::ops::listen::lift_steering(fd) {
-                log::warn!("handover: cannot lift the steering on {}: {e}", self.extproc_addr);
+        if let BoundTo::Inet(addr) = self.extproc_bound {
+            if let Some(&fd) = crate::ops::listen::find_listeners(&self.extproc_bound).first() {
+                if let Err(e) = crate::ops::listen::lift_steering(fd) {
+                    log::warn!("handover: cannot lift the steering on {addr}: {e}");
+                }
             }
         }
     }
@@ -621,7 +737,7 @@ impl Router {
         // last stream ended after the GOAWAY; until then, or a bound, the
         // process stays.
         let flushing = Instant::now() + FLUSH_PATIENCE;
-        while crate::ops::listen::connections_on(self.extproc_addr) > 0 && Instant::now() < flushing {
+        while crate::ops::listen::connections_on(&self.extproc_bound) > 0 && Instant::now() < flushing {
             std::thread::sleep(Duration::from_millis(10));
         }
         for server in [self.http.take(), self.status.take()].into_iter().flatten() {

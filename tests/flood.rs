@@ -162,10 +162,22 @@ fn b58_a_flood_against_a_control_plane_that_never_answers_is_capped_and_recovers
     let _alone = ONE_AT_A_TIME.lock();
     const CAP: usize = 1000;
     let sim = scripted_sim();
-    // One atespace may take every flight here (B79 is not under test), and
-    // its callers wait out the whole test: their own 504 (B81) comes after.
+    // One atespace may take every flight and every call here (B79 and B97
+    // are not under test), and its callers wait out the whole test: their
+    // own 504 (B81) comes after.
     let cap = CAP.to_string();
-    let flags = ["--flight-max", &cap, "--flight-max-per-atespace", &cap, "--late-serve-limit", "10m"];
+    let flags = [
+        "--flight-max",
+        &cap,
+        "--flight-max-per-atespace",
+        &cap,
+        "--ateapi-max-calls",
+        &cap,
+        "--ateapi-max-calls-per-atespace",
+        &cap,
+        "--late-serve-limit",
+        "10m",
+    ];
     let router = spawn_router(&router_args(&sim.addr().to_string(), &flags));
     let envoy = Envoy::connect(router.extproc);
     assert!(envoy.route_now("demo/canary").has_request_headers());

@@ -12,10 +12,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use atenet_router::ateapi::resume::Code;
-use atenet_router::proto::external_processor::{ProcessingRequest, ProcessingResponse};
+use atenet_router::proto::external_processor::ProcessingResponse;
 use atenet_router::tools::sim::{Answer, Sim};
 use common::process::{
-    eventually_within, router_args, signal, spawn_router, wait_exit, word_after, RouterProcess,
+    eventually_within, router_args, signal, spawn_router, successor_pid, wait_exit, word_after,
+    RouterProcess, SuccessorGuard,
 };
 use common::*;
 use futures::executor::block_on;
@@ -29,42 +30,6 @@ fn scripted_sim() -> Sim {
 /// A free port for the router: a handover needs a fixed one, as Envoy's.
 fn free_port() -> String {
     std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port().to_string()
-}
-
-/// A successor, which is no child of this test: killed when dropped, so a
-/// failed test leaves no router behind.
-struct SuccessorGuard(u32);
-
-impl Drop for SuccessorGuard {
-    fn drop(&mut self) {
-        let _ = std::process::Command::new("kill").args(["-KILL", &self.0.to_string()]).status();
-    }
-}
-
-/// The successor's pid, from the old router's log (which it shares).
-fn successor_pid(router: &RouterProcess) -> SuccessorGuard {
-    let mut pid = None;
-    eventually_within(PATIENCE, "the successor serves", || {
-        let log = router.process.log.lock();
-        pid = log
-            .iter()
-            .find(|l| l.contains("handover: successor "))
-            .map(|l| word_after(l, "successor ").parse().unwrap());
-        pid.is_some()
-    });
-    SuccessorGuard(pid.unwrap())
-}
-
-/// One exchange; `None` when the stream was cancelled before any reply.
-fn try_exchange(client: &Envoy, request: ProcessingRequest) -> Option<ProcessingResponse> {
-    use futures::{SinkExt, StreamExt};
-    block_on(async {
-        let mut stream = client.open();
-        stream.tx.send((request, grpcio::WriteFlags::default())).await.ok()?;
-        let reply = stream.rx.next().await?.ok()?;
-        stream.tx.cancel();
-        Some(reply)
-    })
 }
 
 #[test]
@@ -107,10 +72,11 @@ fn b75_sighup_hands_over_with_no_failed_request() {
                     // began is cancelled before any reply; Envoy retries it
                     // (retry_on cancelled, B67) on a new connection, which
                     // reaches the successor: so does this client, once.
-                    let reply = match try_exchange(&client, request.clone()) {
+                    let reply = match client.try_exchange(request.clone()) {
                         Some(reply) => reply,
-                        None => try_exchange(&Envoy::connect(addr), request.clone())
-                            .expect("the retry is answered"),
+                        None => {
+                            Envoy::connect(addr).try_exchange(request.clone()).expect("the retry is answered")
+                        }
                     };
                     verdicts.push(reply);
                 }
@@ -120,7 +86,7 @@ fn b75_sighup_hands_over_with_no_failed_request() {
         .collect();
     std::thread::sleep(Duration::from_millis(300));
     signal(&router.process.child, "HUP");
-    let successor = successor_pid(&router);
+    let successor = successor_pid(&router.process);
     sim.script("demo/parked", vec![Answer::ok("10.0.0.2", true)]);
     assert_eq!(wait_exit(&mut router.process.child, PATIENCE), 0, "the old router exits 0");
     std::thread::sleep(Duration::from_millis(300));
@@ -324,7 +290,7 @@ fn b94_sighups_during_a_handover_are_ignored() {
     signal(&router.process.child, "HUP");
     eventually_within(PATIENCE, "the successor starting", || lines_with(&router, "handover: starting") == 1);
     signal(&router.process.child, "HUP");
-    let successor = successor_pid(&router);
+    let successor = successor_pid(&router.process);
     let _group = GroupGuard(successor.0);
     signal(&router.process.child, "HUP");
     // Both logged before the held requests are let go, so that the last
@@ -394,7 +360,7 @@ fn b94_failed_attempts_leave_no_descriptor_thread_or_process_behind() {
     std::fs::copy(common::process::ROUTER_BIN, binary.file("real-router")).unwrap();
     binary.replace_with_script("#!/bin/sh\n{dir}/real-router \"$@\"\n");
     signal(&router.process.child, "HUP");
-    let successor = successor_pid(&router);
+    let successor = successor_pid(&router.process);
     let _group = GroupGuard(successor.0);
     assert_eq!(wait_exit(&mut router.process.child, PATIENCE), 0, "the old router exits 0");
     assert_eq!(routed(&Envoy::connect(router.extproc).route_now("demo/a")).1, "10.0.0.1:443");

@@ -1,9 +1,11 @@
 //! `envoy-path`: the whole request path through a real Envoy, as users run
-//! it, in three configurations measured alternately:
+//! it, in four configurations measured alternately:
 //!
 //! - Envoy → worker with no ext_proc (the floor);
 //! - Envoy + the bench's minimal baseline ext_proc server;
-//! - Envoy + the router.
+//! - Envoy + the router, over loopback TCP;
+//! - Envoy + a second router over a Unix socket (B98), Envoy's cluster a
+//!   `pipe` address: the sidecar hop without TCP.
 //!
 //! Every component is a process of its own, so that each one's CPU comes
 //! from its `/proc/<pid>/stat`: the load (`parkload --http`, a closed loop,
@@ -13,7 +15,7 @@
 //! worker, a direct-response Envoy whose capacity is measured first so that
 //! it is seen not to be the bottleneck.
 //!
-//! Ports are `ATENET_BENCH_PORT_BASE` (20400) and the 21 after it (the
+//! Ports are `ATENET_BENCH_PORT_BASE` (20400) and the 25 after it (the
 //! `fleet` scenario takes the 30th to the 55th after it); the
 //! Envoy is `ENVOY` or the venv's (`make venv`); `ATENET_BENCH_ROUTER`
 //! names a router binary to measure instead of this build's, and
@@ -41,15 +43,16 @@ const PARKLOAD: &str = env!("CARGO_BIN_EXE_parkload");
 /// Where `make venv` installs Envoy.
 const VENV: &str = "/var/tmp/atenet-router-venv";
 
-/// The three configurations, in the order of the tables.
+/// The four configurations, in the order of the tables.
 #[derive(Clone, Copy, PartialEq)]
 enum Path3 {
     Direct,
     Baseline,
     Router,
+    RouterUnix,
 }
 
-const PATHS: [Path3; 3] = [Path3::Direct, Path3::Baseline, Path3::Router];
+const PATHS: [Path3; 4] = [Path3::Direct, Path3::Baseline, Path3::Router, Path3::RouterUnix];
 
 impl Path3 {
     fn name(self) -> &'static str {
@@ -57,6 +60,7 @@ impl Path3 {
             Path3::Direct => "no ext_proc",
             Path3::Baseline => "baseline ext_proc",
             Path3::Router => "router",
+            Path3::RouterUnix => "router over a Unix socket",
         }
     }
 
@@ -66,6 +70,7 @@ impl Path3 {
             Path3::Direct => "direct",
             Path3::Baseline => "baseline",
             Path3::Router => "router",
+            Path3::RouterUnix => "router_unix",
         }
     }
 
@@ -106,6 +111,9 @@ impl Ports {
     }
     fn worker(&self) -> u16 {
         self.base + 4
+    }
+    fn router_unix_metrics(&self) -> u16 {
+        self.base + 5
     }
     /// The front Envoy of `path`: its listener, then admin, health and stats.
     fn front(&self, path: Path3) -> [u16; 4] {
@@ -238,17 +246,15 @@ static_resources:
 /// The router's flags, which `serve` and `envoy-config` share so that the
 /// bootstrap's coupled values (message timeouts, circuit breakers) match
 /// the router that runs.
-fn router_flags(ports: &Ports) -> Vec<String> {
+fn router_flags(ports: &Ports, metrics: u16) -> Vec<String> {
     [
         "--ateapi-insecure",
         "--ateapi-address",
         &format!("127.0.0.1:{}", ports.sim()),
         "--worker-port",
         &ports.worker().to_string(),
-        "--extproc-address",
-        "127.0.0.1",
         "--metrics-listen-addr",
-        &format!("127.0.0.1:{}", ports.router_metrics()),
+        &format!("127.0.0.1:{metrics}"),
         "--status-port",
         "0",
         "--drain-delay",
@@ -273,21 +279,37 @@ fn extra_router_flags() -> Vec<String> {
         .collect()
 }
 
-/// The front Envoy's bootstrap for `path`: `atenet-router envoy-config` of
-/// the router's flags, its ext_proc cluster at `extproc_port`; for the
-/// path without ext_proc, the same with the ext_proc filter taken out and
-/// the workers' cluster (ORIGINAL_DST, led by the router's verdict) made a
-/// static one at the worker.
-fn front_config(ports: &Ports, path: Path3) -> String {
-    let [listen, admin, health, stats] = ports.front(path);
-    let extproc = match path {
-        Path3::Baseline => ports.baseline(),
-        Path3::Direct | Path3::Router => ports.router(),
+/// Where the ext_proc server of `path` listens, as the flags say it.
+fn extproc_flags(ports: &Ports, path: Path3, dir: &Path) -> Vec<String> {
+    let tcp = |port: u16| {
+        vec!["--extproc-address".into(), "127.0.0.1".into(), "--port-extproc".into(), port.to_string()]
     };
+    match path {
+        Path3::Baseline => tcp(ports.baseline()),
+        Path3::Direct | Path3::Router => tcp(ports.router()),
+        Path3::RouterUnix => vec!["--extproc-address".into(), format!("unix:{}", socket_path(dir).display())],
+    }
+}
+
+/// The Unix socket of the router over one.
+fn socket_path(dir: &Path) -> PathBuf {
+    dir.join("router.sock")
+}
+
+/// The front Envoy's bootstrap for `path`: `atenet-router envoy-config` of
+/// the router's flags, its ext_proc cluster at the ext_proc server of
+/// `path`; for the path without ext_proc, the same with the ext_proc
+/// filter taken out and the workers' cluster (ORIGINAL_DST, led by the
+/// router's verdict) made a static one at the worker.
+fn front_config(ports: &Ports, path: Path3, dir: &Path) -> String {
+    let [listen, admin, health, stats] = ports.front(path);
+    let metrics =
+        if path == Path3::RouterUnix { ports.router_unix_metrics() } else { ports.router_metrics() };
     let output = Command::new(router_binary())
         .arg("envoy-config")
-        .args(router_flags(ports))
-        .args(["--port-extproc", &extproc.to_string(), "--envoy-listen-address", "127.0.0.1"])
+        .args(router_flags(ports, metrics))
+        .args(extproc_flags(ports, path, dir))
+        .args(["--envoy-listen-address", "127.0.0.1"])
         .args(["--port-http", &listen.to_string(), "--port-health", &health.to_string()])
         .args(["--port-stats", &stats.to_string(), "--envoy-admin-address", &format!("127.0.0.1:{admin}")])
         .output()
@@ -300,7 +322,7 @@ fn front_config(ports: &Ports, path: Path3) -> String {
     let config = String::from_utf8(output.stdout).expect("the Envoy config is UTF-8");
     match path {
         Path3::Direct => without_ext_proc(&config, ports.worker()),
-        Path3::Baseline | Path3::Router => config,
+        Path3::Baseline | Path3::Router | Path3::RouterUnix => config,
     }
 }
 
@@ -333,6 +355,8 @@ fn without_ext_proc(config: &str, worker: u16) -> String {
 struct Stack {
     sim: Simulator,
     router: Proc,
+    /// The router over a Unix socket.
+    router_unix: Child,
     baseline: Proc,
     worker: EnvoyProc,
     /// The front Envoys, in [`PATHS`]' order.
@@ -350,20 +374,25 @@ impl Stack {
             "--worker-ip",
             "127.0.0.1",
         ]);
-        let mut child = Command::new(router_binary())
-            .arg("serve")
-            .args(router_flags(&ports))
-            .args(["--port-extproc", &ports.router().to_string(), "--envoy-admin-address", ""])
-            .stderr(Stdio::piped())
-            .stdout(Stdio::null())
-            .spawn()
-            .expect("start router");
-        first_line(&mut child, "serving");
+        let serve = |path: Path3, metrics: u16| {
+            let mut child = Command::new(router_binary())
+                .arg("serve")
+                .args(router_flags(&ports, metrics))
+                .args(extproc_flags(&ports, path, dir))
+                .args(["--envoy-admin-address", ""])
+                .stderr(Stdio::piped())
+                .stdout(Stdio::null())
+                .spawn()
+                .expect("start router");
+            first_line(&mut child, "serving");
+            child
+        };
         let router = Proc {
-            child,
+            child: serve(Path3::Router, ports.router_metrics()),
             extproc: ([127, 0, 0, 1], ports.router()).into(),
             metrics: Some(([127, 0, 0, 1], ports.router_metrics()).into()),
         };
+        let router_unix = serve(Path3::RouterUnix, ports.router_unix_metrics());
         let baseline = Proc::baseline_at(
             sim.addr,
             &format!("127.0.0.1:{}", ports.baseline()),
@@ -384,7 +413,7 @@ impl Stack {
         let fronts = PATHS
             .iter()
             .map(|path| {
-                let yaml = file(&format!("front-{}.yaml", path.key()), &front_config(&ports, *path));
+                let yaml = file(&format!("front-{}.yaml", path.key()), &front_config(&ports, *path, dir));
                 let [_, admin, _, _] = ports.front(*path);
                 EnvoyProc::start(
                     &envoy,
@@ -394,7 +423,7 @@ impl Stack {
                 )
             })
             .collect();
-        Stack { sim, router, baseline, worker, fronts, ports }
+        Stack { sim, router, router_unix, baseline, worker, fronts, ports }
     }
 
     fn url(&self, path: Path3) -> String {
@@ -408,6 +437,7 @@ impl Stack {
         envoys
             + self.worker.cpu_seconds()
             + self.router.cpu_seconds()
+            + cpu_seconds_of_pid(self.router_unix.id())
             + self.baseline.cpu_seconds()
             + self.sim.cpu_seconds()
             + ended_children_cpu_seconds()
@@ -429,12 +459,21 @@ impl Stack {
         counters.join(", ")
     }
 
-    fn extproc(&self, path: Path3) -> Option<&Proc> {
+    /// CPU seconds so far of the ext_proc server of `path` (NaN with none).
+    fn extproc_cpu_seconds(&self, path: Path3) -> f64 {
         match path {
-            Path3::Direct => None,
-            Path3::Baseline => Some(&self.baseline),
-            Path3::Router => Some(&self.router),
+            Path3::Direct => f64::NAN,
+            Path3::Baseline => self.baseline.cpu_seconds(),
+            Path3::Router => self.router.cpu_seconds(),
+            Path3::RouterUnix => cpu_seconds_of_pid(self.router_unix.id()),
         }
+    }
+}
+
+impl Drop for Stack {
+    fn drop(&mut self) {
+        let _ = self.router_unix.kill();
+        let _ = self.router_unix.wait();
     }
 }
 
@@ -502,11 +541,10 @@ fn parkload(url: &str, concurrency: usize, length: Duration) -> (f64, f64, f64, 
 
 fn measure(stack: &Stack, path: Path3, concurrency: usize) -> Sample {
     let front = &stack.fronts[path.index()];
-    let extproc = stack.extproc(path);
     let cpu = || {
         [
             front.cpu_seconds(),
-            extproc.map_or(f64::NAN, Proc::cpu_seconds),
+            stack.extproc_cpu_seconds(path),
             stack.sim.cpu_seconds(),
             stack.worker.cpu_seconds(),
         ]
@@ -559,16 +597,17 @@ pub fn envoy_path(report: &mut Report) {
     report.line("| c | path | req/s | p50 ms | p99 ms | added p50 / p99 ms | CPU µs/request Envoy / ext_proc / sim | worker µs/request, busy | load µs/request |");
     report.line("|---|---|---|---|---|---|---|---|---|");
     let mut judged = Vec::new();
+    let mut socket_judged = Vec::new();
     let (busy0, ours0, stall0, t0) =
         (machine_busy_seconds(), stack.own_cpu_seconds(), cpu_stall_micros(), Instant::now());
     for concurrency in CONCURRENCIES {
         // rounds[r][path index]; the order rotates each round so that drift
         // favours no configuration.
-        let rounds: Vec<[Sample; 3]> = (0..ROUNDS)
+        let rounds: Vec<[Sample; 4]> = (0..ROUNDS)
             .map(|round| {
-                let mut samples = [None; 3];
-                for k in 0..3 {
-                    let path = PATHS[(round + k) % 3];
+                let mut samples = [None; 4];
+                for k in 0..PATHS.len() {
+                    let path = PATHS[(round + k) % PATHS.len()];
                     samples[path.index()] = Some(measure(&stack, path, concurrency));
                 }
                 samples.map(|s| s.expect("every path ran"))
@@ -578,9 +617,10 @@ pub fn envoy_path(report: &mut Report) {
             median(rounds.iter().map(|round| f(&round[path.index()])).collect())
         };
         // Paired within each round, then the median.
-        let ratio = |f: &dyn Fn(&Sample) -> f64| {
-            median(rounds.iter().map(|round| f(&round[2]) / f(&round[1])).collect())
+        let ratio_of = |a: Path3, b: Path3, f: &dyn Fn(&Sample) -> f64| {
+            median(rounds.iter().map(|round| f(&round[a.index()]) / f(&round[b.index()])).collect())
         };
+        let ratio = |f: &dyn Fn(&Sample) -> f64| ratio_of(Path3::Router, Path3::Baseline, f);
         let added = |path: Path3, f: &dyn Fn(&Sample) -> f64| {
             median(rounds.iter().map(|round| f(&round[path.index()]) - f(&round[0])).collect())
         };
@@ -640,6 +680,32 @@ pub fn envoy_path(report: &mut Report) {
             report.figure("envoy-path", &format!("c{concurrency}.ratio.{name}"), *value);
         }
         judged.push((concurrency, ratios));
+        // The socket against TCP (B98): Envoy's and the router's CPU per
+        // request together, and the p50 the hop adds, each per round.
+        let sidecar = |s: &Sample| s.envoy_us + s.extproc_us;
+        let added_p50 = |round: &[Sample; 4], path: Path3| round[path.index()].p50_ms - round[0].p50_ms;
+        let socket = [
+            (
+                "Envoy + router CPU per request",
+                ratio_of(Path3::RouterUnix, Path3::Router, &sidecar),
+                Bound::AtMost(0.9),
+            ),
+            (
+                "added p50",
+                median(
+                    rounds
+                        .iter()
+                        .map(|r| added_p50(r, Path3::RouterUnix) / added_p50(r, Path3::Router).max(0.001))
+                        .collect(),
+                ),
+                Bound::AtMost(0.9),
+            ),
+        ];
+        for (what, value, _) in &socket {
+            let name = what.replace(['\'', ' ', '+'], "_").to_lowercase();
+            report.figure("envoy-path", &format!("c{concurrency}.socket_ratio.{name}"), *value);
+        }
+        socket_judged.push((concurrency, socket));
     }
     let wall = t0.elapsed().as_secs_f64();
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get()) as f64;
@@ -655,7 +721,7 @@ pub fn envoy_path(report: &mut Report) {
         (busy - ours).max(0.0) / wall / cores * 100.0,
     ));
     report.figure("envoy-path", "machine_busy_other_percent", (busy - ours).max(0.0) / wall / cores * 100.0);
-    for path in [Path3::Baseline, Path3::Router] {
+    for path in [Path3::Baseline, Path3::Router, Path3::RouterUnix] {
         report.line(&format!(
             "Envoy's ext_proc counters with the {}: {}.",
             path.name(),
@@ -663,7 +729,7 @@ pub fn envoy_path(report: &mut Report) {
         ));
     }
     report.line(&format!(
-        "\n{ROUNDS} rounds per concurrency, each running the three paths once ({} s each, a closed loop of c connections, 64 actors in rotation), the order rotating; figures are medians over the rounds, added latency and ratios medians of the per-round differences and ratios.\n",
+        "\n{ROUNDS} rounds per concurrency, each running the four paths once ({} s each, a closed loop of c connections, 64 actors in rotation), the order rotating; figures are medians over the rounds, added latency and ratios medians of the per-round differences and ratios.\n",
         RUN.as_secs()
     ));
     report.line("| target (router / baseline, through Envoy) | c | value | status |");
@@ -672,6 +738,23 @@ pub fn envoy_path(report: &mut Report) {
         for (what, value, bound) in ratios {
             let status =
                 report.target(&format!("envoy path {what}, router vs baseline, c={c}"), value, bound);
+            report.line(&format!("| {what} | {c} | {value:.3}x | {status} |"));
+        }
+    }
+    report.line(
+        "\n| target (router over a Unix socket / router over TCP, through Envoy) | c | value | status |",
+    );
+    report.line("|---|---|---|---|");
+    for (c, ratios) in socket_judged {
+        for (what, value, bound) in ratios {
+            // The hop's latency matters where it is alone (c=1), its cost
+            // where there is load.
+            let judged = if what == "added p50" { c == 1 } else { c >= 16 };
+            let status = if judged {
+                report.target(&format!("envoy path {what}, Unix socket vs TCP, c={c}"), value, bound)
+            } else {
+                String::from("(not a target)")
+            };
             report.line(&format!("| {what} | {c} | {value:.3}x | {status} |"));
         }
     }

@@ -50,7 +50,9 @@ pub fn parse_command(args: &[String]) -> Result<Command, ConfigError> {
         "envoy-config" => match config(command, Purpose::Bootstrap)? {
             // `serve --port-extproc 0` takes any free port, which a
             // bootstrap written beforehand cannot name (B70).
-            Ok(config) if config.routers.is_empty() && config.extproc_addr.port() == 0 => {
+            Ok(config)
+                if config.routers.is_empty() && config.extproc.tcp().is_some_and(|a| a.port() == 0) =>
+            {
                 Err(ConfigError::new(
                     "envoy-config needs the ext_proc port Envoy connects to: \
                  --port-extproc 0 (any free port) cannot be written into a bootstrap",

@@ -62,6 +62,59 @@ pub struct ExtprocTls {
     pub client_ca_file: Option<PathBuf>,
 }
 
+/// Where the ext_proc server listens (B98).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ExtprocListen {
+    /// A TCP address: `--extproc-address` and `--port-extproc`.
+    Tcp(SocketAddr),
+    /// A Unix socket beside Envoy: `--extproc-address unix:PATH`.
+    Unix(UnixSocket),
+}
+
+impl ExtprocListen {
+    /// The TCP address, when ext_proc listens on one.
+    pub fn tcp(&self) -> Option<SocketAddr> {
+        match self {
+            ExtprocListen::Tcp(addr) => Some(*addr),
+            ExtprocListen::Unix(_) => None,
+        }
+    }
+}
+
+impl fmt::Display for ExtprocListen {
+    /// As the flag takes it, and as the startup line names it.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ExtprocListen::Tcp(addr) => write!(f, "{addr}"),
+            ExtprocListen::Unix(socket) => write!(f, "unix:{}", socket.path.display()),
+        }
+    }
+}
+
+/// A Unix socket for ext_proc (B98, B98): its public path, and the mode
+/// and group it has from the moment that path names it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct UnixSocket {
+    /// Absolute; short enough for `sun_path` with a private suffix.
+    pub path: PathBuf,
+    /// Permission bits, at most 0o777.
+    pub mode: u32,
+    /// The group the socket is given; `None`: the router's own.
+    pub group: Option<u32>,
+}
+
+/// The socket's mode when `--extproc-socket-mode` is not given: Envoy's
+/// user reaches it through the group.
+pub const DEFAULT_SOCKET_MODE: u32 = 0o660;
+
+/// The longest path a `sockaddr_un` holds (108 bytes with the NUL).
+const SUN_PATH_MAX: usize = 107;
+
+/// What a router appends to the public path for the name it binds before
+/// renaming the socket onto it (B98): a dot and a pid (Linux caps pids
+/// at 4,194,304; a u32 has at most 10 digits).
+pub const PRIVATE_SUFFIX_MAX: usize = 11;
+
 /// Envoy's side of ext_proc TLS, for `envoy-config` (B86): the files Envoy
 /// reads, named in the SDS files `envoy-config` writes into `sds_dir`.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -112,9 +165,10 @@ pub struct Config {
     pub ateapi_max_calls: usize,
     /// ... and for one atespace.
     pub ateapi_max_calls_per_atespace: usize,
-    pub extproc_addr: SocketAddr,
+    /// Where ext_proc listens: TCP, or a Unix socket (B98).
+    pub extproc: ExtprocListen,
     /// TLS on the ext_proc listener; `None` is plaintext, which only
-    /// loopback or `--extproc-insecure` allows (B86).
+    /// loopback, a Unix socket (B98) or `--extproc-insecure` allows (B86).
     pub extproc_tls: Option<ExtprocTls>,
     /// `--extproc-insecure`: plaintext off the loopback, knowingly.
     pub extproc_insecure: bool,
@@ -228,16 +282,18 @@ impl Config {
         let envoy = envoy_ports(args)?;
         let (ateapi_transport, ateapi_token_file) = ateapi(args, purpose)?;
         let envoys = envoys(args.envoys)?;
-        let extproc_port = listen_port("--port-extproc", args.port_extproc)?;
-        let extproc_addr = socket_addr("--extproc-address", &args.extproc_address, extproc_port)?;
-        let extproc_tls = extproc_tls(args, extproc_addr)?;
+        let extproc = extproc_listen(args)?;
+        let extproc_tls = match &extproc {
+            ExtprocListen::Tcp(addr) => extproc_tls(args, *addr)?,
+            ExtprocListen::Unix(_) => None,
+        };
         let metrics_addr = listen_addr("--metrics-listen-addr", &args.metrics_listen_addr)?;
         let status_addr = match args.status_port {
             p if p <= 0 => None,
             p => Some(socket_addr("--status-address", &args.status_address, port("--status-port", p)?)?),
         };
         distinct_listeners(&[
-            ("--extproc-address/--port-extproc", Some(extproc_addr)),
+            ("--extproc-address/--port-extproc", extproc.tcp()),
             ("--metrics-listen-addr", Some(metrics_addr)),
             ("--status-address/--status-port", status_addr),
         ])?;
@@ -255,7 +311,7 @@ impl Config {
             ateapi_address: args.ateapi_address.trim().to_string(),
             ateapi_transport,
             ateapi_token_file,
-            extproc_addr,
+            extproc,
             extproc_tls,
             extproc_insecure: args.extproc_insecure,
             envoy_router_tls: EnvoyRouterTlsFlags {
@@ -863,6 +919,103 @@ pub struct EnvoyRouterTlsFlags {
     pub sds_dir: Option<PathBuf>,
 }
 
+/// Where ext_proc listens (B98): `--extproc-address unix:PATH` is a Unix
+/// socket, anything else a host with `--port-extproc`. The socket's own
+/// flags mean nothing on TCP, and what only TCP needs means nothing on a
+/// socket: each is refused where it does not apply rather than ignored.
+fn extproc_listen(args: &ServeArgs) -> Result<ExtprocListen, ConfigError> {
+    let address = args.extproc_address.trim();
+    let (mode, group) = (non_empty(&args.extproc_socket_mode), non_empty(&args.extproc_socket_group));
+    let Some(path) = address.strip_prefix("unix:") else {
+        for (flag, given) in [("--extproc-socket-mode", &mode), ("--extproc-socket-group", &group)] {
+            if given.is_some() {
+                return Err(invalid(format!("{flag} needs a Unix socket: --extproc-address unix:PATH")));
+            }
+        }
+        let port = listen_port("--port-extproc", args.port_extproc.unwrap_or(50051))?;
+        return socket_addr("--extproc-address", address, port).map(ExtprocListen::Tcp);
+    };
+    let socket_only = |flag: &str, why: &str| invalid(format!("--extproc-address {address}: {flag} {why}"));
+    if args.port_extproc.is_some() {
+        return Err(socket_only("--port-extproc", "names a TCP port; a Unix socket has none"));
+    }
+    if args.extproc_insecure {
+        return Err(socket_only(
+            "--extproc-insecure",
+            "is for plaintext off the loopback; a Unix socket is local, its mode says who connects",
+        ));
+    }
+    let tls_flag = [
+        ("--extproc-cert-file", &args.extproc_cert_file),
+        ("--extproc-key-file", &args.extproc_key_file),
+        ("--extproc-client-ca-file", &args.extproc_client_ca_file),
+    ]
+    .into_iter()
+    .find(|(_, v)| !v.trim().is_empty());
+    if let Some((flag, _)) = tls_flag {
+        return Err(socket_only(
+            flag,
+            "is refused: TLS on a Unix socket protects nothing its mode does not (only this host's \
+             processes can reach it), and costs what the socket saves",
+        ));
+    }
+    if path.chars().any(|c| c.is_control() || c == '"' || c == '\\') {
+        return Err(invalid(format!(
+            "--extproc-address {address:?}: the socket's path must not hold control characters, '\"' or '\\' \
+             (the bootstrap quotes it)"
+        )));
+    }
+    let path = PathBuf::from(path);
+    if !path.is_absolute() {
+        return Err(invalid(format!(
+            "--extproc-address {address}: the socket's path must be absolute (Envoy resolves it from its own \
+             working directory)"
+        )));
+    }
+    if path.as_os_str().len() + PRIVATE_SUFFIX_MAX > SUN_PATH_MAX || path.file_name().is_none() {
+        return Err(invalid(format!(
+            "--extproc-address {address}: a socket's path holds at most {} bytes (the router binds it with \
+             a suffix of up to {PRIVATE_SUFFIX_MAX} first)",
+            SUN_PATH_MAX - PRIVATE_SUFFIX_MAX
+        )));
+    }
+    let mode = match mode {
+        None => DEFAULT_SOCKET_MODE,
+        Some(text) => u32::from_str_radix(&text, 8)
+            .ok()
+            .filter(|&m| m <= 0o777 && !text.starts_with(['+', '-']))
+            .ok_or_else(|| {
+                invalid(format!(
+                    "--extproc-socket-mode must be octal permission bits, 0 to 0777, got {text:?}"
+                ))
+            })?,
+    };
+    let group = group.map(|g| group_id(&g)).transpose()?;
+    Ok(ExtprocListen::Unix(UnixSocket { path, mode, group }))
+}
+
+/// A group's id from its number or its name (the group database, as
+/// `getgrnam(3)` reads it).
+fn group_id(group: &str) -> Result<u32, ConfigError> {
+    if let Ok(gid) = group.parse::<u32>() {
+        return Ok(gid);
+    }
+    let unknown = || invalid(format!("--extproc-socket-group: no group {group:?}"));
+    let name = std::ffi::CString::new(group).map_err(|_| unknown())?;
+    let mut buf = vec![0u8; 16 * 1024];
+    // SAFETY: all-zero is a valid `group`; getgrnam_r writes into it and
+    // into `buf`, whose length it is told, and sets `found` to it or null.
+    let mut entry: libc::group = unsafe { std::mem::zeroed() };
+    let mut found: *mut libc::group = std::ptr::null_mut();
+    let r = unsafe {
+        libc::getgrnam_r(name.as_ptr(), &mut entry, buf.as_mut_ptr().cast(), buf.len(), &mut found)
+    };
+    if r != 0 || found.is_null() {
+        return Err(unknown());
+    }
+    Ok(entry.gr_gid)
+}
+
 /// The ext_proc listener's transport (B86): TLS from a certificate and its
 /// key (and, optionally, a client CA), or plaintext, which off the loopback
 /// needs `--extproc-insecure`: anyone who reaches the port could route
@@ -1028,7 +1181,7 @@ mod tests {
     fn defaults() {
         let c = parse(&[]).unwrap();
         assert_eq!(c.ateapi_address, "api.ate-system.svc:443");
-        assert_eq!(c.extproc_addr, "127.0.0.1:50051".parse().unwrap());
+        assert_eq!(c.extproc, ExtprocListen::Tcp("127.0.0.1:50051".parse().unwrap()));
         assert_eq!(c.metrics_addr, "0.0.0.0:9090".parse().unwrap());
         assert_eq!(c.status_addr, Some("127.0.0.1:4040".parse().unwrap()), "the status page stays local");
         assert!(c.parking.enabled);
@@ -1390,5 +1543,43 @@ mod tests {
         assert!(contains(2, "192.168.1.7") && !contains(2, "192.168.1.8"));
         assert!(contains(3, "8.8.8.8") && !contains(3, "::1"), "a /0 is every address of its family");
         assert!(cidr_list("--worker-networks", "").unwrap().is_empty());
+    }
+
+    #[test]
+    fn b98_a_unix_socket_and_the_flags_that_mean_nothing_there() {
+        let c = parse(&["--extproc-address", "unix:/run/atenet/extproc.sock"]).unwrap();
+        let socket = UnixSocket { path: "/run/atenet/extproc.sock".into(), mode: 0o660, group: None };
+        assert_eq!(c.extproc, ExtprocListen::Unix(socket));
+        assert_eq!(c.extproc.to_string(), "unix:/run/atenet/extproc.sock");
+        assert!(c.extproc_tls.is_none(), "plaintext, local (B86)");
+        let c =
+            parse(&["--extproc-address=unix:/s", "--extproc-socket-mode=0600", "--extproc-socket-group=0"]);
+        let ExtprocListen::Unix(socket) = c.unwrap().extproc else { panic!("a socket") };
+        assert_eq!((socket.mode, socket.group), (0o600, Some(0)));
+        let refused = [
+            (&["--extproc-address", "unix:/s", "--port-extproc", "50051"][..], "--port-extproc"),
+            (&["--extproc-address", "unix:/s", "--extproc-insecure"], "--extproc-insecure"),
+            (&["--extproc-address", "unix:/s", "--extproc-cert-file", "c", "--extproc-key-file", "k"], "TLS"),
+            (&["--extproc-address", "unix:/s", "--extproc-client-ca-file", "ca"], "--extproc-client-ca-file"),
+            (&["--extproc-address", "unix:relative.sock"], "absolute"),
+            (&["--extproc-address", "unix:"], "absolute"),
+            (&["--extproc-address", "unix:/a\"b"], "must not hold"),
+            (&["--extproc-address", "unix:/s", "--extproc-socket-mode", "1777"], "--extproc-socket-mode"),
+            (&["--extproc-address", "unix:/s", "--extproc-socket-mode", "rw"], "--extproc-socket-mode"),
+            (&["--extproc-address", "unix:/s", "--extproc-socket-mode", "+660"], "--extproc-socket-mode"),
+            (&["--extproc-address", "unix:/s", "--extproc-socket-group", "no-such-group-here"], "no group"),
+            (&["--extproc-socket-mode", "0660"], "needs a Unix socket"),
+            (&["--extproc-socket-group", "0"], "needs a Unix socket"),
+        ];
+        for (flags, says) in refused {
+            let e = error(flags);
+            assert!(e.contains(says), "{flags:?}: {e}");
+        }
+        let longest = format!("unix:/{}", "a".repeat(SUN_PATH_MAX - PRIVATE_SUFFIX_MAX - 1));
+        parse(&["--extproc-address", &longest]).expect("fits sun_path with its suffix");
+        let e = error(&["--extproc-address", &format!("{longest}a")]);
+        assert!(e.contains("at most 96 bytes"), "{e}");
+        let tcp = parse(&["--port-extproc", "50052"]).unwrap();
+        assert_eq!(tcp.extproc.tcp(), Some("127.0.0.1:50052".parse().unwrap()));
     }
 }

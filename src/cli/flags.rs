@@ -35,9 +35,15 @@ pub struct ServeArgs {
     /// most ResumeActor calls one atespace may have open at once, 1..=--ateapi-max-calls (default: 0 = half of --ateapi-max-calls)
     #[argh(option, default = "0")]
     pub ateapi_max_calls_per_atespace: i64,
-    /// address the ext_proc gRPC server binds (default: 127.0.0.1)
+    /// address the ext_proc gRPC server binds: an IP or host name (with --port-extproc), or unix:/absolute/path for a Unix socket beside Envoy (default: 127.0.0.1)
     #[argh(option, default = "String::from(\"127.0.0.1\")")]
     pub extproc_address: String,
+    /// with --extproc-address unix:PATH: the socket's permission bits, octal; connecting needs write permission (default: 0660)
+    #[argh(option, default = "String::new()")]
+    pub extproc_socket_mode: String,
+    /// with --extproc-address unix:PATH: the group (name or number) the socket is given, so that Envoy's user connects through it; the router must be a member (default: none: the router's own group)
+    #[argh(option, default = "String::new()")]
+    pub extproc_socket_group: String,
     /// PEM certificate chain ext_proc presents (TLS; with --extproc-key-file; re-read on change) (default: none)
     #[argh(option, default = "String::new()")]
     pub extproc_cert_file: String,
@@ -50,9 +56,9 @@ pub struct ServeArgs {
     /// allow plaintext ext_proc off the loopback: anyone who reaches the port can route requests and read their headers (default: off)
     #[argh(switch)]
     pub extproc_insecure: bool,
-    /// port of the ext_proc gRPC server (default: 50051)
-    #[argh(option, default = "50051")]
-    pub port_extproc: i64,
+    /// port of the ext_proc gRPC server; refused with a Unix socket (default: 50051)
+    #[argh(option)]
+    pub port_extproc: Option<i64>,
     /// listen address of /metrics, /healthz and /readyz ([host]:port) (default: :9090)
     #[argh(option, default = "String::from(\":9090\")")]
     pub metrics_listen_addr: String,

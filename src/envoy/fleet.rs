@@ -12,7 +12,7 @@ use std::fmt::Write;
 use std::net::{IpAddr, Ipv4Addr};
 use std::time::Duration;
 
-use crate::cli::config::Config;
+use crate::cli::config::{Config, ExtprocListen};
 use crate::cli::fleet::{RouterHost, HEALTH_CHECK_INTERVAL, HEALTH_CHECK_TIMEOUT};
 
 /// The filter-state key of an actor named by B2 (the attribute
@@ -140,9 +140,17 @@ fn breaker(config: &Config) -> String {
 
 fn sidecar_cluster(config: &Config, name: &str, transport_socket: &str, limits: &ConnectionLimits) -> String {
     let (buffer_limit, http2_options) = limits.render();
-    let extproc_ip = match config.extproc_addr.ip() {
-        ip if ip.is_unspecified() => IpAddr::V4(Ipv4Addr::LOCALHOST),
-        ip => ip,
+    let address = match &config.extproc {
+        ExtprocListen::Tcp(addr) => {
+            let ip = match addr.ip() {
+                ip if ip.is_unspecified() => IpAddr::V4(Ipv4Addr::LOCALHOST),
+                ip => ip,
+            };
+            format!("socket_address: {{ address: \"{ip}\", port_value: {} }}", addr.port())
+        }
+        // The router's Unix socket (B98): Envoy connects to the path; a
+        // pipe's `mode` applies only to a listener Envoy binds.
+        ExtprocListen::Unix(socket) => format!("pipe: {{ path: \"{}\" }}", socket.path.display()),
     };
     format!(
         r#"  - name: {name}
@@ -161,10 +169,9 @@ fn sidecar_cluster(config: &Config, name: &str, transport_socket: &str, limits: 
       - lb_endpoints:
         - endpoint:
             address:
-              socket_address: {{ address: "{extproc_ip}", port_value: {extproc_port} }}
+              {address}
 "#,
         breaker = breaker(config),
-        extproc_port = config.extproc_addr.port(),
     )
 }
 

@@ -20,10 +20,16 @@
 //! after the predecessor leaves, where it picks an index that no longer
 //! exists, which makes the kernel fall back to its hash: a router lifts it
 //! before it starts a successor of its own.
+//!
+//! A Unix socket (B100) needs no steering: the successor's rename of its
+//! socket onto the public path moves every new connection to it at once,
+//! and the predecessor empties its queue the same way.
 
 use std::io;
 use std::net::{SocketAddr, TcpListener};
 use std::os::fd::{FromRawFd, OwnedFd, RawFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 /// Fails with `AddrInUse` when something listens on `addr` already (port 0
@@ -128,9 +134,29 @@ pub fn lift_steering(listener: RawFd) -> io::Result<()> {
     }
 }
 
+/// What a listening socket is bound to, as `getsockname(2)` says: an
+/// address and port, or the path a Unix socket was bound at (which a
+/// rename does not change; a connection it accepted says the same).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum BoundTo {
+    Inet(SocketAddr),
+    Unix(PathBuf),
+}
+
 /// The connections waiting in `listener`'s accept queue now (for a
-/// listening socket, TCP_INFO's `tcpi_unacked`).
+/// listening TCP socket, TCP_INFO's `tcpi_unacked`). For a Unix socket,
+/// whose queue length only sock_diag tells, 1 while any waits (a listening
+/// socket is readable while its queue holds a connection), else 0.
 pub fn queued(listener: RawFd) -> io::Result<u32> {
+    if matches!(bound_to(listener), Some(BoundTo::Unix(_))) {
+        let mut fd = libc::pollfd { fd: listener, events: libc::POLLIN, revents: 0 };
+        // SAFETY: poll reads and writes one pollfd; a zero timeout never blocks.
+        return match unsafe { libc::poll(&mut fd, 1, 0) } {
+            r if r < 0 => Err(io::Error::last_os_error()),
+            _ if fd.revents & libc::POLLNVAL != 0 => Err(io::Error::from_raw_os_error(libc::EBADF)),
+            _ => Ok(u32::from(fd.revents & libc::POLLIN != 0)),
+        };
+    }
     // SAFETY: all-zero is a valid tcp_info.
     let mut info: libc::tcp_info = unsafe { std::mem::zeroed() };
     let mut len = std::mem::size_of::<libc::tcp_info>() as libc::socklen_t;
@@ -177,10 +203,10 @@ pub fn wait_emptied(listener: RawFd, patience: Duration, mut accept: impl FnMut(
     false
 }
 
-/// The descriptors of this process's listening TCP sockets bound to
+/// The descriptors of this process's listening sockets bound to
 /// `addr`: how the router finds gRPC core's ext_proc listeners, which
 /// grpcio does not expose.
-pub fn find_listeners(addr: SocketAddr) -> Vec<RawFd> {
+pub fn find_listeners(addr: &BoundTo) -> Vec<RawFd> {
     let Ok(entries) = std::fs::read_dir("/proc/self/fd") else { return Vec::new() };
     let fds: Vec<RawFd> = entries.flatten().filter_map(|e| e.file_name().to_str()?.parse().ok()).collect();
     fds.into_iter().filter(|&fd| {
@@ -191,15 +217,15 @@ pub fn find_listeners(addr: SocketAddr) -> Vec<RawFd> {
         let r = unsafe {
             libc::getsockopt(fd, libc::SOL_SOCKET, libc::SO_ACCEPTCONN, (&mut listening as *mut libc::c_int).cast(), &mut len)
         };
-        r == 0 && listening == 1 && bound_to(fd) == Some(addr)
+        r == 0 && listening == 1 && bound_to(fd).as_ref() == Some(addr)
     })
     .collect()
 }
 
-/// How many of this process's connected TCP sockets have `addr` as their
+/// How many of this process's connected sockets have `addr` as their
 /// local address: the connections a listener on `addr` accepted and that
 /// are still open.
-pub fn connections_on(addr: SocketAddr) -> usize {
+pub fn connections_on(addr: &BoundTo) -> usize {
     let Ok(entries) = std::fs::read_dir("/proc/self/fd") else { return 0 };
     let fds: Vec<RawFd> = entries.flatten().filter_map(|e| e.file_name().to_str()?.parse().ok()).collect();
     fds.into_iter()
@@ -210,12 +236,12 @@ pub fn connections_on(addr: SocketAddr) -> usize {
             let r = unsafe {
                 libc::getsockopt(fd, libc::SOL_SOCKET, libc::SO_ACCEPTCONN, (&mut listening as *mut libc::c_int).cast(), &mut len)
             };
-            r == 0 && listening == 0 && bound_to(fd) == Some(addr)
+            r == 0 && listening == 0 && bound_to(fd).as_ref() == Some(addr)
         })
         .count()
 }
 
-fn bound_to(fd: RawFd) -> Option<SocketAddr> {
+fn bound_to(fd: RawFd) -> Option<BoundTo> {
     // SAFETY: all-zero is a valid sockaddr_storage.
     let mut storage: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
     let mut len = std::mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t;
@@ -228,7 +254,7 @@ fn bound_to(fd: RawFd) -> Option<SocketAddr> {
             // SAFETY: the kernel wrote a sockaddr_in.
             let sin: libc::sockaddr_in = unsafe { std::ptr::read((&storage as *const libc::sockaddr_storage).cast()) };
             let ip = std::net::Ipv4Addr::from(u32::from_be(sin.sin_addr.s_addr));
-            Some(SocketAddr::new(ip.into(), u16::from_be(sin.sin_port)))
+            Some(BoundTo::Inet(SocketAddr::new(ip.into(), u16::from_be(sin.sin_port))))
         }
         libc::AF_INET6 => {
             // SAFETY: the kernel wrote a sockaddr_in6.
@@ -236,7 +262,16 @@ fn bound_to(fd: RawFd) -> Option<SocketAddr> {
             let ip = std::net::Ipv6Addr::from(sin6.sin6_addr.s6_addr);
             // gRPC core binds an IPv4 address as its v4-mapped IPv6 one.
             let ip = ip.to_ipv4_mapped().map_or(std::net::IpAddr::V6(ip), std::net::IpAddr::V4);
-            Some(SocketAddr::new(ip, u16::from_be(sin6.sin6_port)))
+            Some(BoundTo::Inet(SocketAddr::new(ip, u16::from_be(sin6.sin6_port))))
+        }
+        libc::AF_UNIX => {
+            // SAFETY: the kernel wrote a sockaddr_un, `len` bytes of it.
+            let sun: libc::sockaddr_un = unsafe { std::ptr::read((&storage as *const libc::sockaddr_storage).cast()) };
+            let offset = std::mem::size_of::<libc::sa_family_t>();
+            let written = (len as usize).saturating_sub(offset).min(sun.sun_path.len());
+            let path: Vec<u8> = sun.sun_path[..written].iter().map(|&c| c as u8).take_while(|&b| b != 0).collect();
+            // An unnamed socket (a client's) or an abstract one has no path.
+            (!path.is_empty()).then(|| BoundTo::Unix(PathBuf::from(std::ffi::OsStr::from_bytes(&path))))
         }
         _ => None,
     }
@@ -296,7 +331,12 @@ mod tests {
         let old = shared("127.0.0.1:0".parse().unwrap()).unwrap();
         let addr = old.local_addr().unwrap();
         let new = shared(addr).unwrap();
-        assert_eq!(find_listeners(addr), [old.as_raw_fd(), new.as_raw_fd()], "both in this process");
+        // In descriptor order, which other tests' sockets closing meanwhile may swap.
+        let mut found = find_listeners(&BoundTo::Inet(addr));
+        found.sort_unstable();
+        let mut both = [old.as_raw_fd(), new.as_raw_fd()];
+        both.sort_unstable();
+        assert_eq!(found, both, "both in this process");
         steer_to_successor(old.as_raw_fd(), 1).unwrap();
         let clients: Vec<_> = (0..20).map(|_| std::net::TcpStream::connect(addr).unwrap()).collect();
         let seen = |l: &TcpListener| queued(l.as_raw_fd()).unwrap();

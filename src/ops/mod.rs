@@ -9,12 +9,14 @@
 //!   wiring (panic policy, open files), the build's identity;
 //! - [`systemd`], [`drain`], [`handover`], `listen`, [`signals`]: the
 //!   notify protocol, the drain sequence, the SIGHUP hand-over, listeners a
-//!   successor can share, and what each signal means when.
+//!   successor can share, and what each signal means when;
+//! - `socket_path`: ext_proc's Unix socket path, checked, and taken over
+//!   by a rename.
 //!
 //! May depend on everything below the assembly: `metrics` names the label
 //! sets of `parking`, `ateapi` and `envoy`; `status` reads their state;
 //! `drain` drives a running `router::Router`. `logging`, `process`,
-//! `version`, `systemd`, `signals` and `listen` depend on nothing of the
+//! `version`, `systemd`, `signals`, `listen` and `socket_path` depend on nothing of the
 //! crate.
 
 pub mod drain;
@@ -25,4 +27,4 @@ pub mod signals;
 pub mod systemd;
 pub mod version;
 
-internal!(chart, history, html, http, listen, metrics, recent, status);
+internal!(chart, history, html, http, listen, metrics, recent, socket_path, status);

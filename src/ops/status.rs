@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use crate::ateapi::client::AteapiClient;
 use crate::ateapi::resume::Code;
-use crate::cli::config::{AteapiTransport, Config};
+use crate::cli::config::{AteapiTransport, Config, ExtprocListen};
 use crate::cli::{godur, size};
 use crate::ops::chart::{nice_ceiling, Chart, Line};
 use crate::ops::history::{History, Sample, SAMPLE_INTERVAL, WAIT_QUANTILES, WINDOW};
@@ -648,6 +648,10 @@ pub fn effective_flags(config: &Config) -> Vec<(&'static str, String)> {
         }
     };
     let parking = &config.parking;
+    let (extproc_address, socket) = match &config.extproc {
+        ExtprocListen::Tcp(addr) => (addr.ip().to_string(), None),
+        ExtprocListen::Unix(socket) => (config.extproc.to_string(), Some(socket)),
+    };
     vec![
         ("--ateapi-address", config.ateapi_address.clone()),
         ("--ateapi-insecure", (config.ateapi_transport == Some(AteapiTransport::Insecure)).to_string()),
@@ -655,8 +659,10 @@ pub fn effective_flags(config: &Config) -> Vec<(&'static str, String)> {
         ("--ateapi-client-cert", cert),
         ("--ateapi-server-name", name),
         ("--ateapi-token-file", path(&config.ateapi_token_file)),
-        ("--extproc-address", config.extproc_addr.ip().to_string()),
-        ("--port-extproc", config.extproc_addr.port().to_string()),
+        ("--extproc-address", extproc_address),
+        ("--port-extproc", config.extproc.tcp().map_or(String::new(), |a| a.port().to_string())),
+        ("--extproc-socket-mode", socket.map_or(String::new(), |s| format!("{:04o}", s.mode))),
+        ("--extproc-socket-group", socket.and_then(|s| s.group).map_or(String::new(), |g| g.to_string())),
         ("--metrics-listen-addr", config.metrics_addr.to_string()),
         ("--status-port", config.status_addr.map_or("disabled".into(), |a| a.port().to_string())),
         ("--status-address", config.status_addr.map_or(String::new(), |a| a.ip().to_string())),

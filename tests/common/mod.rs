@@ -143,8 +143,13 @@ impl Stream {
 
 impl Envoy {
     pub fn connect(addr: SocketAddr) -> Envoy {
+        Envoy::connect_to(&addr.to_string())
+    }
+
+    /// A client of any gRPC target: `host:port`, or `unix:/path` (B98).
+    pub fn connect_to(target: &str) -> Envoy {
         let env = Arc::new(EnvBuilder::new().cq_count(1).name_prefix("test-envoy").build());
-        let channel = ChannelBuilder::new(env).connect(&addr.to_string());
+        let channel = ChannelBuilder::new(env).connect(target);
         Envoy { client: Arc::new(Client::new(channel)) }
     }
 
@@ -187,6 +192,18 @@ impl Envoy {
         }
         stream.tx.cancel();
         replies
+    }
+
+    /// One exchange, as [`Envoy::exchange`]; `None` when the stream was
+    /// cancelled before any reply (a router shutting down, B75).
+    pub fn try_exchange(&self, request: ProcessingRequest) -> Option<ProcessingResponse> {
+        futures::executor::block_on(async {
+            let mut stream = self.open();
+            stream.tx.send((request, WriteFlags::default())).await.ok()?;
+            let reply = stream.rx.next().await?.ok()?;
+            stream.tx.cancel();
+            Some(reply)
+        })
     }
 
     /// A request for `actor` (via the header) with no other headers.

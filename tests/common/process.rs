@@ -146,3 +146,27 @@ pub fn eventually_within(limit: Duration, what: &str, mut check: impl FnMut() ->
         std::thread::sleep(Duration::from_millis(5));
     }
 }
+
+/// A successor (B75), which is no child of the test: killed when dropped,
+/// so a failed test leaves no router behind.
+pub struct SuccessorGuard(pub u32);
+
+impl Drop for SuccessorGuard {
+    fn drop(&mut self) {
+        let _ = Command::new("kill").args(["-KILL", &self.0.to_string()]).status();
+    }
+}
+
+/// The successor's pid, from the old router's log (which it shares).
+pub fn successor_pid(router: &Spawned) -> SuccessorGuard {
+    let mut pid = None;
+    eventually_within(super::PATIENCE, "the successor serves", || {
+        let log = router.log.lock();
+        pid = log
+            .iter()
+            .find(|l| l.contains("handover: successor "))
+            .map(|l| word_after(l, "successor ").parse().unwrap());
+        pid.is_some()
+    });
+    SuccessorGuard(pid.unwrap())
+}

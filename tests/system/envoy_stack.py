@@ -246,11 +246,14 @@ class Stack:
       leaves Envoy serving (the drain would fail Envoy's health check and
       close its listeners).
     - `drain_delay`: the router's `--drain-delay` (default none).
+    - `extproc_socket`: the router listens on a Unix socket in the stack's
+      directory (`--extproc-address unix:PATH`, B98), and Envoy's router
+      cluster is its `pipe` address; `socket_path` names it.
     """
 
     def __init__(self, router_flags=(), sim_flags=(), script=None, workers=4, network="127.0.1.0/24",
                  echo_hosts=None, edit_config=None, router_drains_envoy=False, envoy_args=(),
-                 script_non_hosts=False, drain_delay="0s"):
+                 script_non_hosts=False, drain_delay="0s", extproc_socket=False):
         net = ipaddress.ip_network(network)
         assert net.subnet_of(ipaddress.ip_network("127.0.0.0/8")), "workers on loopback only"
         for ip in script_ips(script or ""):
@@ -267,6 +270,7 @@ class Stack:
         self.drain_delay = drain_delay
         self.envoy_args = list(envoy_args)
         self.dir = Path(tempfile.mkdtemp(prefix="envoy-stack-"))
+        self.socket_path = self.dir / "extproc.sock" if extproc_socket else None
         self.record_path = self.dir / "worker-record.jsonl"
         self.access_log_path = self.dir / "envoy-access.log"
         self.sim = self.echo = self.router = self.envoy = None
@@ -322,7 +326,7 @@ class Stack:
         """The flags the router runs with and Envoy's bootstrap is made of."""
         flags = [
             "--ateapi-insecure", "--ateapi-address", self.sim_address,
-            "--extproc-address", LOOPBACK, "--port-extproc", str(self.extproc_port),
+            *self.extproc_flags(),
             "--metrics-listen-addr", f"{LOOPBACK}:0", "--status-port", "0",
             "--drain-delay", self.drain_delay, "--drain-complete-file", "",
             "--worker-port", str(self.worker_port),
@@ -334,6 +338,11 @@ class Stack:
         clash = ours & {f.split("=")[0] for f in self.router_flags if f.startswith("--")}
         assert not clash, f"the harness sets {sorted(clash)} itself"
         return flags + self.router_flags
+
+    def extproc_flags(self):
+        if self.socket_path:
+            return ["--extproc-address", f"unix:{self.socket_path}"]
+        return ["--extproc-address", LOOPBACK, "--port-extproc", str(self.extproc_port)]
 
     def envoy_config(self):
         """`envoy-config` of the router's flags with Envoy's admin address
@@ -351,7 +360,8 @@ class Stack:
         self.router = Process("atenet-router", [f"{BIN}/atenet-router", "serve", *self.serve_flags(admin)],
                               self.dir)
         line = self.router.wait_line(" serving: ")
-        self.extproc_port = int(word_after(line, "ext_proc on ").rsplit(":", 1)[1])
+        if not self.socket_path:
+            self.extproc_port = int(word_after(line, "ext_proc on ").rsplit(":", 1)[1])
         self.router_metrics_url = f"http://{word_after(line, 'metrics on http://').split('/')[0]}"
 
     def hand_over(self):

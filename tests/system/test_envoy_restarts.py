@@ -6,6 +6,10 @@ worker's record are the truth.
 Measured on 1.40 (docs/envoy.md): Envoy retries an ext_proc stream only
 while the router has sent nothing on it, and a retry keeps the stream's
 message timeout running from the first send.
+
+The crash, the drain and the SIGHUP hand-over run twice: the router on
+loopback TCP, and on a Unix socket that Envoy reaches through a `pipe`
+address (B98-B100).
 """
 
 import http.client
@@ -42,9 +46,12 @@ def get(stack, actor, request_id):
         conn.close()
 
 
-@pytest.fixture
-def stack():
-    with Stack(router_flags=FLAGS, script=SCRIPT, workers=1) as s:
+TRANSPORTS = ["tcp", "unix"]
+
+
+@pytest.fixture(params=TRANSPORTS)
+def stack(request):
+    with Stack(router_flags=FLAGS, script=SCRIPT, workers=1, extproc_socket=request.param == "unix") as s:
         yield s
 
 
@@ -89,13 +96,15 @@ def ready(stack):
         return None
 
 
-def test_the_drain_timeline_through_envoy():
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_the_drain_timeline_through_envoy(transport):
     """B43 on a real Envoy: at SIGTERM Envoy's /ready turns 503 at once,
     while requests on new connections are still routed through the drain
     delay; then Envoy refuses new connections, a request parked at the
     signal gets its normal verdict, and no request gets an error for a
     missing ext_proc. The router exits 0."""
-    with Stack(router_flags=FLAGS, script=SCRIPT, workers=2, router_drains_envoy=True, drain_delay="3s") as s:
+    with Stack(router_flags=FLAGS, script=SCRIPT, workers=2, router_drains_envoy=True, drain_delay="3s",
+               extproc_socket=transport == "unix") as s:
         assert ready(s) == 200
         parked = {}
         client = threading.Thread(target=lambda: parked.update(reply=get(s, "demo/parks", "parked-at-signal")))
@@ -220,16 +229,53 @@ def test_the_drain_waits_for_envoy_to_close_idle_connections():
     assert "drain: Envoy drained" in logs, logs[-2000:]
 
 
-def test_a_sighup_handover_under_load_fails_no_request():
+def probe_extproc(stack):
+    """One connect() to where Envoy reaches the router, and the server's
+    first HTTP/2 frame: "answered", "refused" or "unanswered"."""
+    if stack.socket_path:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        target = str(stack.socket_path)
+    else:
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        target = (LOOPBACK, stack.extproc_port)
+    sock.settimeout(20)
+    try:
+        try:
+            sock.connect(target)
+        except OSError:
+            return "refused"
+        try:
+            sock.sendall(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes([0, 0, 0, 4, 0, 0, 0, 0, 0]))
+            head = b""
+            while len(head) < 9:
+                chunk = sock.recv(9 - len(head))
+                if not chunk:
+                    return "unanswered"
+                head += chunk
+            return "answered" if head[3] == 4 else "unanswered"
+        except OSError:
+            return "unanswered"
+    finally:
+        sock.close()
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_a_sighup_handover_under_load_fails_no_request(transport):
     """B75 through Envoy: SIGHUP under continuous load (a running actor and
     parking ones, kept-alive and fresh connections): the successor takes
     over, the old router exits 0, Envoy stays ready, and every request gets
-    its normal answer, each at the worker once."""
+    its normal answer, each at the worker once. A probe connects to the
+    router's port or socket throughout: no connect() fails and every
+    connection is answered (B95, B100)."""
     script = SCRIPT + "".join(f"demo/p{i} ResourceExhausted 0s - false no free workers available\n"
                               f"demo/p{i} OK 1s 127.0.1.2 true -\n" for i in range(20))
-    with Stack(router_flags=FLAGS, script=script, workers=2) as s:
+    with Stack(router_flags=FLAGS, script=script, workers=2, extproc_socket=transport == "unix") as s:
         stop = threading.Event()
-        answers, errors = [], []
+        answers, errors, probes = [], [], []
+
+        def prober():
+            while not stop.is_set():
+                probes.append(probe_extproc(s))
 
         def client(name, fresh):
             conn = None
@@ -255,6 +301,7 @@ def test_a_sighup_handover_under_load_fails_no_request():
                 conn.close()
 
         clients = [threading.Thread(target=client, args=(f"c{k}", k % 2 == 1)) for k in range(6)]
+        clients.append(threading.Thread(target=prober))
         for c in clients:
             c.start()
         time.sleep(1.5)
@@ -268,6 +315,8 @@ def test_a_sighup_handover_under_load_fails_no_request():
         for c in clients + [watching]:
             c.join(timeout=90)
         assert errors == [], errors[:5]
+        assert len(probes) > 50 and set(probes) == {"answered"}, \
+            {p: probes.count(p) for p in set(probes)}
         bad = [a for a in answers if a[1] != 200]
         assert bad == [], bad[:10]
         assert len(answers) > 20, len(answers)

@@ -21,6 +21,8 @@ FLAG_SETS = {
                                "--port-extproc", "6000", "--envoy-admin-address", "127.0.0.2:9903"],
     "ipv6-admin": ["--envoy-admin-address", "[::1]:9903"],
     "ipv6-extproc": ["--extproc-address", "::1"],
+    # B98: the router on a Unix socket, Envoy's cluster a pipe.
+    "unix-socket": ["--extproc-address", "unix:/var/run/atenet/extproc.sock"],
     # Budget + late-serve limit (30 s) = 3600 s, the most Envoy accepts.
     "budget-largest": ["--parked-request-budget", "3570s"],
     "budget-large-late-serve-off": ["--parked-request-budget", "3595s", "--late-serve-limit", "0"],

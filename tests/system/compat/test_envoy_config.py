@@ -95,6 +95,7 @@ def unpack_hcm(listener):
     ("--route-timeout", "0s", "--port-http", "1", "--port-health", "65535", "--port-stats", "2"),
     ("--routers", "10.0.0.1:50051,10.0.0.2:50051,[fd00::3]:50051"),
     ("--routers", "atenet-router-fleet.atenet.svc.cluster.local:50051"),
+    ("--extproc-address", "unix:/var/run/atenet/extproc.sock"),
 ])
 def test_passes_envoys_own_validation_rules(flags):
     errors = pgv_errors(envoy_config(*flags))
@@ -237,6 +238,11 @@ def test_parking_off_uses_the_15s_resume_budget():
     (["--late-serve-limit", "2s"], "--late-serve-limit"),
     (["--parked-request-budget", "3596s"], "--parked-request-budget"),
     (["--port-stats", "8081"], "--port-stats"),
+    # B98: what means nothing on a Unix socket.
+    (["--extproc-address", "unix:/run/x.sock", "--port-extproc", "50051"], "--port-extproc"),
+    (["--extproc-address", "unix:/run/x.sock", "--extproc-insecure"], "--extproc-insecure"),
+    (["--extproc-address", "unix:run/x.sock"], "absolute"),
+    (["--extproc-socket-mode", "0600"], "--extproc-socket-mode"),
 ])
 def test_refuses_what_serve_refuses(flags, flag):
     out = subprocess.run([f"{BIN}/atenet-router", "envoy-config", "--ateapi-insecure", *flags],
@@ -410,3 +416,15 @@ def test_b87_a_fleet_needs_a_drain_delay_its_health_checks_can_see():
                           "--drain-delay", "2s"], capture_output=True, text=True)
     assert out.returncode == 2 and "--drain-delay of at least 3s" in out.stderr, out
     render("--routers", "a:1", "--drain-delay", "3s")
+
+
+def test_b98_a_unix_socket_is_the_router_clusters_pipe():
+    """The router cluster of a router on a Unix socket: the same STATIC
+    HTTP/2 cluster, its one endpoint a pipe at the path, no TLS."""
+    _, _, _, clusters = parts(envoy_config("--extproc-address", "unix:/var/run/atenet/extproc.sock"))
+    router = clusters["atenet_router"]
+    assert router.type == router.STATIC and not router.HasField("transport_socket")
+    address = router.load_assignment.endpoints[0].lb_endpoints[0].endpoint.address
+    assert address.WhichOneof("address") == "pipe"
+    assert address.pipe.path == "/var/run/atenet/extproc.sock"
+    assert "envoy.extensions.upstreams.http.v3.HttpProtocolOptions" in router.typed_extension_protocol_options
