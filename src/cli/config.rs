@@ -91,7 +91,7 @@ impl fmt::Display for ExtprocListen {
     }
 }
 
-/// A Unix socket for ext_proc (B98, B98): its public path, and the mode
+/// A Unix socket for ext_proc (B98, B99): its public path, and the mode
 /// and group it has from the moment that path names it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct UnixSocket {
@@ -111,7 +111,7 @@ pub const DEFAULT_SOCKET_MODE: u32 = 0o660;
 const SUN_PATH_MAX: usize = 107;
 
 /// What a router appends to the public path for the name it binds before
-/// renaming the socket onto it (B98): a dot and a pid (Linux caps pids
+/// renaming the socket onto it (B100): a dot and a pid (Linux caps pids
 /// at 4,194,304; a u32 has at most 10 digits).
 pub const PRIVATE_SUFFIX_MAX: usize = 11;
 
