@@ -76,6 +76,17 @@ const SILENT_CHECK: Duration = Duration::from_millis(50);
 const SILENT_GRACE: Duration = Duration::from_secs(1);
 /// How long a handover waits for ext_proc's accept queue to empty (B95).
 const QUEUE_PATIENCE: Duration = Duration::from_secs(2);
+/// Why [`Router::stop`] stopped waiting.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum StopEnded {
+    /// gRPC core's shutdown completed: every call and connection is gone.
+    ShutDown,
+    /// No open stream held a request for [`SILENT_GRACE`] (B74, B101).
+    NoRequestHeld,
+    Interrupted,
+    TimedOut,
+}
+
 /// How long a stopped router waits for gRPC core to close its ext_proc
 /// connections, the last verdicts written.
 const FLUSH_PATIENCE: Duration = Duration::from_secs(2);
@@ -571,15 +582,16 @@ impl Router {
         &self.health
     }
 
-    /// Whether every stream still open has sent nothing: none holds a
-    /// request, so, once that lasts, the drain has nothing to wait for
-    /// (B74). Open is read
-    /// before silent: no stream opens once the server shuts down, and a
+    /// Whether no open stream holds a request: each has sent nothing (B74),
+    /// or none is open (B101). Once that lasts, the drain has nothing to
+    /// wait for; gRPC core's own shutdown would still wait for every
+    /// connection's peer to answer its GOAWAY's ping, up to 20 s. Open is
+    /// read before silent: no stream opens once the server shuts down, and a
     /// silent one can only start speaking, so equal counts mean every open
     /// stream was silent at the second read.
-    fn only_silent_streams(&self) -> bool {
+    fn holds_no_request(&self) -> bool {
         let open = self.streams.open_now();
-        open > 0 && self.streams.silent_now() == open
+        self.streams.silent_now() == open
     }
 
     /// Hands over to a successor that serves the same ports (B75): the HTTP
@@ -703,21 +715,24 @@ impl Router {
         // for a moment between its opening and its first message, so only
         // silence that lasts counts.
         let mut silent_since = None;
-        let finished = loop {
+        let ended = loop {
             let left = deadline.map_or(Duration::MAX, |d| d.saturating_duration_since(Instant::now()));
             crossbeam_channel::select! {
-                recv(done_rx) -> _ => break true,
-                recv(interrupt) -> _ => break false,
+                recv(done_rx) -> _ => break StopEnded::ShutDown,
+                recv(interrupt) -> _ => break StopEnded::Interrupted,
                 default(left.min(SILENT_CHECK)) => {
-                    silent_since = if self.only_silent_streams() { silent_since.or(Some(Instant::now())) } else { None };
-                    if left <= SILENT_CHECK || silent_since.is_some_and(|t: Instant| t.elapsed() >= SILENT_GRACE) {
-                        break false;
+                    silent_since = if self.holds_no_request() { silent_since.or(Some(Instant::now())) } else { None };
+                    if silent_since.is_some_and(|t: Instant| t.elapsed() >= SILENT_GRACE) {
+                        break StopEnded::NoRequestHeld;
+                    }
+                    if left <= SILENT_CHECK {
+                        break StopEnded::TimedOut;
                     }
                 }
             }
         };
         let mut cancelled = 0;
-        if !finished {
+        if ended != StopEnded::ShutDown {
             let (open, silent) = (self.streams.open_now(), self.streams.silent_now());
             cancelled = open.saturating_sub(silent);
             self.metrics.count_drain_cancelled(cancelled as u64);
@@ -727,9 +742,18 @@ impl Router {
             if silent > 0 {
                 log::info!("drain: closing {silent} ext_proc streams that never sent a message");
             }
+            let idle = crate::ops::listen::connections_on(&self.extproc_bound);
+            if open == 0 && idle > 0 {
+                log::info!(
+                    "drain: every ext_proc stream finished; closing {idle} connections whose peer has not \
+                     answered gRPC's GOAWAY"
+                );
+            }
+            // Closes every connection, not only the calls on it.
             self.grpc.cancel_all_calls();
             let _ = done_rx.recv_timeout(Duration::from_secs(5));
         }
+        let finished = matches!(ended, StopEnded::ShutDown | StopEnded::NoRequestHeld);
         // The last verdicts are complete for gRPC once they are queued, not
         // once written: a router that exits at once can reset Envoy's
         // connection before they reach it (issue 28 part 10: two verdicts

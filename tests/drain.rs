@@ -306,6 +306,33 @@ fn b74_the_drain_does_not_wait_for_silent_streams() {
     let log = router.process.log.lock().join("\n");
     assert!(log.contains("drain: closing 3 ext_proc streams that never sent a message"), "{log}");
     assert!(!log.contains("cancelling"), "{log}");
+    assert!(log.contains("ext_proc finished, marker"), "no second signal came: {log}");
+}
+
+/// B101: a connection without streams whose peer never answers gRPC's
+/// GOAWAY (a hung peer; here a socket that said hello and went mute) does
+/// not hold the drain: once no stream holds a request the router closes
+/// it and exits, where gRPC core alone waits 20 s for the GOAWAY's ping.
+/// What the mute client saw is the truth.
+#[test]
+fn b101_a_mute_connection_does_not_hold_the_drain() {
+    let sim = scripted_sim();
+    sim.script("demo/a", vec![Answer::ok("10.0.0.1", false)]);
+    let mut router = spawn_router(&router_args(&sim.addr().to_string(), &["--drain-timeout", "1h"]));
+    let mut mute = mute_http2_connection(router.extproc);
+    assert_eq!(routed(&Envoy::connect(router.extproc).route_now("demo/a")).1, "10.0.0.1:443");
+    let signalled = Instant::now();
+    signal(&router.process.child, "TERM");
+    assert!(closed_by_peer(&mut mute), "the router closed the mute connection");
+    let closed_after = signalled.elapsed();
+    assert_eq!(wait_exit(&mut router.process.child, PATIENCE), 0);
+    assert!(closed_after < GRPC_GOAWAY_PING_TIMEOUT / 2, "closed {closed_after:?} after the signal");
+    eventually_within(PATIENCE, "the last line", || {
+        router.process.log.lock().iter().any(|l| l.contains("drain complete"))
+    });
+    let log = router.process.log.lock().join("\n");
+    assert!(log.contains("closing 1 connections whose peer has not answered gRPC's GOAWAY"), "{log}");
+    assert!(log.contains("ext_proc finished, marker"), "{log}");
 }
 
 /// `Check("")` on the router's ext_proc port, over `client`'s connection.

@@ -15,8 +15,8 @@ use atenet_router::ateapi::resume::Code;
 use atenet_router::proto::external_processor::ProcessingResponse;
 use atenet_router::tools::sim::{Answer, Sim};
 use common::process::{
-    eventually_within, router_args, signal, spawn_router, successor_pid, wait_exit, word_after,
-    RouterProcess, SuccessorGuard,
+    eventually_within, install_executable, install_script, router_args, signal, spawn_router, successor_pid,
+    wait_exit, word_after, RouterProcess, SuccessorGuard, ROUTER_BIN,
 };
 use common::*;
 use futures::executor::block_on;
@@ -110,15 +110,13 @@ fn b75_a_successor_that_fails_leaves_the_router_serving() {
     let dir = std::env::temp_dir().join(format!("atenet-handover-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let binary = dir.join("atenet-router");
-    std::fs::copy(common::process::ROUTER_BIN, &binary).unwrap();
+    install_executable(ROUTER_BIN.as_ref(), &binary);
     let port = free_port();
     let args = router_args(&sim.addr().to_string(), &["--port-extproc", &port]);
     let mut router =
         RouterProcess::from(common::process::spawn_until(binary.to_str().unwrap(), &args, "serving"));
     // The binary on disk is now one that fails at once.
-    std::fs::remove_file(&binary).unwrap();
-    std::fs::write(&binary, "#!/bin/sh\nexit 1\n").unwrap();
-    std::fs::set_permissions(&binary, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    install_script("#!/bin/sh\nexit 1\n", &binary);
     signal(&router.process.child, "HUP");
     eventually_within(PATIENCE, "the refusal logged", || {
         router.process.log.lock().iter().any(|l| l.contains("handover refused"))
@@ -153,7 +151,7 @@ fn b75_under_systemd_the_successor_becomes_the_main_process() {
     };
     let port = free_port();
     let args = router_args(&sim.addr().to_string(), &["--port-extproc", &port]);
-    let mut child = std::process::Command::new(common::process::ROUTER_BIN)
+    let mut child = std::process::Command::new(ROUTER_BIN)
         .args(&args)
         .env("NOTIFY_SOCKET", &path)
         .stderr(std::process::Stdio::null())
@@ -171,6 +169,40 @@ fn b75_under_systemd_the_successor_becomes_the_main_process() {
     let _ = std::fs::remove_file(&path);
 }
 
+/// B101: a hand-over is not held by a connection without streams whose
+/// peer never answers gRPC's GOAWAY (found in CI: the old router waited out
+/// gRPC core's 20 s for the GOAWAY's ping on a client connection nobody
+/// polled any more). What the mute client saw is the truth.
+#[test]
+fn b101_a_mute_connection_does_not_hold_a_handover() {
+    let sim = scripted_sim();
+    let port = free_port();
+    let mut router = spawn_router(&router_args(
+        &sim.addr().to_string(),
+        &["--port-extproc", &port, "--drain-timeout", "1h"],
+    ));
+    let mut mute = mute_http2_connection(router.extproc);
+    signal(&router.process.child, "HUP");
+    let successor = successor_pid(&router.process);
+    let served = std::time::Instant::now();
+    assert!(closed_by_peer(&mut mute), "the old router closed the mute connection");
+    let closed_after = served.elapsed();
+    assert_eq!(wait_exit(&mut router.process.child, PATIENCE), 0, "the old router exits 0");
+    assert!(
+        closed_after < GRPC_GOAWAY_PING_TIMEOUT / 2,
+        "closed {closed_after:?} after the successor served"
+    );
+    eventually_within(PATIENCE, "the last line", || lines_with(&router, "handover complete") == 1);
+    let log = router.process.log.lock().join("\n");
+    assert!(log.contains("handover complete: every stream finished"), "{log}");
+    assert_eq!(
+        routed(&Envoy::connect(router.extproc).route_now("demo/a")).1,
+        "10.0.0.1:443",
+        "the successor serves"
+    );
+    drop(successor);
+}
+
 /// A copy of the router binary in a directory of its own, which a test may
 /// replace (a handover starts the binary at the path it was started from).
 struct Binary {
@@ -184,16 +216,14 @@ impl Binary {
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join("atenet-router");
-        std::fs::copy(common::process::ROUTER_BIN, &path).unwrap();
+        install_executable(ROUTER_BIN.as_ref(), &path);
         Binary { dir, path }
     }
 
     /// Replaces the binary on disk with a shell script; `{dir}` in it names
     /// this binary's directory.
     fn replace_with_script(&self, script: &str) {
-        std::fs::remove_file(&self.path).unwrap();
-        std::fs::write(&self.path, script.replace("{dir}", self.dir.to_str().unwrap())).unwrap();
-        std::fs::set_permissions(&self.path, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+        install_script(&script.replace("{dir}", self.dir.to_str().unwrap()), &self.path);
     }
 
     fn file(&self, name: &str) -> std::path::PathBuf {
@@ -357,7 +387,7 @@ fn b94_failed_attempts_leave_no_descriptor_thread_or_process_behind() {
     );
 
     // A wrapper without `exec` whose router serves.
-    std::fs::copy(common::process::ROUTER_BIN, binary.file("real-router")).unwrap();
+    install_executable(ROUTER_BIN.as_ref(), &binary.file("real-router"));
     binary.replace_with_script("#!/bin/sh\n{dir}/real-router \"$@\"\n");
     signal(&router.process.child, "HUP");
     let successor = successor_pid(&router.process);

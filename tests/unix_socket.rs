@@ -18,7 +18,8 @@ use std::time::Duration;
 
 use atenet_router::tools::sim::{Answer, Sim};
 use common::process::{
-    eventually_within, router_args, signal, successor_pid, wait_exit, word_after, Spawned, ROUTER_BIN,
+    eventually_within, install_executable, install_script, router_args, signal, successor_pid, wait_exit,
+    word_after, Spawned, ROUTER_BIN,
 };
 use common::*;
 
@@ -281,7 +282,7 @@ fn b100_a_successor_that_takes_the_path_and_fails_gives_it_back() {
     let dir = Dir::new("taker");
     let path = dir.socket();
     let binary = dir.0.join("atenet-router");
-    std::fs::copy(ROUTER_BIN, &binary).unwrap();
+    install_executable(ROUTER_BIN.as_ref(), &binary);
     let (mut router, target) = {
         let process =
             common::process::spawn_until(binary.to_str().unwrap(), &socket_args(&sim, &path, &[]), "serving");
@@ -291,15 +292,13 @@ fn b100_a_successor_that_takes_the_path_and_fails_gives_it_back() {
     let own = std::fs::symlink_metadata(&path).unwrap().ino();
     // The binary on disk is now a "successor" that does what a router
     // does last, renames a socket of its own onto the path, and then dies.
-    std::fs::remove_file(&binary).unwrap();
     let script = format!(
         "#!/bin/sh
 exec python3 -c 'import os, socket, sys; p = sys.argv[1]; s = socket.socket(socket.AF_UNIX); \
          s.bind(p + \".taker\"); s.listen(); os.rename(p + \".taker\", p); sys.exit(1)' {}\n",
         path.display()
     );
-    std::fs::write(&binary, script).unwrap();
-    std::fs::set_permissions(&binary, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    install_script(&script, &binary);
     signal(&router.child, "HUP");
     eventually_within(PATIENCE, "the refusal logged", || {
         router.log.lock().iter().any(|l| l.contains("handover refused"))

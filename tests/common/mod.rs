@@ -217,6 +217,38 @@ impl Envoy {
     }
 }
 
+/// How long gRPC core (1.56) waits for the peer to answer the PING behind
+/// its first GOAWAY before it lets a connection go (chttp2's
+/// `GracefulGoaway`): what a stop waited for on a mute connection.
+pub const GRPC_GOAWAY_PING_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// An HTTP/2 connection to `addr` that says hello (the preface and empty
+/// SETTINGS) and then nothing: it never answers a PING, as a hung peer
+/// would. Returned once the server's SETTINGS came, so that gRPC holds it
+/// as a connection.
+pub fn mute_http2_connection(addr: SocketAddr) -> TcpStream {
+    let mut stream = TcpStream::connect(addr).unwrap();
+    stream.set_read_timeout(Some(PATIENCE)).unwrap();
+    stream.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\0\0\0\x04\0\0\0\0\0").unwrap();
+    let mut frame_header = [0u8; 9];
+    stream.read_exact(&mut frame_header).unwrap();
+    assert_eq!(frame_header[3], 4, "the server's first frame is SETTINGS");
+    stream
+}
+
+/// Reads what `stream` gets until its peer closes it: whether it did
+/// within [`PATIENCE`].
+pub fn closed_by_peer(stream: &mut TcpStream) -> bool {
+    let mut sink = [0u8; 4096];
+    loop {
+        match stream.read(&mut sink) {
+            Ok(0) => return true,
+            Ok(_) => {}
+            Err(e) => return e.kind() == std::io::ErrorKind::ConnectionReset,
+        }
+    }
+}
+
 pub use atenet_router::tools::load::headers_request;
 
 /// A simulated ateapi on loopback with no pool: it answers only the actors

@@ -47,6 +47,16 @@ pub struct Spawned {
 
 impl Drop for Spawned {
     fn drop(&mut self) {
+        // A failing test shows what the process said (cargo test prints a
+        // failed test's output only).
+        if std::thread::panicking() {
+            eprintln!(
+                "--- stderr of pid {} ---\n{}\n{}",
+                self.child.id(),
+                self.line,
+                self.log.lock().join("\n")
+            );
+        }
         if matches!(self.child.try_wait(), Ok(None)) {
             let _ = self.child.kill();
             let _ = self.child.wait();
@@ -74,11 +84,15 @@ pub fn spawn_until_with<S: AsRef<std::ffi::OsStr>>(
         .spawn()
         .expect("spawn");
     let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
-    let line = lines
-        .by_ref()
-        .map_while(Result::ok)
-        .find(|l| l.contains(marker))
-        .unwrap_or_else(|| panic!("{program} exited before printing {marker:?}"));
+    // What came before the marker, for the message of one that never does.
+    let mut before = Vec::new();
+    let line = loop {
+        match lines.next() {
+            Some(Ok(line)) if line.contains(marker) => break line,
+            Some(Ok(line)) => before.push(line),
+            _ => panic!("{program} exited before printing {marker:?}:\n{}", before.join("\n")),
+        }
+    };
     let log = Arc::new(Mutex::new(Vec::new()));
     let sink = Arc::clone(&log);
     // Keep draining stderr so the child never blocks on a full pipe.
@@ -90,6 +104,26 @@ pub fn spawn_until_with<S: AsRef<std::ffi::OsStr>>(
 pub fn word_after<'a>(line: &'a str, prefix: &str) -> &'a str {
     let start = line.find(prefix).unwrap_or_else(|| panic!("{prefix:?} in {line:?}")) + prefix.len();
     line[start..].split([' ', ',']).next().unwrap()
+}
+
+/// Puts an executable copy of `from` at `to` (replacing it), written by a
+/// child process: a file this process held open for writing is inherited
+/// by whatever child another test thread forks at that moment, and
+/// executing the file fails with ETXTBSY ("Text file busy") until that
+/// child execs.
+pub fn install_executable(from: &std::path::Path, to: &std::path::Path) {
+    let _ = std::fs::remove_file(to);
+    let status = Command::new("install").arg("-m").arg("0755").arg(from).arg(to).status().expect("install");
+    assert!(status.success(), "install {} {}", from.display(), to.display());
+}
+
+/// Puts an executable script with `text` at `to`, as
+/// [`install_executable`] does.
+pub fn install_script(text: &str, to: &std::path::Path) {
+    let draft = to.with_extension("draft");
+    std::fs::write(&draft, text).unwrap();
+    install_executable(&draft, to);
+    std::fs::remove_file(&draft).unwrap();
 }
 
 /// A running router binary.

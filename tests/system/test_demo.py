@@ -57,6 +57,7 @@ class Demo:
     stderr merged: the banner, Envoy's access log) collected by a thread."""
 
     def __init__(self, argv, env, tty=None):
+        self.log_dir = pathlib.Path(env["DEMO_LOG_DIR"]) if env.get("DEMO_LOG_DIR") else None
         # A Ctrl-C must reach the demo as at a terminal, even when the tests
         # were started with SIGINT ignored (`make test &`), which a child
         # would inherit and a shell could then not trap.
@@ -131,13 +132,34 @@ class Demo:
 
     def wait_exit(self, timeout=STOP_TIMEOUT):
         """The demo's exit status, once every process of its session is gone."""
-        status = self.proc.wait(timeout=timeout)
+        try:
+            status = self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"the demo did not exit within {timeout}s\n{self.report()}")
         deadline = time.monotonic() + timeout
         while self.group():
             if time.monotonic() > deadline:
-                pytest.fail(f"processes left behind: {self.group()}\n{self.output()}")
+                pytest.fail(f"processes left behind: {self.group()}\n{self.report()}")
             time.sleep(0.1)
         return status
+
+    def report(self):
+        """What a failed stop shows: each process of the session with its
+        state and where the kernel holds it, the demo's output, the end of
+        every log."""
+        lines = []
+        for pid, cmdline in self.group().items():
+            try:
+                state = (pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split() or ["?"])[0]
+                wchan = pathlib.Path(f"/proc/{pid}/wchan").read_text()
+            except OSError:
+                state, wchan = "gone", ""
+            lines.append(f"  pid {pid} state {state} wchan {wchan or '-'}: {cmdline[:200]}")
+        lines.append("output:\n" + self.output())
+        for log in sorted(self.log_dir.glob("*.log")) if self.log_dir else []:
+            tail = log.read_text(errors="replace").splitlines()[-40:]
+            lines.append(f"--- {log.name} (last {len(tail)} lines) ---\n" + "\n".join(tail))
+        return "processes:\n" + "\n".join(lines)
 
     def kill(self):
         """Teardown: nothing of the demo may outlive the test."""
