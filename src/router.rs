@@ -629,6 +629,13 @@ impl Router {
                         );
                     }
                 }
+                // A connection gRPC accepted but has not yet answered would
+                // be closed unanswered by its shutdown.
+                if !crate::ops::listen::wait_answered(&self.extproc_bound, QUEUE_PATIENCE) {
+                    log::warn!(
+                        "handover: gRPC had not answered every ext_proc connection within {QUEUE_PATIENCE:?}"
+                    );
+                }
             }
             Some(Err(e)) => {
                 log::warn!("handover: cannot steer ext_proc's new connections to the successor: {e}")

@@ -226,7 +226,49 @@ pub fn find_listeners(addr: &BoundTo) -> Vec<RawFd> {
 /// local address: the connections a listener on `addr` accepted and that
 /// are still open.
 pub fn connections_on(addr: &BoundTo) -> usize {
-    let Ok(entries) = std::fs::read_dir("/proc/self/fd") else { return 0 };
+    connected_on(addr).len()
+}
+
+/// How many of the connections on `addr` this process has sent nothing on
+/// that their peer acknowledged: for gRPC core, connections it accepted
+/// whose transport has not yet sent its SETTINGS, a server's first bytes,
+/// which it sends without waiting for the client (B95). A Unix socket's
+/// connection counts as answered: nothing tells.
+pub fn unanswered_on(addr: &BoundTo) -> usize {
+    connected_on(addr)
+        .into_iter()
+        .filter(|&fd| {
+            // SAFETY: all-zero is a valid tcp_info.
+            let mut info: libc::tcp_info = unsafe { std::mem::zeroed() };
+            let mut len = std::mem::size_of::<libc::tcp_info>() as libc::socklen_t;
+            // SAFETY: getsockopt writes at most `len` bytes into `info`; on
+            // a socket that is not TCP it fails and nothing is read.
+            let r = unsafe {
+                libc::getsockopt(fd, libc::IPPROTO_TCP, libc::TCP_INFO, (&mut info as *mut libc::tcp_info).cast(), &mut len)
+            };
+            // A kernel too old to say (before 4.2's tcpi_bytes_acked) writes less.
+            let says = len as usize >= std::mem::offset_of!(libc::tcp_info, tcpi_bytes_acked) + 8;
+            r == 0 && says && info.tcpi_bytes_acked == 0
+        })
+        .count()
+}
+
+/// Waits, at most `patience`, until every connection on `addr` has been
+/// answered ([`unanswered_on`]). Whether they were.
+pub fn wait_answered(addr: &BoundTo, patience: Duration) -> bool {
+    let deadline = Instant::now() + patience;
+    while unanswered_on(addr) > 0 {
+        if Instant::now() >= deadline {
+            return false;
+        }
+        std::thread::sleep(SETTLE_CHECK);
+    }
+    true
+}
+
+/// This process's connected sockets whose local address is `addr`.
+fn connected_on(addr: &BoundTo) -> Vec<RawFd> {
+    let Ok(entries) = std::fs::read_dir("/proc/self/fd") else { return Vec::new() };
     let fds: Vec<RawFd> = entries.flatten().filter_map(|e| e.file_name().to_str()?.parse().ok()).collect();
     fds.into_iter()
         .filter(|&fd| {
@@ -238,7 +280,7 @@ pub fn connections_on(addr: &BoundTo) -> usize {
             };
             r == 0 && listening == 0 && bound_to(fd).as_ref() == Some(addr)
         })
-        .count()
+        .collect()
 }
 
 fn bound_to(fd: RawFd) -> Option<BoundTo> {
@@ -324,6 +366,20 @@ mod tests {
         ensure_free(addr).expect("free once both are gone");
         let v6 = shared("[::1]:0".parse().unwrap()).unwrap();
         assert!(v6.local_addr().unwrap().is_ipv6());
+    }
+
+    #[test]
+    fn b95_an_accepted_connection_is_answered_once_its_peer_acknowledged_a_byte() {
+        use std::io::Write;
+        let listener = shared("127.0.0.1:0".parse().unwrap()).unwrap();
+        let addr = BoundTo::Inet(listener.local_addr().unwrap());
+        let _client = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let (mut accepted, _) = listener.accept().unwrap();
+        assert_eq!((connections_on(&addr), unanswered_on(&addr)), (1, 1), "accepted, nothing sent");
+        assert!(!wait_answered(&addr, Duration::from_millis(100)));
+        accepted.write_all(b"x").unwrap();
+        assert!(wait_answered(&addr, Duration::from_secs(5)), "answered once the byte was acknowledged");
+        assert_eq!(unanswered_on(&addr), 0);
     }
 
     #[test]

@@ -236,15 +236,19 @@ pub fn mute_http2_connection(addr: SocketAddr) -> TcpStream {
     stream
 }
 
-/// Reads what `stream` gets until its peer closes it: whether it did
-/// within [`PATIENCE`].
+/// Reads what `stream` gets until its peer closes or resets it: whether it
+/// did within [`PATIENCE`].
 pub fn closed_by_peer(stream: &mut TcpStream) -> bool {
     let mut sink = [0u8; 4096];
     loop {
         match stream.read(&mut sink) {
             Ok(0) => return true,
             Ok(_) => {}
-            Err(e) => return e.kind() == std::io::ErrorKind::ConnectionReset,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => {
+                eprintln!("the mute connection: {e}");
+                return !matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut);
+            }
         }
     }
 }
