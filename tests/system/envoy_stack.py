@@ -29,6 +29,7 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.parse
 import urllib.request
 from pathlib import Path
 
@@ -198,6 +199,37 @@ class Process:
                 self.proc.wait(timeout=timeout)
         self.reader.join(timeout=timeout)
         return self.proc.returncode
+
+
+def probe_ingress(port):
+    """Opens and closes one connection to Envoy's HTTP listener; True."""
+    socket.create_connection((LOOPBACK, port), timeout=2).close()
+    return True
+
+
+def probe_counted(admin_url):
+    """Whether Envoy has counted and closed the `probe_ingress` connection.
+    The kernel accepts before Envoy's worker does, so a test that read
+    `downstream_cx_total` right after the start could count the probe as
+    its own (seen in CI: a baseline of 0, then 5 for 4 connections)."""
+    counts = ingress_connections(admin_url)
+    return counts["total"] >= 1 and counts["active"] == 0
+
+
+def ingress_connections(admin_url):
+    """Envoy's count of client connections: `total` ever accepted by the
+    HTTP listener's connection manager, `active` open now."""
+    names = {"http.ingress.downstream_cx_total": "total", "http.ingress.downstream_cx_active": "active"}
+    found = {}
+    query = urllib.parse.quote(r"^http\.ingress\.downstream_cx_(total|active)$")
+    with urllib.request.urlopen(f"{admin_url}/stats?filter={query}", timeout=5) as response:
+        for line in response.read().decode().splitlines():
+            name, _, value = line.partition(": ")
+            if name in names:
+                found[names[name]] = int(value)
+    if len(found) != len(names):
+        raise AssertionError(f"Envoy has not every counter of {sorted(names)}: {found}")
+    return found
 
 
 def word_after(line, prefix):
@@ -386,22 +418,28 @@ class Stack:
         return status
 
     def _wait_envoy_ready(self):
-        """Admin /ready answers 200 (LIVE) and the HTTP listener accepts."""
+        """Admin /ready answers 200 (LIVE) and the HTTP listener accepts
+        (`probe_ingress`)."""
         deadline = time.monotonic() + START_TIMEOUT
+        probed = False
         while True:
             if not self.envoy.running():
                 self.envoy.reader.join(timeout=STOP_TIMEOUT)
                 raise self.envoy.failed(f"exited {self.envoy.proc.returncode} before it was ready")
             try:
-                with urllib.request.urlopen(f"{self.admin_url}/ready", timeout=2) as response:
-                    if response.status == 200:
-                        socket.create_connection((LOOPBACK, self.http_port), timeout=2).close()
-                        return
+                if not probed:
+                    with urllib.request.urlopen(f"{self.admin_url}/ready", timeout=2) as response:
+                        probed = response.status == 200 and probe_ingress(self.http_port)
+                if probed and probe_counted(self.admin_url):
+                    return
             except OSError:
                 pass
             if time.monotonic() > deadline:
                 raise self.envoy.failed(f"not ready within {START_TIMEOUT}s")
             time.sleep(0.05)
+
+    def ingress_connections(self):
+        return ingress_connections(self.admin_url)
 
     def stop(self, keep_dir=False):
         """Stops everything, Envoy first; never raises. Exit statuses land
@@ -599,16 +637,19 @@ class FleetStack:
     def _wait_envoy_ready(self, j):
         """Admin /ready is 200 once the router cluster's first health checks
         are in; then every router is in rotation once each Envoy saw it
-        healthy (`/clusters`)."""
+        healthy (`/clusters`); then the HTTP listener accepts
+        (`probe_ingress`)."""
         deadline = time.monotonic() + START_TIMEOUT
+        probed = False
         while True:
             envoy = self.envoys[j]
             if not envoy.running():
                 envoy.reader.join(timeout=STOP_TIMEOUT)
                 raise envoy.failed(f"exited {envoy.proc.returncode} before it was ready")
             try:
-                if self.healthy_routers(j) == self.router_count:
-                    socket.create_connection((LOOPBACK, self.envoy_ports[j]["http"]), timeout=2).close()
+                if not probed:
+                    probed = self.healthy_routers(j) == self.router_count and probe_ingress(self.envoy_ports[j]["http"])
+                if probed and probe_counted(self.admin_url(j)):
                     return
             except OSError:
                 pass

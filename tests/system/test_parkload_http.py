@@ -10,7 +10,6 @@ against Envoy's count of downstream connections.
 import json
 import subprocess
 import time
-import urllib.request
 from collections import Counter
 
 import pytest
@@ -32,14 +31,6 @@ def parkload(*args):
     return subprocess.run([PARKLOAD, *args], capture_output=True, text=True, timeout=120)
 
 
-def envoy_counter(stack, name):
-    with urllib.request.urlopen(f"{stack.admin_url}/stats?filter=^{name}$", timeout=10) as response:
-        for line in response.read().decode().splitlines():
-            if line.startswith(f"{name}: "):
-                return int(line.split(": ", 1)[1])
-    raise AssertionError(f"Envoy has no counter {name}")
-
-
 def verdict_key(entry):
     """What parkload should have counted for an access-log entry."""
     reason = entry.get("atenet_reason")
@@ -48,7 +39,7 @@ def verdict_key(entry):
 
 
 def test_verdicts_are_what_envoy_answered_and_the_worker_received(stack):
-    connections = envoy_counter(stack, "http.ingress.downstream_cx_total")
+    connections = stack.ingress_connections()["total"]
     logged, recorded = len(stack.access_log()), len(stack.records())
     ran = parkload("--http", f"{stack.url}/through-envoy", "--actors", ACTORS, "--distribution", "round-robin",
                    "--count", "200", "--concurrency", "4", "--json", "--progress", "0")
@@ -72,4 +63,4 @@ def test_verdicts_are_what_envoy_answered_and_the_worker_received(stack):
     assert report["verdicts"]["200"] == 160
 
     # Four requests in flight, four keep-alive connections for all 200.
-    assert envoy_counter(stack, "http.ingress.downstream_cx_total") - connections == 4
+    assert stack.ingress_connections()["total"] - connections == 4
