@@ -55,56 +55,10 @@ LOAD_CLIENTS=${ATENET_E2E_LOAD_CLIENTS:-4}
 WORKERS=2 # ateapi-sim --workers in compose.yaml
 PROJECT=atenet-e2e
 
-step() { echo "e2e: $*"; }
-fail() {
-  echo "e2e: FAIL: $*" >&2
-  exit 1
-}
-
-command -v curl >/dev/null || fail "curl is missing"
-docker info >/dev/null 2>&1 || fail "no Docker engine reachable (docker info failed)"
-if docker compose version >/dev/null 2>&1; then
-  compose_cmd=(docker compose)
-elif command -v docker-compose >/dev/null; then
-  compose_cmd=(docker-compose)
-else
-  fail "neither docker compose (Compose v2) nor docker-compose (1.29) is installed (make deps-docker)"
-fi
-compose() { "${compose_cmd[@]}" -f compose.yaml -p "$PROJECT" "$@"; }
-step "using $("${compose_cmd[@]}" version | head -n 1)"
-
-tmp=$(mktemp -d)
-export tmp
-passed=0
-pids=() # step 5's load clients
-finish() {
-  touch "$tmp/stop"
-  if [ ${#pids[@]} -gt 0 ]; then
-    kill "${pids[@]}" 2>/dev/null || true
-    wait "${pids[@]}" 2>/dev/null || true
-  fi
-  if [ "$passed" != 1 ]; then
-    compose logs --no-color --tail=100 || true
-  fi
-  if [ "${ATENET_E2E_KEEP:-0}" = 1 ]; then
-    step "stack left up (ATENET_E2E_KEEP=1): ${compose_cmd[*]} -f $PWD/compose.yaml -p $PROJECT down"
-  else
-    compose down --volumes --remove-orphans --timeout 60 >/dev/null 2>&1 || true
-  fi
-  rm -rf "$tmp"
-}
-trap finish EXIT
-
-# wait_for URL CODE SECONDS: polls until URL answers CODE (000: refuses).
-wait_for() {
-  local deadline=$((SECONDS + $3)) code
-  while :; do
-    code=$(curl -s -o /dev/null -m 2 -w '%{http_code}' "$1" || true)
-    [ "$code" = "$2" ] && return 0
-    [ "$SECONDS" -lt "$deadline" ] || fail "$1 answered ${code:-nothing}, not $2, within $3s"
-    sleep 0.5
-  done
-}
+E2E_NAME=e2e
+LOG_TAIL=100
+# shellcheck source=lib.sh
+. ./lib.sh # step, fail, compose, tmp, passed, pids (step 5's load clients), wait_for
 
 # request NAME ACTOR PATH: one request through Envoy, with ate-target-actor:
 # ACTOR unless ACTOR is empty, and x-client-request-id: NAME. Body and

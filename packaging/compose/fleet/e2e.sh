@@ -74,27 +74,12 @@ http_ports=("$ATENET_FLEET_HTTP0_PORT" "$ATENET_FLEET_HTTP1_PORT")
 health_ports=("$ATENET_FLEET_HEALTH0_PORT" "$ATENET_FLEET_HEALTH1_PORT")
 stats_ports=("$ATENET_FLEET_STATS0_PORT" "$ATENET_FLEET_STATS1_PORT")
 
-step() { echo "e2e fleet: $*"; }
-fail() {
-  echo "e2e fleet: FAIL: $*" >&2
-  exit 1
-}
+E2E_NAME="e2e fleet"
+LOG_TAIL=60
+# shellcheck source=../lib.sh
+. ../lib.sh # step, fail, compose, tmp, passed, pids (the load clients), wait_for
 
-command -v curl >/dev/null || fail "curl is missing"
-docker info >/dev/null 2>&1 || fail "no Docker engine reachable (docker info failed)"
-if docker compose version >/dev/null 2>&1; then
-  compose_cmd=(docker compose)
-elif command -v docker-compose >/dev/null; then
-  compose_cmd=(docker-compose)
-else
-  fail "neither docker compose (Compose v2) nor docker-compose (1.29) is installed (make deps-docker)"
-fi
-compose() { "${compose_cmd[@]}" -f compose.yaml -p "$PROJECT" "$@"; }
-step "using $("${compose_cmd[@]}" version | head -n 1)"
-
-tmp=$(mktemp -d)
-passed=0
-pids=() # the load clients
+# stop_load: stops the load clients and waits for them to finish.
 stop_load() {
   touch "$tmp/stop"
   if [ ${#pids[@]} -gt 0 ]; then
@@ -102,34 +87,6 @@ stop_load() {
   fi
   pids=()
   rm -f "$tmp/stop"
-}
-finish() {
-  if [ ${#pids[@]} -gt 0 ]; then
-    touch "$tmp/stop"
-    kill "${pids[@]}" 2>/dev/null || true
-    wait "${pids[@]}" 2>/dev/null || true
-  fi
-  if [ "$passed" != 1 ]; then
-    compose logs --no-color --tail=60 || true
-  fi
-  if [ "${ATENET_E2E_KEEP:-0}" = 1 ]; then
-    step "stack left up (ATENET_E2E_KEEP=1): ${compose_cmd[*]} -f $PWD/compose.yaml -p $PROJECT down"
-  else
-    compose down --volumes --remove-orphans --timeout 60 >/dev/null 2>&1 || true
-  fi
-  rm -rf "$tmp"
-}
-trap finish EXIT
-
-# wait_for URL CODE SECONDS: polls until URL answers CODE.
-wait_for() {
-  local deadline=$((SECONDS + $3)) code
-  while :; do
-    code=$(curl -s -o /dev/null -m 2 -w '%{http_code}' "$1" || true)
-    [ "$code" = "$2" ] && return 0
-    [ "$SECONDS" -lt "$deadline" ] || fail "$1 answered ${code:-nothing}, not $2, within $3s"
-    sleep 0.5
-  done
 }
 
 # healthy J: how many routers Envoy J has in rotation (its router cluster's
