@@ -7,6 +7,7 @@ mod common;
 
 use std::process::Command;
 
+use common::free_port;
 use common::process::{
     router_args, spawn_router, spawn_until, terminate, word_after, ROUTER_BIN as ROUTER, SIM_BIN as SIM,
 };
@@ -473,11 +474,6 @@ fn b72_the_routers_own_threads_are_the_readmes() {
         assert_eq!(terminate(&mut router.process.child), 0);
     }
     std::fs::remove_dir_all(&dir).unwrap();
-}
-
-/// A free loopback port (bound and released).
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
 }
 
 /// B72: `--grpc-threads` is the number of completion-queue threads the

@@ -27,15 +27,10 @@ fn scripted_sim() -> Sim {
     sim
 }
 
-/// A free port for the router: a handover needs a fixed one, as Envoy's.
-fn free_port() -> String {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port().to_string()
-}
-
 #[test]
 fn b75_sighup_hands_over_with_no_failed_request() {
     let sim = scripted_sim();
-    let (port, metrics) = (free_port(), format!("127.0.0.1:{}", free_port()));
+    let (port, metrics) = (free_port().to_string(), format!("127.0.0.1:{}", free_port()));
     let mut router = spawn_router(&router_args(
         &sim.addr().to_string(),
         &[
@@ -111,7 +106,7 @@ fn b75_a_successor_that_fails_leaves_the_router_serving() {
     std::fs::create_dir_all(&dir).unwrap();
     let binary = dir.join("atenet-router");
     install_executable(ROUTER_BIN.as_ref(), &binary);
-    let port = free_port();
+    let port = free_port().to_string();
     let args = router_args(&sim.addr().to_string(), &["--port-extproc", &port]);
     let mut router =
         RouterProcess::from(common::process::spawn_until(binary.to_str().unwrap(), &args, "serving"));
@@ -149,7 +144,7 @@ fn b75_under_systemd_the_successor_becomes_the_main_process() {
         let n = socket.recv(&mut buf).expect("a notification within the patience");
         String::from_utf8_lossy(&buf[..n]).into_owned()
     };
-    let port = free_port();
+    let port = free_port().to_string();
     let args = router_args(&sim.addr().to_string(), &["--port-extproc", &port]);
     let mut child = std::process::Command::new(ROUTER_BIN)
         .args(&args)
@@ -176,7 +171,7 @@ fn b75_under_systemd_the_successor_becomes_the_main_process() {
 #[test]
 fn b101_a_mute_connection_does_not_hold_a_handover() {
     let sim = scripted_sim();
-    let port = free_port();
+    let port = free_port().to_string();
     let mut router = spawn_router(&router_args(
         &sim.addr().to_string(),
         &["--port-extproc", &port, "--drain-timeout", "1h"],
@@ -299,7 +294,7 @@ fn hold(
 #[test]
 fn b94_sighups_during_a_handover_are_ignored() {
     let sim = scripted_sim();
-    let port = free_port();
+    let port = free_port().to_string();
     let mut router = spawn_router(&router_args(
         &sim.addr().to_string(),
         &[
@@ -350,7 +345,7 @@ fn b94_sighups_during_a_handover_are_ignored() {
 fn b94_failed_attempts_leave_no_descriptor_thread_or_process_behind() {
     let sim = scripted_sim();
     let binary = Binary::copy("forks");
-    let port = free_port();
+    let port = free_port().to_string();
     let args = router_args(&sim.addr().to_string(), &["--port-extproc", &port]);
     let mut router =
         RouterProcess::from(common::process::spawn_until(binary.path.to_str().unwrap(), &args, "serving"));
@@ -409,7 +404,7 @@ fn b94_sigterm_while_a_successor_starts_ends_the_start_and_drains() {
     let socket = UnixDatagram::bind(&notify).unwrap();
     // Within the successor's 30 s: a router that waits them out fails here.
     socket.set_read_timeout(Some(PATIENCE)).unwrap();
-    let port = free_port();
+    let port = free_port().to_string();
     let args = router_args(
         &sim.addr().to_string(),
         &["--port-extproc", &port, "--envoy-admin-address", &admin.addr],
@@ -506,7 +501,7 @@ fn probe(addr: std::net::SocketAddr, http: bool) -> Probe {
 #[test]
 fn b95_connections_queued_during_handovers_are_answered_never_reset() {
     let sim = scripted_sim();
-    let (port, metrics) = (free_port(), format!("127.0.0.1:{}", free_port()));
+    let (port, metrics) = (free_port().to_string(), format!("127.0.0.1:{}", free_port()));
     let mut router = spawn_router(&router_args(
         &sim.addr().to_string(),
         &["--port-extproc", &port, "--metrics-listen-addr", &metrics],

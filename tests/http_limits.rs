@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use atenet_router::tools::sim::Sim;
 use common::process::{router_args, spawn_router, spawn_until, word_after, ROUTER_BIN};
-use common::{http_get, Metrics};
+use common::{free_port, http_get, Metrics};
 
 /// Far above what a served probe takes and far below the 5 s a starved one
 /// waited before this was fixed; the measured figures are printed.
@@ -24,10 +24,6 @@ const PROBE_BOUND: Duration = Duration::from_secs(2);
 
 fn scripted_sim() -> Sim {
     common::empty_sim()
-}
-
-fn free_port() -> String {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port().to_string()
 }
 
 fn proc_status(pid: u32, field: &str) -> u64 {
@@ -90,7 +86,7 @@ fn families(text: &str) -> Vec<String> {
 #[test]
 fn b61_probes_answer_while_slow_readers_idle_crowds_and_an_endless_header_hold_the_listeners() {
     let sim = scripted_sim();
-    let status_port = free_port();
+    let status_port = free_port().to_string();
     let router = spawn_router(&router_args(&sim.addr().to_string(), &["--status-port", &status_port]));
     let pid = router.process.child.id();
     let metrics = router.metrics;

@@ -14,14 +14,10 @@ use std::time::{Duration, Instant};
 
 use atenet_router::tools::sim::Sim;
 use common::process::{router_args, signal, wait_exit, ROUTER_BIN};
-use common::PATIENCE;
+use common::{free_port, PATIENCE};
 
 fn scripted_sim() -> Sim {
     common::empty_sim()
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
 }
 
 fn receive(socket: &UnixDatagram) -> String {

@@ -253,6 +253,30 @@ pub fn closed_by_peer(stream: &mut TcpStream) -> bool {
     }
 }
 
+/// A port nothing listens on, for a process that must be told its port in
+/// advance (a hand-over's successor takes over its predecessor's). Picked at
+/// random below the kernel's ephemeral range, which is where bind(0) and
+/// every outgoing connection on the machine take theirs: a port picked by
+/// binding to 0 could be handed to someone else between the pick and the
+/// router's bind (seen with eight copies of a test binary at once). Never
+/// the same port twice in one test process.
+pub fn free_port() -> u16 {
+    static GIVEN: parking_lot::Mutex<Vec<u16>> = parking_lot::Mutex::new(Vec::new());
+    let ephemeral_low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|range| range.split_whitespace().next()?.parse::<u16>().ok())
+        .unwrap_or(32768);
+    let mut given = GIVEN.lock();
+    for _ in 0..1000 {
+        let port = fastrand::u16(10_000..ephemeral_low.max(10_001));
+        if !given.contains(&port) && std::net::TcpListener::bind(("0.0.0.0", port)).is_ok() {
+            given.push(port);
+            return port;
+        }
+    }
+    panic!("no free port in 10000..{ephemeral_low} after 1000 tries");
+}
+
 pub use atenet_router::tools::load::headers_request;
 
 /// A simulated ateapi on loopback with no pool: it answers only the actors

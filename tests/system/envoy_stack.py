@@ -20,6 +20,7 @@ import importlib.util
 import ipaddress
 import json
 import os
+import random
 import re
 import shutil
 import signal
@@ -56,15 +57,32 @@ def envoy_binary():
         f"is not installed in {sys.prefix}; run `make venv`")
 
 
+_GIVEN_PORTS = set()
+
+
 def free_port(host=LOOPBACK, taken=()):
-    """A port nothing listens on now (bound and released; a bind failure
-    later is retried by Stack.start)."""
-    while True:
+    """A port nothing listens on now, for a process told its port up front.
+    Picked at random below the kernel's ephemeral range, where bind(0) and
+    outgoing connections take theirs, so nothing else on the machine is
+    handed it before the process binds it; never the same one twice in a
+    run (a bind failure later is still retried by Stack.start)."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            ephemeral_low = int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        ephemeral_low = 32768
+    for _ in range(1000):
+        port = random.randrange(10000, max(ephemeral_low, 10001))
+        if port in _GIVEN_PORTS or port in taken:
+            continue
         with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
-            s.bind((host, 0))
-            port = s.getsockname()[1]
-        if port not in taken:
-            return port
+            try:
+                s.bind((host, port))
+            except OSError:
+                continue
+        _GIVEN_PORTS.add(port)
+        return port
+    raise AssertionError(f"no free port on {host} in 10000..{ephemeral_low} after 1000 tries")
 
 
 def render_config(flags):

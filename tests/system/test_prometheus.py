@@ -18,7 +18,6 @@ import json
 import pathlib
 import re
 import shutil
-import socket
 import subprocess
 import tempfile
 import time
@@ -30,6 +29,7 @@ import pytest
 import yaml
 
 from conftest import BIN, router_args, start, stop, word_after
+from envoy_stack import free_port
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 PROMETHEUS_DIR = ROOT / "packaging/prometheus"
@@ -220,12 +220,6 @@ class Prometheus:
     def firing(self, name):
         assert self.proc.poll() is None, "prometheus exited:\n" + self.log_tail()
         return [a for a in self.alerts(name) if a["state"] == "firing"]
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def write_config_copies(tmp, router_metrics):

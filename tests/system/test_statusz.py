@@ -16,7 +16,6 @@ its output directory (the paths are printed; `pytest -s` shows them).
 import json
 import pathlib
 import signal
-import socket
 import subprocess
 import time
 import urllib.request
@@ -25,6 +24,7 @@ import pytest
 
 from chromium import Chromium
 from conftest import BIN, start, stop, word_after
+from envoy_stack import free_port
 
 WIDTHS = (390, 1280, 1920)
 PHASES = (0, 20, 2000)
@@ -69,12 +69,6 @@ def poll(what, check, timeout=TIMEOUT, interval=0.25):
         if time.monotonic() > deadline:
             raise AssertionError(f"no {what} within {timeout}s")
         time.sleep(interval)
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def fetch(url):
