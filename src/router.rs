@@ -21,6 +21,7 @@ use grpcio::{ChannelBuilder, EnvBuilder, Environment, Server, ServerBuilder, Ser
 use crate::ateapi::client::AteapiClient;
 use crate::cli::config::{AteapiTransport, Config, ExtprocListen};
 use crate::envoy::extproc::{ExtProc, ExtProcSettings};
+use crate::envoy::fleet::ROUTER_KEEPALIVE_INTERVAL;
 use crate::envoy::health::Health;
 use crate::envoy::streams::StreamSlots;
 use crate::ops::history::{History, Sampler, Sources};
@@ -188,6 +189,13 @@ pub const MAX_MESSAGE_BYTES: i32 = 16 * 1024 * 1024;
 pub fn max_streams_per_connection(config: &Config) -> i32 {
     i32::try_from(config.extproc_max_requests.saturating_mul(2)).unwrap_or(i32::MAX)
 }
+
+/// The most often a peer may ping an ext_proc connection on which the
+/// router sends nothing before gRPC core counts a ping as a strike (the
+/// third closes the connection): half Envoy's keepalive interval (B102), so
+/// that Envoy's pings never count and a flood still does.
+pub const MIN_PING_INTERVAL: Duration =
+    Duration::from_millis(ROUTER_KEEPALIVE_INTERVAL.as_millis() as u64 / 2);
 
 /// Extra gRPC core arguments for the ext_proc server, so that the
 /// `park-memory` benchmark can compare gRPC's memory options on the real
@@ -406,7 +414,15 @@ impl Router {
             .reuse_port(true)
             .max_concurrent_stream(max_streams_per_connection(config))
             .max_receive_message_len(MAX_MESSAGE_BYTES)
-            .max_send_message_len(MAX_MESSAGE_BYTES);
+            .max_send_message_len(MAX_MESSAGE_BYTES)
+            // Envoy pings every connection every second (B102), streams or
+            // not, while a parked stream sends nothing for seconds. gRPC's
+            // documented policy takes such pings for abuse (one per 5 minutes
+            // without data, none without streams; the third strike closes the
+            // connection, parked streams and all), so the policy is stated
+            // here rather than left to that default.
+            .keepalive_permit_without_calls(true)
+            .http2_min_recv_ping_interval_without_data(MIN_PING_INTERVAL);
         #[cfg(feature = "memory-probe")]
         let args = probe_channel_args(args);
         let args = args.build_args();

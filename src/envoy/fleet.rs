@@ -36,6 +36,18 @@ const ROUTER_HOST_MAX_CONNECTIONS: u32 = 4;
 /// rotation sooner, by its health (B85).
 const DNS_REFRESH: &str = "5s";
 
+/// How often Envoy pings each of its connections to a router (B102), in
+/// either layout. A router that hangs (its process stopped, its kernel
+/// still holding the connection open) answers no ping, and Envoy closes the
+/// connection [`ROUTER_KEEPALIVE_TIMEOUT`] later: the streams on it that the
+/// router had not answered, parked ones above all, are then retried on
+/// another router (B87) instead of waiting for their message timeout.
+pub const ROUTER_KEEPALIVE_INTERVAL: Duration = Duration::from_secs(1);
+/// How long Envoy waits for a ping's answer before it closes the
+/// connection: three intervals, so that a router that is only slow (a
+/// loaded machine) is not taken for a hung one.
+pub const ROUTER_KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(3);
+
 /// The bounds the bootstrap puts on every connection (B89), which the
 /// router cluster keeps in either layout: handed over by the bootstrap,
 /// which owns them.
@@ -46,15 +58,21 @@ pub struct ConnectionLimits {
 }
 
 impl ConnectionLimits {
-    /// The cluster's buffer limit line and its HTTP/2 options.
+    /// The cluster's buffer limit line and its HTTP/2 options, with the
+    /// keepalive of B102.
     fn render(&self) -> (String, String) {
         (
             format!("    per_connection_buffer_limit_bytes: {}\n", self.buffer_bytes),
             format!(
                 "          http2_protocol_options:\n\
                  \x20           initial_stream_window_size: {}\n\
-                 \x20           initial_connection_window_size: {}\n",
-                self.h2_stream_window, self.h2_connection_window
+                 \x20           initial_connection_window_size: {}\n\
+                 \x20           # A router that leaves a ping unanswered is hung: its connection is closed, its streams retried (B102).\n\
+                 \x20           connection_keepalive: {{ interval: {}, timeout: {} }}\n",
+                self.h2_stream_window,
+                self.h2_connection_window,
+                seconds(ROUTER_KEEPALIVE_INTERVAL),
+                seconds(ROUTER_KEEPALIVE_TIMEOUT),
             ),
         )
     }

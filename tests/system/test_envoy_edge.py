@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import grpc
 import pytest
 
-from envoy_stack import LOOPBACK, Stack
+from envoy_stack import LOOPBACK, Stack, admin_stats as envoy_admin_stats
 
 TIMEOUT = 60
 # A peer on loopback that a stack trusting only 127.0.0.1/32 does not trust.
@@ -79,12 +79,7 @@ def h1(stack, actor, path="/", headers=(), source=None, timeout=TIMEOUT):
 
 
 def admin_stats(stack, pattern):
-    """Envoy's admin /stats lines matching a regex, as {name: int}."""
-    url = f"{stack.admin_url}/stats?filter={urllib.request.quote(pattern)}"
-    with urllib.request.urlopen(url, timeout=10) as response:
-        text = response.read().decode()
-    return {name: int(value) for name, value in (line.split(": ", 1) for line in text.splitlines() if ": " in line)
-            if value.strip().lstrip("-").isdigit()}
+    return envoy_admin_stats(stack.admin_url, pattern)
 
 
 def attempts(stack, request_id):

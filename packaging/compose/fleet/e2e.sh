@@ -45,7 +45,14 @@
 #     than being refused. The ext_proc retry takes either to another router
 #     (previous_hosts, B87), and outlier detection ejects the router after 3
 #     such failures, before its health checks time out twice: 0 failed in
-#     every run here (8 with the retry policy removed).
+#     every run here (8 with the retry policy removed);
+#  5. router-0 paused under the load (`docker pause`: its processes frozen,
+#     its connections still open in its kernel), then unpaused: 0 failed
+#     requests. Each Envoy takes it out of rotation (its health checks time
+#     out) and closes its connections to it once a ping has gone unanswered
+#     for 3 s (B102), and the streams they held are retried on another
+#     router; without the keepalive those streams waited for their message
+#     timeout and got Envoy's 504.
 # Each step prints its numbers: requests, outcomes by kind, ResumeActor
 # answers by code, the windows.
 #
@@ -109,7 +116,8 @@ envoy_sum() {
 # snapshot: the counts the printout shows, in one line; counters BEFORE:
 # that printout, counted since the snapshot BEFORE.
 COUNTED=(upstream_rq_retry upstream_rq_retry_success upstream_cx_connect_timeout upstream_cx_connect_fail
-  outlier_detection_ejections_enforced_total health_check_failure health_check_network_failure)
+  outlier_detection_ejections_enforced_total health_check_failure health_check_network_failure
+  http2_keepalive_timeout)
 snapshot() {
   local name line=""
   for name in "${COUNTED[@]}"; do line+="$(envoy_sum "$name") "; done
@@ -122,7 +130,7 @@ counters() {
   local d=()
   for i in "${!COUNTED[@]}"; do d+=($((after[i] - before[i]))); done
   echo "retries ${d[0]} (${d[1]} succeeded), connect timeouts ${d[2]}, connect failures ${d[3]}," \
-    "ejections ${d[4]}, failed health checks ${d[5]} (${d[6]} network)"
+    "ejections ${d[4]}, failed health checks ${d[5]} (${d[6]} network), keepalive timeouts ${d[7]}"
 }
 # wait_healthy N SECONDS WHAT: until both Envoys have N routers in rotation;
 # prints when that was ($EPOCHREALTIME).
@@ -363,6 +371,44 @@ tally kill
 step "   both Envoys counted: $(counters "$counted")"
 [ "$fails" -le "$bound" ] ||
   fail "$fails requests failed around the kill, above the bound of $bound: $(grep -m 5 '^FAIL' "$tmp/outcomes-kill" | tr '\n' ' ')"
+
+step "5. docker pause of router-0 under load ($LOAD_CLIENTS clients), then docker unpause"
+router=$(compose ps -q router-0)
+[ -n "$router" ] || fail "no router-0 container"
+start_load pause
+wait_load pause routed 50 "before the pause"
+counted=$(snapshot)
+timeouts=$(envoy_sum http2_keepalive_timeout)
+paused=$EPOCHREALTIME
+docker pause "$router" >/dev/null
+trap 'docker unpause "$router" >/dev/null 2>&1 || true; finish' EXIT
+out=$(wait_healthy $((ROUTERS - 1)) 30 "router-0 paused")
+# Both Envoys closed their connections to it: each a keepalive timeout (B102).
+deadline=$((SECONDS + 30))
+until [ "$(envoy_sum http2_keepalive_timeout)" -ge $((timeouts + 2)) ]; do
+  [ "$SECONDS" -lt "$deadline" ] || fail "router-0 paused: the Envoys closed $(($(envoy_sum http2_keepalive_timeout) - timeouts)) connections to it for an unanswered ping in 30s, not 2"
+  sleep 0.1
+done
+closed=$EPOCHREALTIME
+wait_load pause routed 50 "while router-0 is paused"
+docker unpause "$router" >/dev/null
+trap finish EXIT
+unpaused=$EPOCHREALTIME
+back=$(wait_healthy "$ROUTERS" 60 "router-0 unpaused")
+wait_load pause routed 50 "after the unpause"
+stop_load
+records
+outcomes pause
+awk -v p="$paused" -v o="$out" -v c="$closed" -v u="$unpaused" -v b="$back" 'BEGIN {
+  printf "e2e fleet:    out of rotation in both Envoys %.1fs after the pause; its connections closed by %.1fs; unpaused at %.1fs; back in both at %.1fs\n", o - p, c - p, u - p, b - p }'
+step "   $(wc -l <"$tmp/outcomes-pause") requests; $(failed pause) failed:"
+tally pause
+step "   both Envoys counted: $(counters "$counted")"
+# A paused router answers nothing, yet its kernel keeps its connections:
+# only Envoy's keepalive closes them, and the streams on them are retried
+# on another router (B102).
+[ "$(failed pause)" = 0 ] ||
+  fail "$(failed pause) requests failed around the pause: $(grep -m 5 '^FAIL' "$tmp/outcomes-pause" | tr '\n' ' ')"
 
 passed=1
 step "PASS"

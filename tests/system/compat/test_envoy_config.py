@@ -310,6 +310,19 @@ def test_b89_buffers_and_http2_are_bounded():
     assert (h2.initial_stream_window_size.value, h2.initial_connection_window_size.value) == (65536, 1048576)
 
 
+@pytest.mark.parametrize("layout", [(), ("--routers", "10.0.0.1:50051,10.0.0.2:50051")])
+def test_b102_envoy_pings_every_router_connection(layout):
+    bootstrap = envoy_config(*layout)
+    router = http_protocol_options_pb2.HttpProtocolOptions()
+    cluster = {c.name: c for c in bootstrap.static_resources.clusters}["atenet_router"]
+    cluster.typed_extension_protocol_options["envoy.extensions.upstreams.http.v3.HttpProtocolOptions"].Unpack(router)
+    keepalive = router.explicit_http_config.http2_protocol_options.connection_keepalive
+    assert (keepalive.interval.ToMilliseconds(), keepalive.timeout.ToMilliseconds()) == (1000, 3000)
+    # Envoy's default jitter only adds to the interval: no ping comes sooner
+    # than the router's gRPC server allows (every 500 ms, B102).
+    assert not keepalive.HasField("interval_jitter")
+
+
 @pytest.mark.parametrize("flag,heap,connections", [
     (None, 1 << 30, 32768), ("64Mi", 64 << 20, 2048), ("1Ti", 1 << 40, 50000)])
 def test_b90_overload_manager_follows_the_heap_flag(flag, heap, connections):
