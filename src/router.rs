@@ -418,9 +418,9 @@ impl Router {
             // Envoy pings every connection every second (B102), streams or
             // not, while a parked stream sends nothing for seconds. gRPC's
             // documented policy takes such pings for abuse (one per 5 minutes
-            // without data, none without streams; the third strike closes the
-            // connection, parked streams and all), so the policy is stated
-            // here rather than left to that default.
+            // without data, one per 2 hours without streams; the third strike
+            // closes the connection, parked streams and all), so the policy is
+            // stated here rather than left to that default.
             .keepalive_permit_without_calls(true)
             .http2_min_recv_ping_interval_without_data(MIN_PING_INTERVAL);
         #[cfg(feature = "memory-probe")]

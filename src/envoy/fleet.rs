@@ -308,6 +308,18 @@ mod tests {
         parse_serve_args(&["--ateapi-insecure", "--routers", routers]).unwrap()
     }
 
+    /// B102: a stream retried off a hung router starts a fresh budget on the
+    /// next one while Envoy's message timeout runs on from the first send;
+    /// Envoy's slowest detection (its jitter adds up to 15 %) must stay
+    /// inside the margin the message timeout grants past the budget, or the
+    /// retried request gets Envoy's 504 before that router's verdict.
+    #[test]
+    fn b102_a_hung_router_is_found_inside_the_message_timeout_margin() {
+        let slowest = ROUTER_KEEPALIVE_INTERVAL.mul_f64(1.15) + ROUTER_KEEPALIVE_TIMEOUT;
+        assert!(slowest + Duration::from_millis(500) < crate::cli::config::MESSAGE_TIMEOUT_MARGIN, "{slowest:?}");
+        assert!(crate::router::MIN_PING_INTERVAL * 2 <= ROUTER_KEEPALIVE_INTERVAL);
+    }
+
     #[test]
     fn b87_a_sidecar_has_no_fleet_parts() {
         let c = parse_serve_args(&["--ateapi-insecure"]).unwrap();

@@ -89,12 +89,14 @@ def test_b102_a_hung_routers_streams_are_retried_on_another_router():
     the frozen router's requests got Envoy's 504 at the message timeout."""
     actors = [f"hung/actor-{i}" for i in range(12)]
     with FleetStack(routers=2, envoys=1, router_flags=ROUTER_FLAGS, workers=1,
-                    sim_flags=["--actors", "0"], script=script(actors, refusals=40)) as stack:
+                    sim_flags=["--actors", "0"], script=script(actors, refusals=80)) as stack:
         threads, outcomes = send_all(stack.envoy_ports[0]["http"], actors)
 
         def active():
             return {host: int(v.get("rq_active", 0)) for host, v in stack.router_hosts(0).items()}
 
+        # 80 refusals 250 ms apart: 20 s before any of them can be served,
+        # far more than twelve streams take to open.
         wait_until("12 streams open on the routers", lambda: sum(active().values()) == len(actors))
         held = active()
         hung_host = max(held, key=held.get)
@@ -111,6 +113,8 @@ def test_b102_a_hung_routers_streams_are_retried_on_another_router():
     print(f"hung router: held {held[hung_host]} of {len(actors)} streams; Envoy: {stats}; outcomes: {outcomes}")
     assert held[hung_host] > 0
     assert served == set(actors), f"not served: {sorted(set(actors) - served)}: {outcomes}"
+    # Health-check connections count keepalive timeouts too: the retries are
+    # what show the hung router's ext_proc streams moved.
     assert stats["cluster.atenet_router.http2.keepalive_timeout"] >= 1, stats
     assert stats["cluster.atenet_router.upstream_rq_retry"] >= held[hung_host], stats
 
