@@ -38,25 +38,30 @@
 //! and adds the tools behind `ateapi-sim` and `parkload`; it adds no
 //! behaviour to the router.
 
-/// Declares modules that are internal (visible in the whole crate, from
-/// whichever folder declares them), and public with `testkit`.
-macro_rules! internal {
-    ($($module:ident),* $(,)?) => {
-        $(
-            #[cfg(feature = "testkit")]
-            pub mod $module;
-            #[cfg(not(feature = "testkit"))]
-            pub(crate) mod $module;
-        )*
-    };
-}
-
 pub mod cli;
 pub mod envoy;
 pub mod ops;
 pub mod router;
 
-internal!(ateapi, parking, proto, tls);
+// Internal folders: public with `testkit` only. Their own modules are
+// `pub`, which leaves them crate-visible while the folder is not. Declared
+// one by one (no macro) so that rustfmt follows every file.
+#[cfg(feature = "testkit")]
+pub mod ateapi;
+#[cfg(not(feature = "testkit"))]
+pub(crate) mod ateapi;
+#[cfg(feature = "testkit")]
+pub mod parking;
+#[cfg(not(feature = "testkit"))]
+pub(crate) mod parking;
+#[cfg(feature = "testkit")]
+pub mod proto;
+#[cfg(not(feature = "testkit"))]
+pub(crate) mod proto;
+#[cfg(feature = "testkit")]
+pub mod tls;
+#[cfg(not(feature = "testkit"))]
+pub(crate) mod tls;
 
 #[cfg(feature = "testkit")]
 pub mod tools;

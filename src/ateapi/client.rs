@@ -30,16 +30,16 @@ use grpcio::{
 };
 use parking_lot::{Mutex, RwLock};
 
-use crate::cli::config::AteapiTransport;
-use crate::ops::metrics::Metrics;
-use crate::tls::files::{named, read};
-pub use crate::tls::files::CredentialsError;
-use crate::tls::pem;
-use crate::proto::ateapi::{ObjectRef, ResumeActorRequest, ResumeActorResponse};
-use crate::proto::ATEAPI_RESUME_ACTOR;
-use crate::parking::flight::{AttemptDone, Resumer};
 use crate::ateapi::resume::{AttemptResult, Code, ResumeError, Resumed};
 use crate::ateapi::target::ActorId;
+use crate::cli::config::AteapiTransport;
+use crate::ops::metrics::Metrics;
+use crate::parking::flight::{AttemptDone, Resumer};
+use crate::proto::ateapi::{ObjectRef, ResumeActorRequest, ResumeActorResponse};
+use crate::proto::ATEAPI_RESUME_ACTOR;
+pub use crate::tls::files::CredentialsError;
+use crate::tls::files::{named, read};
+use crate::tls::pem;
 
 /// The credential files as last read.
 #[derive(Clone, Default, PartialEq, Eq)]
@@ -112,7 +112,14 @@ impl AteapiClient {
             return;
         }
         let problem = match files.and_then(|files| {
-            build(&self.env, &self.address, &self.transport, self.token_file.as_deref(), self.connect_timeout, files)
+            build(
+                &self.env,
+                &self.address,
+                &self.transport,
+                self.token_file.as_deref(),
+                self.connect_timeout,
+                files,
+            )
         }) {
             Ok(live) => {
                 *self.live.write() = live;
@@ -180,12 +187,11 @@ fn build(
     // input and silently fails every handshake on other (B60).
     let authorization = match token_file {
         Some(path) => {
-            let token = bearer_token(&files.token)
-                .map_err(|reason| CredentialsError::Token {
-                    flag: "--ateapi-token-file",
-                    path: path.to_path_buf(),
-                    reason,
-                })?;
+            let token = bearer_token(&files.token).map_err(|reason| CredentialsError::Token {
+                flag: "--ateapi-token-file",
+                path: path.to_path_buf(),
+                reason,
+            })?;
             Some(Arc::from(format!("Bearer {token}")))
         }
         None => None,
@@ -317,7 +323,8 @@ impl Resumer for AteapiClient {
             }
         }
         let (metrics, health, actor) = (self.metrics.clone(), Arc::clone(&self.health), actor.clone());
-        let (metrics_for_wait, health_for_wait, actor_for_wait) = (metrics.clone(), Arc::clone(&health), actor.clone());
+        let (metrics_for_wait, health_for_wait, actor_for_wait) =
+            (metrics.clone(), Arc::clone(&health), actor.clone());
         let call = move |client: &Client, done: AttemptDone| match client.unary_call_async(
             &ATEAPI_RESUME_ACTOR,
             &request,
@@ -367,7 +374,10 @@ impl Resumer for AteapiClient {
 
 /// Whether a channel in `state` has no connection yet but is making one.
 fn is_connecting(state: grpcio::ConnectivityState) -> bool {
-    matches!(state, grpcio::ConnectivityState::GRPC_CHANNEL_IDLE | grpcio::ConnectivityState::GRPC_CHANNEL_CONNECTING)
+    matches!(
+        state,
+        grpcio::ConnectivityState::GRPC_CHANNEL_IDLE | grpcio::ConnectivityState::GRPC_CHANNEL_CONNECTING
+    )
 }
 
 /// Whether the control plane is reachable, so an outage is logged once when
@@ -500,8 +510,11 @@ mod tests {
     #[test]
     fn long_or_odd_messages_are_bounded_and_local_refusals_are_the_routers_own() {
         let failure = |code, message: &str| {
-            attempt_result(Err(grpcio::Error::RpcFailure(grpcio::RpcStatus::with_message(code, message.into()))))
-                .unwrap_err()
+            attempt_result(Err(grpcio::Error::RpcFailure(grpcio::RpcStatus::with_message(
+                code,
+                message.into(),
+            ))))
+            .unwrap_err()
         };
         let long = failure(grpcio::RpcStatusCode::RESOURCE_EXHAUSTED, &"é".repeat(20_000));
         assert_eq!(long.code, Code::ResourceExhausted);

@@ -13,4 +13,6 @@
 //! implements), `ops::metrics`, `cli::config` (its transport) and `tls`
 //! (its credential files).
 
-internal!(client, resume, target);
+pub mod client;
+pub mod resume;
+pub mod target;

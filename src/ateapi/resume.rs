@@ -4,7 +4,6 @@
 use std::fmt;
 use std::net::IpAddr;
 
-
 /// gRPC status codes, as numbered on the wire.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Code {
@@ -157,7 +156,9 @@ fn worker_ip(ips: &[String]) -> Result<IpAddr, BadWorkerIp> {
 /// judged as IPv4.
 fn is_worker_address(ip: &IpAddr) -> bool {
     match ip.to_canonical() {
-        IpAddr::V4(v4) => !(v4.is_unspecified() || v4.is_broadcast() || v4.is_multicast() || v4.is_link_local()),
+        IpAddr::V4(v4) => {
+            !(v4.is_unspecified() || v4.is_broadcast() || v4.is_multicast() || v4.is_link_local())
+        }
         IpAddr::V6(v6) => !(v6.is_unspecified() || v6.is_multicast() || v6.is_unicast_link_local()),
     }
 }

@@ -95,8 +95,8 @@ pub fn resolve(headers: &HeaderMap, attributes: &Attributes) -> Result<Target, I
     // A valid reference is canonical as it stands (B3 normalises nothing):
     // the header needs setting only when it is absent or repeated.
     let actor = ActorId::parse(reference)?;
-    let carries_actor_header =
-        from_header && headers.headers.iter().filter(|h| h.key.eq_ignore_ascii_case(ACTOR_HEADER)).count() == 1;
+    let carries_actor_header = from_header
+        && headers.headers.iter().filter(|h| h.key.eq_ignore_ascii_case(ACTOR_HEADER)).count() == 1;
     Ok(Target { actor, port: target_port(headers, attributes), carries_actor_header })
 }
 

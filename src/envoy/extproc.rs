@@ -25,16 +25,25 @@ use std::time::{Duration, Instant};
 use futures::future::{select, Either};
 use futures::{Sink, SinkExt, StreamExt};
 use grpcio::{
-    Deadline, DuplexSink, RequestStream, RpcContext, RpcStatus, RpcStatusCode, Service, ServiceBuilder, WriteFlags,
+    Deadline, DuplexSink, RequestStream, RpcContext, RpcStatus, RpcStatusCode, Service, ServiceBuilder,
+    WriteFlags,
 };
 use protobuf::well_known_types::struct_::{Struct, Value};
 use protobuf::well_known_types::wrappers::BoolValue;
 use protobuf::MessageField;
 
-use crate::parking::deadline::{self, CallerTimeout};
-use crate::parking::flight::{FlightEvent, FlightWait};
+use crate::ateapi::resume::{BadWorkerIp, Resumed};
+use crate::ateapi::target::{self, ActorId, Target, ACTOR_HEADER};
+use crate::cli::config::CidrRange;
+use crate::envoy::streams::{StreamSlots, FIRST_MESSAGE_TIMEOUT};
+use crate::envoy::verdict::{self, Rejection, RouteOutcome, Verdict};
 use crate::ops::logging::Throttle;
 use crate::ops::metrics::{AtespaceShare, Metrics};
+use crate::ops::recent::{Answered, RecentRequests, RecentVerdict};
+use crate::parking::deadline::{self, CallerTimeout};
+use crate::parking::flight::{FlightEvent, FlightWait};
+use crate::parking::resolver::{Abandon, ResolveError, Resolver, ResumeLabel, ResumeOutcome};
+use crate::parking::timer::{sleep_until, Scheduler, Sleep};
 use crate::proto::base::{
     header_value_option::HeaderAppendAction, HeaderMap, HeaderValue, HeaderValueOption,
 };
@@ -44,14 +53,6 @@ use crate::proto::external_processor::{
 };
 use crate::proto::http_status::HttpStatus;
 use crate::proto::EXT_PROC_PROCESS;
-use crate::cli::config::CidrRange;
-use crate::parking::resolver::{Abandon, ResolveError, Resolver, ResumeLabel, ResumeOutcome};
-use crate::ateapi::resume::{BadWorkerIp, Resumed};
-use crate::ops::recent::{Answered, RecentRequests, RecentVerdict};
-use crate::envoy::streams::{StreamSlots, FIRST_MESSAGE_TIMEOUT};
-use crate::ateapi::target::{self, ActorId, Target, ACTOR_HEADER};
-use crate::parking::timer::{sleep_until, Scheduler, Sleep};
-use crate::envoy::verdict::{self, Rejection, RouteOutcome, Verdict};
 
 /// The dynamic-metadata namespace Envoy's ORIGINAL_DST cluster reads (B7).
 pub const ORIGINAL_DST_NAMESPACE: &str = "envoy.filters.listener.original_dst";
@@ -239,7 +240,8 @@ impl ExtProc {
                     log::debug!(actor = target.actor.as_str(); "ignored a malformed {header} header");
                 }
                 // Only parsed here: only a parked caller's wait looks at it.
-                let deadline = timeout.timeout.filter(|_| self.caller_deadlines).and_then(|t| received.checked_add(t));
+                let deadline =
+                    timeout.timeout.filter(|_| self.caller_deadlines).and_then(|t| received.checked_add(t));
                 Prepared::Route(Pending { target, line, received, deadline, protocol })
             }
             Classified::InvalidTarget(line, protocol) => {
@@ -326,7 +328,14 @@ impl ExtProc {
                                 "ResumeActor for {} is still unanswered past the budget: answering 504", target.actor
                             );
                         }
-                        self.finish(&pending.line, target.actor.as_str(), &verdict, received, label, ResumeLabel::Unknown);
+                        self.finish(
+                            &pending.line,
+                            target.actor.as_str(),
+                            &verdict,
+                            received,
+                            label,
+                            ResumeLabel::Unknown,
+                        );
                         return Some(response_for(&verdict, pending.protocol));
                     }
                     Woken::Gone => {}
@@ -360,8 +369,12 @@ impl ExtProc {
     fn log_rejection(&self, actor: &ActorId, rejection: &Rejection, result: &Result<Resumed, ResolveError>) {
         match result {
             Err(ResolveError::FlightsFull) => self.metrics.count_flight_rejected(),
-            Err(ResolveError::AtespaceFlightsFull) => self.metrics.count_atespace_refused(AtespaceShare::Flights),
-            Err(ResolveError::AtespaceRequestsFull) => self.metrics.count_atespace_refused(AtespaceShare::Requests),
+            Err(ResolveError::AtespaceFlightsFull) => {
+                self.metrics.count_atespace_refused(AtespaceShare::Flights)
+            }
+            Err(ResolveError::AtespaceRequestsFull) => {
+                self.metrics.count_atespace_refused(AtespaceShare::Requests)
+            }
             _ => {}
         }
         let now = Instant::now();
@@ -394,7 +407,9 @@ impl ExtProc {
     fn within_worker_networks(&self, mut outcome: ResumeOutcome) -> ResumeOutcome {
         if let Ok(Resumed { worker, .. }) = &mut outcome.result {
             if let Ok(ip) = *worker {
-                if !self.worker_networks.is_empty() && !self.worker_networks.iter().any(|net| net.contains(ip)) {
+                if !self.worker_networks.is_empty()
+                    && !self.worker_networks.iter().any(|net| net.contains(ip))
+                {
                     *worker = Err(BadWorkerIp(ip.to_string()));
                 }
             }
@@ -770,8 +785,8 @@ fn string_value(s: &str) -> Value {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::proto::external_processor::HttpHeaders;
     use crate::ateapi::resume::Code;
+    use crate::proto::external_processor::HttpHeaders;
     use protobuf::Message;
 
     fn hex(bytes: &[u8]) -> String {
@@ -828,7 +843,10 @@ mod tests {
         let of = |value: &str| ClientProtocol::of(&headers(&[("content-type", value)]));
         assert_eq!(of("application/grpc"), ClientProtocol::Grpc);
         assert_eq!(of("application/grpc+proto"), ClientProtocol::Grpc);
-        assert_eq!(ClientProtocol::of(&headers(&[("Content-Type", "application/grpc+json")])), ClientProtocol::Grpc);
+        assert_eq!(
+            ClientProtocol::of(&headers(&[("Content-Type", "application/grpc+json")])),
+            ClientProtocol::Grpc
+        );
         for http in ["application/grpc-web", "application/grpcx", "text/plain", "application/json", ""] {
             assert_eq!(of(http), ClientProtocol::Http, "{http:?}");
         }

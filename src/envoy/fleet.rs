@@ -133,7 +133,12 @@ pub fn ext_proc_retry_hosts(config: &Config) -> String {
 /// The router cluster, named `name`: the one router at `--extproc-address`
 /// (a sidecar), or the fleet of `--routers`. `transport_socket` is its TLS
 /// (B86), if any, already rendered.
-pub fn router_cluster(config: &Config, name: &str, transport_socket: &str, limits: &ConnectionLimits) -> String {
+pub fn router_cluster(
+    config: &Config,
+    name: &str,
+    transport_socket: &str,
+    limits: &ConnectionLimits,
+) -> String {
     if config.routers.is_empty() {
         sidecar_cluster(config, name, transport_socket, limits)
     } else {
@@ -316,7 +321,10 @@ mod tests {
     #[test]
     fn b102_a_hung_router_is_found_inside_the_message_timeout_margin() {
         let slowest = ROUTER_KEEPALIVE_INTERVAL.mul_f64(1.15) + ROUTER_KEEPALIVE_TIMEOUT;
-        assert!(slowest + Duration::from_millis(500) < crate::cli::config::MESSAGE_TIMEOUT_MARGIN, "{slowest:?}");
+        assert!(
+            slowest + Duration::from_millis(500) < crate::cli::config::MESSAGE_TIMEOUT_MARGIN,
+            "{slowest:?}"
+        );
         assert!(crate::router::MIN_PING_INTERVAL * 2 <= ROUTER_KEEPALIVE_INTERVAL);
     }
 
@@ -326,10 +334,16 @@ mod tests {
         assert_eq!(ext_proc_metadata(&c), "");
         assert_eq!(ext_proc_retry_hosts(&c), "");
         let y = router_cluster(&c, "atenet_router", "", &LIMITS);
-        assert!(y.contains("type: STATIC") && y.contains(r#"address: "127.0.0.1", port_value: 50051"#), "{y}");
+        assert!(
+            y.contains("type: STATIC") && y.contains(r#"address: "127.0.0.1", port_value: 50051"#),
+            "{y}"
+        );
         assert!(!y.contains("MAGLEV") && !y.contains("health_checks"));
         assert!(y.contains("per_connection_buffer_limit_bytes: 32768\n"), "B89 in a sidecar's cluster: {y}");
-        assert!(y.contains("initial_stream_window_size: 65536\n") && y.contains("initial_connection_window_size: 1048576\n"));
+        assert!(
+            y.contains("initial_stream_window_size: 65536\n")
+                && y.contains("initial_connection_window_size: 1048576\n")
+        );
     }
 
     #[test]
@@ -339,7 +353,10 @@ mod tests {
         assert!(y.contains("type: STATIC") && !y.contains("envoy.cluster.dns"), "{y}");
         assert!(y.contains("lb_policy: MAGLEV") && y.contains("healthy_panic_threshold: { value: 0 }"));
         assert!(y.contains("per_connection_buffer_limit_bytes: 32768\n"), "B89 in a fleet's cluster: {y}");
-        assert!(y.contains("initial_stream_window_size: 65536\n") && y.contains("initial_connection_window_size: 1048576\n"));
+        assert!(
+            y.contains("initial_stream_window_size: 65536\n")
+                && y.contains("initial_connection_window_size: 1048576\n")
+        );
         assert!(y.contains("- header: { header_name: ate-target-actor }\n          terminal: true\n"));
         assert!(y.contains("- header: { header_name: ate-target-actor-fs }"));
         assert!(y.contains("interval: 1s\n      no_traffic_interval: 1s\n"), "{y}");
@@ -353,7 +370,12 @@ mod tests {
 
     #[test]
     fn b87_a_name_is_resolved_by_envoy() {
-        let y = router_cluster(&fleet("atenet-router-fleet.atenet.svc.cluster.local:50051"), "atenet_router", "", &LIMITS);
+        let y = router_cluster(
+            &fleet("atenet-router-fleet.atenet.svc.cluster.local:50051"),
+            "atenet_router",
+            "",
+            &LIMITS,
+        );
         assert!(y.contains("name: envoy.cluster.dns") && !y.contains("type: STATIC"), "{y}");
         assert!(y.contains(r#"address: "atenet-router-fleet.atenet.svc.cluster.local", port_value: 50051"#));
     }

@@ -81,7 +81,9 @@ impl Health {
         ServiceBuilder::new()
             .add_unary_handler(
                 &HEALTH_CHECK,
-                move |ctx: RpcContext<'_>, request: HealthCheckRequest, sink: UnarySink<HealthCheckResponse>| {
+                move |ctx: RpcContext<'_>,
+                      request: HealthCheckRequest,
+                      sink: UnarySink<HealthCheckResponse>| {
                     let answer = match this.check(&request.service) {
                         Ok(response) => sink.success(response),
                         Err(status) => sink.fail(status),

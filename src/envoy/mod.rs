@@ -17,4 +17,25 @@
 
 pub mod bootstrap;
 
-internal!(extproc, fleet, health, streams, verdict);
+// Internal: public with `testkit` only (declared one by one so that
+// rustfmt follows every file).
+#[cfg(feature = "testkit")]
+pub mod extproc;
+#[cfg(not(feature = "testkit"))]
+pub(crate) mod extproc;
+#[cfg(feature = "testkit")]
+pub mod fleet;
+#[cfg(not(feature = "testkit"))]
+pub(crate) mod fleet;
+#[cfg(feature = "testkit")]
+pub mod health;
+#[cfg(not(feature = "testkit"))]
+pub(crate) mod health;
+#[cfg(feature = "testkit")]
+pub mod streams;
+#[cfg(not(feature = "testkit"))]
+pub(crate) mod streams;
+#[cfg(feature = "testkit")]
+pub mod verdict;
+#[cfg(not(feature = "testkit"))]
+pub(crate) mod verdict;

@@ -8,9 +8,9 @@
 
 use std::net::IpAddr;
 
-use crate::parking::resolver::{ResolveError, ResumeOutcome};
 use crate::ateapi::resume::{Code, ResumeError};
 use crate::ateapi::target::{ActorId, Target};
+use crate::parking::resolver::{ResolveError, ResumeOutcome};
 
 /// The answer to one request_headers message.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -142,11 +142,17 @@ pub fn for_outcome(
                     IpAddr::V6(v6) => format!("[{v6}]:{worker_port}"),
                 };
                 let set_actor_header = !target.carries_actor_header;
-                (Verdict::Route { actor: id.clone(), worker, target_port: target.port, set_actor_header }, RouteOutcome::Ok)
+                (
+                    Verdict::Route { actor: id.clone(), worker, target_port: target.port, set_actor_header },
+                    RouteOutcome::Ok,
+                )
             }
-            Err(_) => {
-                reject(500, format!("actor {id} routing failed"), "atenet_routing_failed", RouteOutcome::ResumeError)
-            }
+            Err(_) => reject(
+                500,
+                format!("actor {id} routing failed"),
+                "atenet_routing_failed",
+                RouteOutcome::ResumeError,
+            ),
         },
         Err(ResolveError::LotFull) => with_retry_after(
             reject(
@@ -168,7 +174,11 @@ pub fn for_outcome(
         ),
         // The tenant's quota, whichever share it hit (B69, B79, B80): the
         // client's answer is the same, the metrics say which.
-        Err(ResolveError::AtespaceFull | ResolveError::AtespaceFlightsFull | ResolveError::AtespaceRequestsFull) => with_retry_after(
+        Err(
+            ResolveError::AtespaceFull
+            | ResolveError::AtespaceFlightsFull
+            | ResolveError::AtespaceRequestsFull,
+        ) => with_retry_after(
             reject(
                 503,
                 format!("actor \"{id}\" unavailable: atespace at capacity"),
@@ -193,10 +203,7 @@ pub fn for_outcome(
     }
 }
 
-fn with_retry_after(
-    (verdict, label): (Verdict, RouteOutcome),
-    seconds: u64,
-) -> (Verdict, RouteOutcome) {
+fn with_retry_after((verdict, label): (Verdict, RouteOutcome), seconds: u64) -> (Verdict, RouteOutcome) {
     match verdict {
         Verdict::Reject(r) if r.status == 503 => {
             (Verdict::Reject(Rejection { retry_after: Some(seconds.max(1)), ..r }), label)
@@ -207,16 +214,15 @@ fn with_retry_after(
 
 /// B11's table; `reason` overrides the code's own token (budget exhaustion
 /// keeps the wrapped error's status and body, B12).
-fn for_error(
-    id: &ActorId,
-    error: &ResumeError,
-    reason: Option<&'static str>,
-) -> (Verdict, RouteOutcome) {
+fn for_error(id: &ActorId, error: &ResumeError, reason: Option<&'static str>) -> (Verdict, RouteOutcome) {
     let (status, body, token, label) = match error.code {
         Code::NotFound => (404, format!("actor {id} not found"), "atenet_not_found", RouteOutcome::NotFound),
-        Code::ResourceExhausted => {
-            (503, format!("actor {id} unavailable: {}", error.message), "atenet_no_capacity", RouteOutcome::NoCapacity)
-        }
+        Code::ResourceExhausted => (
+            503,
+            format!("actor {id} unavailable: {}", error.message),
+            "atenet_no_capacity",
+            RouteOutcome::NoCapacity,
+        ),
         Code::FailedPrecondition => (
             503,
             format!("actor {id} unavailable: {}", error.message),
@@ -229,33 +235,35 @@ fn for_error(
             "atenet_lock_conflict",
             RouteOutcome::LockConflict,
         ),
-        Code::Unavailable => (503, format!("actor {id} unavailable"), "atenet_unavailable", RouteOutcome::Unavailable),
-        Code::DeadlineExceeded => (504, format!("actor {id} request timed out"), "atenet_timeout", RouteOutcome::Timeout),
+        Code::Unavailable => {
+            (503, format!("actor {id} unavailable"), "atenet_unavailable", RouteOutcome::Unavailable)
+        }
+        Code::DeadlineExceeded => {
+            (504, format!("actor {id} request timed out"), "atenet_timeout", RouteOutcome::Timeout)
+        }
         Code::PermissionDenied => {
             (403, format!("actor {id} access denied"), "atenet_access_denied", RouteOutcome::ResumeError)
         }
-        Code::Unauthenticated => {
-            (401, format!("actor {id} authentication required"), "atenet_unauthenticated", RouteOutcome::ResumeError)
-        }
+        Code::Unauthenticated => (
+            401,
+            format!("actor {id} authentication required"),
+            "atenet_unauthenticated",
+            RouteOutcome::ResumeError,
+        ),
         _ => (500, format!("error resuming actor {id}"), "atenet_resume_error", RouteOutcome::ResumeError),
     };
     reject(status, body, reason.unwrap_or(token), label)
 }
 
-fn reject(
-    status: u16,
-    body: String,
-    reason: &'static str,
-    label: RouteOutcome,
-) -> (Verdict, RouteOutcome) {
+fn reject(status: u16, body: String, reason: &'static str, label: RouteOutcome) -> (Verdict, RouteOutcome) {
     (Verdict::Reject(Rejection { status, body, reason, retry_after: None }), label)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::parking::resolver::ResumeLabel;
     use crate::ateapi::resume::Resumed;
+    use crate::parking::resolver::ResumeLabel;
 
     fn target() -> Target {
         Target { actor: ActorId::parse("demo/a").unwrap(), port: 8080, carries_actor_header: false }
@@ -338,11 +346,22 @@ mod tests {
             (Err(ResolveError::LotFull), 503, "actor \"demo/a\" unavailable: router at capacity"),
             (Err(ResolveError::FlightsFull), 503, "actor \"demo/a\" unavailable: router at capacity"),
             (Err(ResolveError::AtespaceFull), 503, "actor \"demo/a\" unavailable: atespace at capacity"),
-            (Err(ResolveError::AtespaceFlightsFull), 503, "actor \"demo/a\" unavailable: atespace at capacity"),
-            (Err(ResolveError::AtespaceRequestsFull), 503, "actor \"demo/a\" unavailable: atespace at capacity"),
+            (
+                Err(ResolveError::AtespaceFlightsFull),
+                503,
+                "actor \"demo/a\" unavailable: atespace at capacity",
+            ),
+            (
+                Err(ResolveError::AtespaceRequestsFull),
+                503,
+                "actor \"demo/a\" unavailable: atespace at capacity",
+            ),
             (Err(ResolveError::CallerDeadline), 504, "actor demo/a request timed out"),
             (
-                Err(ResolveError::DeadlineTooShort(ResumeError::new(Code::ResourceExhausted, "no free workers available"))),
+                Err(ResolveError::DeadlineTooShort(ResumeError::new(
+                    Code::ResourceExhausted,
+                    "no free workers available",
+                ))),
                 503,
                 "actor demo/a unavailable: no free workers available",
             ),

@@ -52,7 +52,8 @@ impl Chart<'_> {
     /// The chart's card: title, plot, time axis and legend.
     pub fn card(&self) -> String {
         let mut h = String::new();
-        let described = self.lines.iter().map(|l| format!("{} {}", l.name, l.now)).collect::<Vec<_>>().join(", ");
+        let described =
+            self.lines.iter().map(|l| format!("{} {}", l.name, l.now)).collect::<Vec<_>>().join(", ");
         let _ = write!(
             h,
             "<section class=\"card chart\"><h2>{}</h2><div class=\"plot\"><span class=\"top\">{}</span>\
@@ -78,7 +79,8 @@ impl Chart<'_> {
             }
             drawn = true;
             if i == 0 && self.area {
-                let _ = write!(h, "<path class=\"area {}\" d=\"{}\"/>", line.class, area(&line.points, self.top));
+                let _ =
+                    write!(h, "<path class=\"area {}\" d=\"{}\"/>", line.class, area(&line.points, self.top));
             }
             let _ = write!(h, "<path class=\"line {}\" d=\"{d}\"/>", line.class);
         }
@@ -156,7 +158,11 @@ pub fn nice_ceiling(value: f64, floor: f64) -> f64 {
         return floor.max(f64::MIN_POSITIVE);
     }
     let decade = 10f64.powi(value.log10().floor() as i32);
-    [1.0, 2.0, 2.5, 5.0, 10.0].into_iter().map(|m| m * decade).find(|top| *top >= value * (1.0 - 1e-9)).unwrap_or(10.0 * decade)
+    [1.0, 2.0, 2.5, 5.0, 10.0]
+        .into_iter()
+        .map(|m| m * decade)
+        .find(|top| *top >= value * (1.0 - 1e-9))
+        .unwrap_or(10.0 * decade)
 }
 
 #[cfg(test)]

@@ -114,9 +114,15 @@ impl Sampler {
             None => ([0.0; VerdictKind::ALL.len()], None),
             Some(last) => {
                 let seconds = now.saturating_duration_since(last.at).as_secs_f64().max(1e-3);
-                let rates = std::array::from_fn(|i| totals.verdicts[i].saturating_sub(last.verdicts[i]) as f64 / seconds);
-                let ended: Vec<u64> =
-                    totals.waits.iter().zip(&last.waits).map(|(now, then)| now.saturating_sub(*then)).collect();
+                let rates = std::array::from_fn(|i| {
+                    totals.verdicts[i].saturating_sub(last.verdicts[i]) as f64 / seconds
+                });
+                let ended: Vec<u64> = totals
+                    .waits
+                    .iter()
+                    .zip(&last.waits)
+                    .map(|(now, then)| now.saturating_sub(*then))
+                    .collect();
                 (rates, quantiles(bounds, &ended))
             }
         };
@@ -143,7 +149,8 @@ impl Sampler {
                 // On the grid of the first sample, unless the timer fell a
                 // whole interval behind: then from now, without a burst.
                 let now = self.sources.clock.now();
-                let due = if due + SAMPLE_INTERVAL > now { due + SAMPLE_INTERVAL } else { now + SAMPLE_INTERVAL };
+                let due =
+                    if due + SAMPLE_INTERVAL > now { due + SAMPLE_INTERVAL } else { now + SAMPLE_INTERVAL };
                 self.schedule(next, due);
             }),
         );
@@ -187,7 +194,14 @@ mod tests {
     use crate::parking::timer::ManualScheduler;
 
     fn answered(verdict: RecentVerdict) -> Answered<'static> {
-        Answered { method: b"GET", path: b"/", actor: "demo/a", verdict, target: "", duration: Duration::ZERO }
+        Answered {
+            method: b"GET",
+            path: b"/",
+            actor: "demo/a",
+            verdict,
+            target: "",
+            duration: Duration::ZERO,
+        }
     }
 
     struct Rig {
@@ -205,8 +219,12 @@ mod tests {
         let lot = ParkingLot::new(100, 0, Arc::new(clock.clone()), metrics.lot_instruments());
         let recent = Arc::new(RecentRequests::default());
         let history = Arc::new(History::default());
-        let sources =
-            Sources { lot: Some(Arc::clone(&lot)), recent: Arc::clone(&recent), metrics, clock: Arc::new(clock.clone()) };
+        let sources = Sources {
+            lot: Some(Arc::clone(&lot)),
+            recent: Arc::clone(&recent),
+            metrics,
+            clock: Arc::new(clock.clone()),
+        };
         Sampler::new(Arc::clone(&history), sources).start(Arc::new(scheduler.clone()));
         Rig { clock, scheduler, lot, recent, history }
     }
@@ -251,7 +269,11 @@ mod tests {
         assert_eq!(last.parked, 3);
         assert_eq!(last.waits, None, "no parked wait ended");
         r.scheduler.advance(SAMPLE_INTERVAL);
-        assert_eq!(r.history.samples().pop().unwrap().verdicts_per_second, [0.0; 4], "differences, not totals");
+        assert_eq!(
+            r.history.samples().pop().unwrap().verdicts_per_second,
+            [0.0; 4],
+            "differences, not totals"
+        );
         drop(held);
     }
 
@@ -276,7 +298,10 @@ mod tests {
         slot.release(WaitOutcome::Canceled);
         r.scheduler.advance(SAMPLE_INTERVAL);
         let waits = r.history.samples().pop().unwrap().waits.unwrap();
-        assert!(waits.iter().all(|w| (0.01..=0.025).contains(w)), "every outcome counts, only this interval's: {waits:?}");
+        assert!(
+            waits.iter().all(|w| (0.01..=0.025).contains(w)),
+            "every outcome counts, only this interval's: {waits:?}"
+        );
     }
 
     #[test]

@@ -209,17 +209,24 @@ pub fn wait_emptied(listener: RawFd, patience: Duration, mut accept: impl FnMut(
 pub fn find_listeners(addr: &BoundTo) -> Vec<RawFd> {
     let Ok(entries) = std::fs::read_dir("/proc/self/fd") else { return Vec::new() };
     let fds: Vec<RawFd> = entries.flatten().filter_map(|e| e.file_name().to_str()?.parse().ok()).collect();
-    fds.into_iter().filter(|&fd| {
-        let mut listening: libc::c_int = 0;
-        let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
-        // SAFETY: getsockopt writes one c_int; on a descriptor that is not
-        // a socket (or already closed) it fails and nothing is written.
-        let r = unsafe {
-            libc::getsockopt(fd, libc::SOL_SOCKET, libc::SO_ACCEPTCONN, (&mut listening as *mut libc::c_int).cast(), &mut len)
-        };
-        r == 0 && listening == 1 && bound_to(fd).as_ref() == Some(addr)
-    })
-    .collect()
+    fds.into_iter()
+        .filter(|&fd| {
+            let mut listening: libc::c_int = 0;
+            let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+            // SAFETY: getsockopt writes one c_int; on a descriptor that is not
+            // a socket (or already closed) it fails and nothing is written.
+            let r = unsafe {
+                libc::getsockopt(
+                    fd,
+                    libc::SOL_SOCKET,
+                    libc::SO_ACCEPTCONN,
+                    (&mut listening as *mut libc::c_int).cast(),
+                    &mut len,
+                )
+            };
+            r == 0 && listening == 1 && bound_to(fd).as_ref() == Some(addr)
+        })
+        .collect()
 }
 
 /// How many of this process's connected sockets have `addr` as their
@@ -244,7 +251,13 @@ pub fn unanswered_on(addr: &BoundTo) -> usize {
             // SAFETY: getsockopt writes at most `len` bytes into `info`; on
             // a socket that is not TCP it fails and nothing is read.
             let r = unsafe {
-                libc::getsockopt(fd, libc::IPPROTO_TCP, libc::TCP_INFO, (&mut info as *mut libc::tcp_info).cast(), &mut len)
+                libc::getsockopt(
+                    fd,
+                    libc::IPPROTO_TCP,
+                    libc::TCP_INFO,
+                    (&mut info as *mut libc::tcp_info).cast(),
+                    &mut len,
+                )
             };
             // A kernel too old to say (before 4.2's tcpi_bytes_acked) writes less.
             let says = len as usize >= std::mem::offset_of!(libc::tcp_info, tcpi_bytes_acked) + 8;
@@ -276,7 +289,13 @@ fn connected_on(addr: &BoundTo) -> Vec<RawFd> {
             let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
             // SAFETY: as in find_listeners.
             let r = unsafe {
-                libc::getsockopt(fd, libc::SOL_SOCKET, libc::SO_ACCEPTCONN, (&mut listening as *mut libc::c_int).cast(), &mut len)
+                libc::getsockopt(
+                    fd,
+                    libc::SOL_SOCKET,
+                    libc::SO_ACCEPTCONN,
+                    (&mut listening as *mut libc::c_int).cast(),
+                    &mut len,
+                )
             };
             r == 0 && listening == 0 && bound_to(fd).as_ref() == Some(addr)
         })
@@ -294,13 +313,15 @@ fn bound_to(fd: RawFd) -> Option<BoundTo> {
     match storage.ss_family as libc::c_int {
         libc::AF_INET => {
             // SAFETY: the kernel wrote a sockaddr_in.
-            let sin: libc::sockaddr_in = unsafe { std::ptr::read((&storage as *const libc::sockaddr_storage).cast()) };
+            let sin: libc::sockaddr_in =
+                unsafe { std::ptr::read((&storage as *const libc::sockaddr_storage).cast()) };
             let ip = std::net::Ipv4Addr::from(u32::from_be(sin.sin_addr.s_addr));
             Some(BoundTo::Inet(SocketAddr::new(ip.into(), u16::from_be(sin.sin_port))))
         }
         libc::AF_INET6 => {
             // SAFETY: the kernel wrote a sockaddr_in6.
-            let sin6: libc::sockaddr_in6 = unsafe { std::ptr::read((&storage as *const libc::sockaddr_storage).cast()) };
+            let sin6: libc::sockaddr_in6 =
+                unsafe { std::ptr::read((&storage as *const libc::sockaddr_storage).cast()) };
             let ip = std::net::Ipv6Addr::from(sin6.sin6_addr.s6_addr);
             // gRPC core binds an IPv4 address as its v4-mapped IPv6 one.
             let ip = ip.to_ipv4_mapped().map_or(std::net::IpAddr::V6(ip), std::net::IpAddr::V4);
@@ -308,10 +329,12 @@ fn bound_to(fd: RawFd) -> Option<BoundTo> {
         }
         libc::AF_UNIX => {
             // SAFETY: the kernel wrote a sockaddr_un, `len` bytes of it.
-            let sun: libc::sockaddr_un = unsafe { std::ptr::read((&storage as *const libc::sockaddr_storage).cast()) };
+            let sun: libc::sockaddr_un =
+                unsafe { std::ptr::read((&storage as *const libc::sockaddr_storage).cast()) };
             let offset = std::mem::size_of::<libc::sa_family_t>();
             let written = (len as usize).saturating_sub(offset).min(sun.sun_path.len());
-            let path: Vec<u8> = sun.sun_path[..written].iter().map(|&c| c as u8).take_while(|&b| b != 0).collect();
+            let path: Vec<u8> =
+                sun.sun_path[..written].iter().map(|&c| c as u8).take_while(|&b| b != 0).collect();
             // An unnamed socket (a client's) or an abstract one has no path.
             (!path.is_empty()).then(|| BoundTo::Unix(PathBuf::from(std::ffi::OsStr::from_bytes(&path))))
         }

@@ -20,11 +20,11 @@ use prometheus::{
     Opts, Registry, TextEncoder,
 };
 
+use crate::ateapi::resume::Code;
+use crate::envoy::verdict::RouteOutcome;
 use crate::parking::calls::CallGauges;
 use crate::parking::lot::{LotDecision, LotInstruments, WaitOutcome};
 use crate::parking::resolver::ResumeLabel;
-use crate::ateapi::resume::Code;
-use crate::envoy::verdict::RouteOutcome;
 
 /// B32's buckets: from a millisecond up to the longest plausible park.
 const WAIT_BUCKETS: &[f64] =
@@ -93,9 +93,11 @@ impl Metrics {
     /// Registers every instrument in a fresh registry.
     pub fn new() -> Metrics {
         let registry = Registry::new();
-        let register = |collector: Box<dyn Collector>| registry.register(collector).expect("unique metric names");
+        let register =
+            |collector: Box<dyn Collector>| registry.register(collector).expect("unique metric names");
 
-        let parking_active = gauge("atenet_router_parking_active", "Requests currently parked (lot slots held).");
+        let parking_active =
+            gauge("atenet_router_parking_active", "Requests currently parked (lot slots held).");
         let parking_rejected = counter(
             "atenet_router_parking_rejected_total",
             "Requests shed at the park transition because the lot was full.",
@@ -164,7 +166,9 @@ impl Metrics {
         };
         let route = RouteOutcome::ALL
             .iter()
-            .flat_map(|o| ResumeLabel::ALL.iter().map(|r| route_duration.with_label_values(&[o.name(), r.name()])))
+            .flat_map(|o| {
+                ResumeLabel::ALL.iter().map(|r| route_duration.with_label_values(&[o.name(), r.name()]))
+            })
             .collect();
         let attempts = Code::ALL.iter().map(|c| resume_attempts.with_label_values(&[c.name()])).collect();
         let atespace_refused = IntCounterVec::new(

@@ -27,4 +27,41 @@ pub mod signals;
 pub mod systemd;
 pub mod version;
 
-internal!(chart, history, html, http, listen, metrics, recent, socket_path, status);
+// Internal: public with `testkit` only (declared one by one so that
+// rustfmt follows every file).
+#[cfg(feature = "testkit")]
+pub mod chart;
+#[cfg(not(feature = "testkit"))]
+pub(crate) mod chart;
+#[cfg(feature = "testkit")]
+pub mod history;
+#[cfg(not(feature = "testkit"))]
+pub(crate) mod history;
+#[cfg(feature = "testkit")]
+pub mod html;
+#[cfg(not(feature = "testkit"))]
+pub(crate) mod html;
+#[cfg(feature = "testkit")]
+pub mod http;
+#[cfg(not(feature = "testkit"))]
+pub(crate) mod http;
+#[cfg(feature = "testkit")]
+pub mod listen;
+#[cfg(not(feature = "testkit"))]
+pub(crate) mod listen;
+#[cfg(feature = "testkit")]
+pub mod metrics;
+#[cfg(not(feature = "testkit"))]
+pub(crate) mod metrics;
+#[cfg(feature = "testkit")]
+pub mod recent;
+#[cfg(not(feature = "testkit"))]
+pub(crate) mod recent;
+#[cfg(feature = "testkit")]
+pub mod socket_path;
+#[cfg(not(feature = "testkit"))]
+pub(crate) mod socket_path;
+#[cfg(feature = "testkit")]
+pub mod status;
+#[cfg(not(feature = "testkit"))]
+pub(crate) mod status;

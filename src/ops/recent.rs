@@ -35,7 +35,10 @@ pub struct RecentRequest {
 pub enum RecentVerdict {
     Routed,
     /// The status and reason token of a rejection.
-    Rejected { status: u16, reason: &'static str },
+    Rejected {
+        status: u16,
+        reason: &'static str,
+    },
 }
 
 impl std::fmt::Display for RecentVerdict {
@@ -71,9 +74,10 @@ impl VerdictKind {
         match verdict {
             RecentVerdict::Routed => VerdictKind::Routed,
             RecentVerdict::Rejected { reason, .. } => match reason {
-                "atenet_lot_full" | "atenet_flights_full" | "atenet_atespace_full" | "atenet_deadline_too_short" => {
-                    VerdictKind::Shed
-                }
+                "atenet_lot_full"
+                | "atenet_flights_full"
+                | "atenet_atespace_full"
+                | "atenet_deadline_too_short" => VerdictKind::Shed,
                 "atenet_budget_exhausted" => VerdictKind::BudgetExhausted,
                 _ => VerdictKind::Error,
             },
@@ -242,11 +246,15 @@ mod tests {
     fn b91_verdict_kinds() {
         let rejected = |reason| VerdictKind::of(RecentVerdict::Rejected { status: 503, reason });
         assert_eq!(VerdictKind::of(RecentVerdict::Routed), VerdictKind::Routed);
-        for shed in ["atenet_lot_full", "atenet_flights_full", "atenet_atespace_full", "atenet_deadline_too_short"] {
+        for shed in
+            ["atenet_lot_full", "atenet_flights_full", "atenet_atespace_full", "atenet_deadline_too_short"]
+        {
             assert_eq!(rejected(shed), VerdictKind::Shed, "{shed}");
         }
         assert_eq!(rejected("atenet_budget_exhausted"), VerdictKind::BudgetExhausted);
-        for error in ["atenet_not_found", "atenet_invalid_target", "atenet_no_capacity", "atenet_caller_deadline"] {
+        for error in
+            ["atenet_not_found", "atenet_invalid_target", "atenet_no_capacity", "atenet_caller_deadline"]
+        {
             assert_eq!(rejected(error), VerdictKind::Error, "{error}");
         }
         assert!(VerdictKind::ALL.iter().enumerate().all(|(i, k)| *k as usize == i));

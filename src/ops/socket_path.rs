@@ -221,7 +221,11 @@ mod tests {
     use std::os::unix::net::UnixListener;
 
     fn dir() -> PathBuf {
-        let dir = std::env::temp_dir().join(format!("atenet-socket-path-{}-{}", std::process::id(), fastrand::u64(..)));
+        let dir = std::env::temp_dir().join(format!(
+            "atenet-socket-path-{}-{}",
+            std::process::id(),
+            fastrand::u64(..)
+        ));
         std::fs::create_dir(&dir).unwrap();
         dir
     }

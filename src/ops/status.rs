@@ -130,7 +130,11 @@ impl StatusPage {
             if wants_json {
                 Reply { status: 200, content_type: "application/json", body: json(&snapshot).into_bytes() }
             } else {
-                Reply { status: 200, content_type: "text/html; charset=utf-8", body: html(&snapshot).into_bytes() }
+                Reply {
+                    status: 200,
+                    content_type: "text/html; charset=utf-8",
+                    body: html(&snapshot).into_bytes(),
+                }
             }
         })
     }
@@ -191,11 +195,20 @@ impl StatusPage {
 fn number(value: f64) -> String {
     let text = format!("{:.3}", if value.is_finite() { value } else { 0.0 });
     let text = text.trim_end_matches('0').trim_end_matches('.');
-    if text == "-0" { "0".into() } else { text.into() }
+    if text == "-0" {
+        "0".into()
+    } else {
+        text.into()
+    }
 }
 
 /// `"name":[...]` of one history column, `null` where `value` has none.
-fn column(j: &mut String, name: &str, history: &[(f64, Sample)], value: impl Fn(f64, &Sample) -> Option<f64>) {
+fn column(
+    j: &mut String,
+    name: &str,
+    history: &[(f64, Sample)],
+    value: impl Fn(f64, &Sample) -> Option<f64>,
+) {
     let _ = write!(j, ",{}:[", json_string(name));
     for (i, (ago, sample)) in history.iter().enumerate() {
         let cell = value(*ago, sample).map_or_else(|| "null".into(), number);
@@ -398,7 +411,11 @@ fn charts(s: &Snapshot) -> [Chart<'static>; 3] {
             class: "s-parked",
             name: "parked",
             now: count(s.active),
-            points: if s.parking_enabled { series(&s.history, |x| Some(x.parked as f64)) } else { Vec::new() },
+            points: if s.parking_enabled {
+                series(&s.history, |x| Some(x.parked as f64))
+            } else {
+                Vec::new()
+            },
         }],
         notes: vec![("lot", count(s.max_parked)), ("peak", count(peak))],
         empty: if s.parking_enabled { "no sample yet" } else { "parking is off" },
@@ -554,7 +571,8 @@ fn html(s: &Snapshot) -> String {
     if s.atespaces.is_empty() {
         h.push_str("<p class=\"quiet\">No atespace holds a slot.</p>");
     } else {
-        let columns = [("atespace", false), ("slots", true), ("oldest wait", true), ("shed by its cap (1 min)", true)];
+        let columns =
+            [("atespace", false), ("slots", true), ("oldest wait", true), ("shed by its cap (1 min)", true)];
         table_head(&mut h, "atespaces", &columns);
         for a in &s.atespaces {
             h.push_str("<tr>");
@@ -567,7 +585,9 @@ fn html(s: &Snapshot) -> String {
         h.push_str("</tbody></table>");
         more(&mut h, "atespaces-more", "the top", s.atespaces.len(), s.atespaces_total);
     }
-    h.push_str("</section></div><section class=\"card\" id=\"flights-card\"><h2>Flights: actors being resumed</h2>");
+    h.push_str(
+        "</section></div><section class=\"card\" id=\"flights-card\"><h2>Flights: actors being resumed</h2>",
+    );
     if s.oldest_flights.is_empty() {
         h.push_str("<p class=\"quiet\">No flight is in progress.</p>");
     } else {
@@ -576,8 +596,9 @@ fn html(s: &Snapshot) -> String {
             h.push_str("<tr>");
             cell(&mut h, "actor", false, &escape(&f.actor));
             cell(&mut h, "age", true, &format!("{:.1}s", f.age.as_secs_f64()));
-            let attempt =
-                f.attempt.map_or_else(|| "retry pending".into(), |a| format!("running {:.1}s", a.as_secs_f64()));
+            let attempt = f
+                .attempt
+                .map_or_else(|| "retry pending".into(), |a| format!("running {:.1}s", a.as_secs_f64()));
             cell(&mut h, "attempt", false, &attempt);
             cell(&mut h, "attempts", true, &f.attempts.to_string());
             cell(&mut h, "last code", false, f.last_code);
@@ -640,7 +661,8 @@ fn html(s: &Snapshot) -> String {
 /// the startup log. Holds paths, never file contents.
 pub fn effective_flags(config: &Config) -> Vec<(&'static str, String)> {
     let opt = |v: &Option<String>| v.clone().unwrap_or_default();
-    let path = |p: &Option<std::path::PathBuf>| p.as_ref().map(|p| p.display().to_string()).unwrap_or_default();
+    let path =
+        |p: &Option<std::path::PathBuf>| p.as_ref().map(|p| p.display().to_string()).unwrap_or_default();
     let (ca, cert, name) = match &config.ateapi_transport {
         None | Some(AteapiTransport::Insecure) => (String::new(), String::new(), String::new()),
         Some(AteapiTransport::Tls { ca_file, client_cert, server_name }) => {
@@ -682,7 +704,12 @@ pub fn effective_flags(config: &Config) -> Vec<(&'static str, String)> {
         ("--worker-port", config.worker_port.to_string()),
         (
             "--worker-networks",
-            config.worker_networks.iter().map(|r| format!("{}/{}", r.ip, r.prefix)).collect::<Vec<_>>().join(","),
+            config
+                .worker_networks
+                .iter()
+                .map(|r| format!("{}/{}", r.ip, r.prefix))
+                .collect::<Vec<_>>()
+                .join(","),
         ),
         ("--envoys", config.envoys.to_string()),
         ("--drain-delay", godur::format(config.drain_delay)),
@@ -695,7 +722,12 @@ pub fn effective_flags(config: &Config) -> Vec<(&'static str, String)> {
         ("--envoy-listen-address", config.envoy_listen_ip.to_string()),
         (
             "--envoy-trusted-ranges",
-            config.envoy_trusted_ranges.iter().map(|r| format!("{}/{}", r.ip, r.prefix)).collect::<Vec<_>>().join(","),
+            config
+                .envoy_trusted_ranges
+                .iter()
+                .map(|r| format!("{}/{}", r.ip, r.prefix))
+                .collect::<Vec<_>>()
+                .join(","),
         ),
         ("--envoy-max-heap", size::format(config.envoy_max_heap)),
         ("--port-http", config.port_http.to_string()),
@@ -753,21 +785,19 @@ mod tests {
 
     #[test]
     fn figures_read_well() {
-        assert_eq!((count(0), count(999), count(1000), count(20_000), count(1_234_567)), (
-            "0".into(),
-            "999".into(),
-            "1,000".into(),
-            "20,000".into(),
-            "1,234,567".into()
-        ));
+        assert_eq!(
+            (count(0), count(999), count(1000), count(20_000), count(1_234_567)),
+            ("0".into(), "999".into(), "1,000".into(), "20,000".into(), "1,234,567".into())
+        );
         assert_eq!((rate(0.0), rate(2.54), rate(1234.4)), ("0/s".into(), "2.5/s".into(), "1,234/s".into()));
-        assert_eq!((seconds(0.25), seconds(1.234), seconds(12.34)), ("250 ms".into(), "1.23 s".into(), "12.3 s".into()));
-        assert_eq!((number(1.0), number(0.1234), number(-0.0001), number(f64::NAN)), (
-            "1".into(),
-            "0.123".into(),
-            "0".into(),
-            "0".into()
-        ));
+        assert_eq!(
+            (seconds(0.25), seconds(1.234), seconds(12.34)),
+            ("250 ms".into(), "1.23 s".into(), "12.3 s".into())
+        );
+        assert_eq!(
+            (number(1.0), number(0.1234), number(-0.0001), number(f64::NAN)),
+            ("1".into(), "0.123".into(), "0".into(), "0".into())
+        );
     }
 
     /// B93: the page at its largest, whatever is parked: every list full of

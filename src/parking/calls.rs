@@ -128,7 +128,11 @@ impl Resumer for CallGate {
         if queue.is_empty() {
             state.turns.push_back(Arc::clone(&atespace));
         }
-        state.queues.get_mut(&atespace).expect("just made").insert(seq, Waiting { actor: actor.clone(), done, expiry: None });
+        state
+            .queues
+            .get_mut(&atespace)
+            .expect("just made")
+            .insert(seq, Waiting { actor: actor.clone(), done, expiry: None });
         state.waiting += 1;
         shared.gauges.waiting.set(state.waiting as i64);
         drop(state);
@@ -282,7 +286,12 @@ mod tests {
         gated_with_share(limit, limit, budget_ms, inner)
     }
 
-    fn gated_with_share(limit: usize, share: usize, budget_ms: u64, inner: Option<Arc<dyn Resumer>>) -> Gated {
+    fn gated_with_share(
+        limit: usize,
+        share: usize,
+        budget_ms: u64,
+        inner: Option<Arc<dyn Resumer>>,
+    ) -> Gated {
         let clock = ManualClock::new();
         let scheduler = ManualScheduler::new(clock.clone());
         let resumer = Arc::new(ScriptedResumer::default());
@@ -300,8 +309,13 @@ mod tests {
             max_flights: 100_000,
             max_flights_per_atespace: 100_000,
         };
-        let table =
-            FlightTable::new(policy, Arc::new(clock.clone()), Arc::new(scheduler.clone()), Arc::new(gate), abandoned.clone());
+        let table = FlightTable::new(
+            policy,
+            Arc::new(clock.clone()),
+            Arc::new(scheduler.clone()),
+            Arc::new(gate),
+            abandoned.clone(),
+        );
         Gated { clock, scheduler, resumer, table, gauges, abandoned }
     }
 
@@ -436,7 +450,8 @@ mod tests {
         let inner = Arc::new(FailsAtOnce::default());
         let g = gated(1, 10_000, Some(Arc::clone(&inner) as Arc<dyn Resumer>));
         let n = 50_000;
-        let callers: Vec<_> = (0..n).map(|i| g.table.join(&actor(&format!("demo/a{i}"))).unwrap().0).collect();
+        let callers: Vec<_> =
+            (0..n).map(|i| g.table.join(&actor(&format!("demo/a{i}"))).unwrap().0).collect();
         assert_eq!(open_and_waiting(&g), (1, n as i64 - 1));
         // Each send reports at once and frees the one call for the next:
         // with a send per release on the stack this would overflow it.

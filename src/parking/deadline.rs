@@ -6,8 +6,8 @@
 
 use std::time::Duration;
 
-use crate::proto::base::HeaderMap;
 use crate::ateapi::target;
+use crate::proto::base::HeaderMap;
 
 /// The gRPC deadline header.
 pub const GRPC_TIMEOUT: &str = "grpc-timeout";
@@ -26,7 +26,8 @@ pub struct CallerTimeout {
 /// Reads both headers (their first occurrences, as for every header, B1).
 pub fn caller_timeout(headers: &HeaderMap) -> CallerTimeout {
     let mut found = CallerTimeout::default();
-    for (name, parse) in [(GRPC_TIMEOUT, grpc_timeout as fn(&[u8]) -> Option<Duration>), (ENVOY_EXPECTED_TIMEOUT, millis)]
+    for (name, parse) in
+        [(GRPC_TIMEOUT, grpc_timeout as fn(&[u8]) -> Option<Duration>), (ENVOY_EXPECTED_TIMEOUT, millis)]
     {
         let Some(value) = target::header(headers, name) else { continue };
         match parse(value) {
@@ -85,7 +86,9 @@ mod tests {
         assert_eq!(grpc_timeout(b"5000000n"), Some(ms(5)));
         assert_eq!(grpc_timeout(b"99999999H"), Some(Duration::from_secs(99_999_999 * 3600)));
         assert_eq!(grpc_timeout(b"0m"), Some(Duration::ZERO));
-        for bad in [&b""[..], b"m", b"300", b"300x", b"123456789m", b"-1m", b"1.5S", b" 1S", b"1 S", b"\xff1S"] {
+        for bad in
+            [&b""[..], b"m", b"300", b"300x", b"123456789m", b"-1m", b"1.5S", b" 1S", b"1 S", b"\xff1S"]
+        {
             assert_eq!(grpc_timeout(bad), None, "{:?}", String::from_utf8_lossy(bad));
         }
     }
@@ -101,12 +104,18 @@ mod tests {
 
     #[test]
     fn b68_the_smaller_wins_and_malformed_values_are_ignored() {
-        let both = caller_timeout(&headers(&[("grpc-timeout", "2S"), ("x-envoy-expected-rq-timeout-ms", "700")]));
+        let both =
+            caller_timeout(&headers(&[("grpc-timeout", "2S"), ("x-envoy-expected-rq-timeout-ms", "700")]));
         assert_eq!(both, CallerTimeout { timeout: Some(Duration::from_millis(700)), malformed: None });
-        let both = caller_timeout(&headers(&[("X-Envoy-Expected-Rq-Timeout-Ms", "5000"), ("Grpc-Timeout", "300m")]));
+        let both =
+            caller_timeout(&headers(&[("X-Envoy-Expected-Rq-Timeout-Ms", "5000"), ("Grpc-Timeout", "300m")]));
         assert_eq!(both.timeout, Some(Duration::from_millis(300)), "names are case-insensitive");
-        let one_bad = caller_timeout(&headers(&[("grpc-timeout", "soon"), ("x-envoy-expected-rq-timeout-ms", "900")]));
-        assert_eq!(one_bad, CallerTimeout { timeout: Some(Duration::from_millis(900)), malformed: Some(GRPC_TIMEOUT) });
+        let one_bad =
+            caller_timeout(&headers(&[("grpc-timeout", "soon"), ("x-envoy-expected-rq-timeout-ms", "900")]));
+        assert_eq!(
+            one_bad,
+            CallerTimeout { timeout: Some(Duration::from_millis(900)), malformed: Some(GRPC_TIMEOUT) }
+        );
         assert_eq!(caller_timeout(&headers(&[("grpc-timeout", "1x")])).timeout, None);
         assert_eq!(caller_timeout(&headers(&[])), CallerTimeout::default());
         let first = caller_timeout(&headers(&[("grpc-timeout", "1S"), ("grpc-timeout", "1m")]));

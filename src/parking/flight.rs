@@ -450,7 +450,8 @@ impl FlightTable {
         // (B19): late serve asks Envoy for more time (B49), and every caller
         // gets its own answer before Envoy's ceiling (B81).
         let (inner, flight) = (Arc::clone(&self.inner), Arc::clone(&created));
-        let timer = self.inner.scheduler.schedule(created.deadline, Box::new(move || inner.on_deadline(&flight)));
+        let timer =
+            self.inner.scheduler.schedule(created.deadline, Box::new(move || inner.on_deadline(&flight)));
         created.state.lock().deadline_timer = Some(timer);
         Inner::start_attempt(&self.inner, &created);
         Ok((Caller::new(&self.inner, &created), Role::Leader))
@@ -597,7 +598,12 @@ impl Inner {
     }
 
     /// Ends a flight nobody waits for (B78); the locks are the caller's.
-    fn abandon(&self, shard: MutexGuard<'_, HashMap<ActorId, Arc<Flight>>>, flight: &Arc<Flight>, mut state: MutexGuard<'_, FlightState>) {
+    fn abandon(
+        &self,
+        shard: MutexGuard<'_, HashMap<ActorId, Arc<Flight>>>,
+        flight: &Arc<Flight>,
+        mut state: MutexGuard<'_, FlightState>,
+    ) {
         state.phase = Phase::Abandoned;
         self.abandoned.inc();
         self.leave_table(shard, flight, state);
@@ -616,7 +622,8 @@ impl Inner {
             shard.remove(&flight.actor);
             self.active.fetch_sub(1, Ordering::AcqRel);
         }
-        let (wake, timer, share) = (state.waiters.take_all(), state.deadline_timer.take(), state.share.take());
+        let (wake, timer, share) =
+            (state.waiters.take_all(), state.deadline_timer.take(), state.share.take());
         drop(state);
         drop(shard);
         drop(share);
@@ -724,7 +731,12 @@ pub(crate) mod tests {
     }
 
     /// A harness whose atespaces may each have `share` flights (B79).
-    pub(crate) fn harness_with_share(budget_ms: u64, interval_ms: u64, parking_enabled: bool, share: usize) -> Harness {
+    pub(crate) fn harness_with_share(
+        budget_ms: u64,
+        interval_ms: u64,
+        parking_enabled: bool,
+        share: usize,
+    ) -> Harness {
         let clock = ManualClock::new();
         let scheduler = ManualScheduler::new(clock.clone());
         let resumer = Arc::new(ScriptedResumer::default());
@@ -1126,7 +1138,10 @@ pub(crate) mod tests {
         assert_eq!(h.resumer.calls(&a), 2, "so it retries");
         h.resumer.answer(&a, err(Code::ResourceExhausted, "full"));
         drop(second);
-        assert!(h.table.is_empty() && abandoned(&flight), "ended when the last caller left, not at the retry");
+        assert!(
+            h.table.is_empty() && abandoned(&flight),
+            "ended when the last caller left, not at the retry"
+        );
         assert_eq!(h.scheduler.pending(), 1, "only the retry timer, which does nothing now");
         h.scheduler.advance(Duration::from_millis(1000));
         assert_eq!(h.resumer.calls(&a), 2);
@@ -1195,15 +1210,20 @@ pub(crate) mod tests {
         // Table 3, share 2: two atespaces fill the table between them.
         let h = harness_with_share(1000, 100, true, 2);
         let parse = |r: &str| ActorId::parse(r).unwrap();
-        let held: Vec<Caller> = ["x/a", "x/b", "y/a"].iter().map(|r| h.table.join(&parse(r)).unwrap().0).collect();
-        assert!(matches!(h.table.join(&parse("x/c")), Err(FlightRefusal::AtespaceFull)), "both: the share says so");
+        let held: Vec<Caller> =
+            ["x/a", "x/b", "y/a"].iter().map(|r| h.table.join(&parse(r)).unwrap().0).collect();
+        assert!(
+            matches!(h.table.join(&parse("x/c")), Err(FlightRefusal::AtespaceFull)),
+            "both: the share says so"
+        );
         assert!(matches!(h.table.join(&parse("y/b")), Err(FlightRefusal::TableFull)));
         assert!(matches!(h.table.join(&parse("z/a")), Err(FlightRefusal::TableFull)));
         for r in ["x/a", "x/b", "y/a"] {
             h.resumer.answer(&parse(r), ok(false));
         }
         drop(held);
-        let again: Vec<Caller> = ["y/b", "y/c", "z/a"].iter().map(|r| h.table.join(&parse(r)).unwrap().0).collect();
+        let again: Vec<Caller> =
+            ["y/b", "y/c", "z/a"].iter().map(|r| h.table.join(&parse(r)).unwrap().0).collect();
         assert_eq!(h.table.len(), 3, "every refusal gave its share back");
         drop(again);
     }

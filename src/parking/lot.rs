@@ -232,7 +232,8 @@ impl ParkingLot {
             if Duration::from_secs_f64(mean.max(0.0)) <= remaining {
                 return false;
             }
-            let quiet = |at: Option<Instant>| at.is_none_or(|at| now.saturating_duration_since(at) >= PROBE_INTERVAL);
+            let quiet =
+                |at: Option<Instant>| at.is_none_or(|at| now.saturating_duration_since(at) >= PROBE_INTERVAL);
             if quiet(served.sampled_at) && quiet(served.probed_at) {
                 served.probed_at = Some(now);
                 return false;
@@ -392,7 +393,9 @@ impl Shares {
     }
 
     fn shard(&self, atespace: &str) -> &Mutex<HashMap<Box<str>, Share>> {
-        let hash = atespace.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3));
+        let hash = atespace
+            .bytes()
+            .fold(0xcbf2_9ce4_8422_2325_u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3));
         &self.shards[(hash % SHARE_SHARDS as u64) as usize]
     }
 
@@ -435,7 +438,8 @@ impl Shares {
             views.extend(shard.iter().map(|(name, share)| AtespaceView {
                 atespace: name.to_string(),
                 slots: share.slots,
-                oldest_wait: share.taken.keys().next().map_or(Duration::ZERO, |t| now.saturating_duration_since(*t)),
+                oldest_wait:
+                    share.taken.keys().next().map_or(Duration::ZERO, |t| now.saturating_duration_since(*t)),
                 sheds_last_minute: share.sheds.last_minute(second),
             }));
         }
@@ -449,8 +453,8 @@ impl Shares {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::parking::clock::ManualClock;
     use crate::ops::metrics::Metrics;
+    use crate::parking::clock::ManualClock;
 
     fn lot(max: usize, per_atespace: usize, clock: Arc<dyn Clock>) -> Arc<ParkingLot> {
         ParkingLot::new(max, per_atespace, clock, Metrics::new().lot_instruments())
@@ -568,7 +572,10 @@ mod tests {
                 sheds_last_minute: 2
             }
         );
-        assert_eq!((views[1].atespace.as_str(), views[1].slots, views[1].sheds_last_minute), ("polite", 1, 0));
+        assert_eq!(
+            (views[1].atespace.as_str(), views[1].slots, views[1].sheds_last_minute),
+            ("polite", 1, 0)
+        );
         let mut greedy = greedy.into_iter();
         drop(greedy.next());
         let again = lot.try_admit("greedy").expect("room again once a slot is freed");
@@ -590,7 +597,10 @@ mod tests {
             assert_eq!(lot.try_admit(&tenant).err(), Some(Refusal::AtespaceFull));
             drop(held);
         }
-        assert!(lot.shares.shards.iter().all(|shard| shard.lock().is_empty()), "one entry per tenant ever seen");
+        assert!(
+            lot.shares.shards.iter().all(|shard| shard.lock().is_empty()),
+            "one entry per tenant ever seen"
+        );
     }
 
     #[test]
@@ -614,7 +624,10 @@ mod tests {
                     // Every thread competes for the same atespace, and for
                     // the lot through 29 others.
                     (0..50)
-                        .filter_map(|i| lot.try_admit(if i % 2 == 0 { "shared" } else { ["x", "y", "z"][(i + t) % 3] }).ok())
+                        .filter_map(|i| {
+                            lot.try_admit(if i % 2 == 0 { "shared" } else { ["x", "y", "z"][(i + t) % 3] })
+                                .ok()
+                        })
                         .collect::<Vec<_>>()
                 })
             })

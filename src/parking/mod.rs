@@ -18,4 +18,12 @@
 //! May depend on: `ateapi`'s vocabulary only (`target`, `resume`), and
 //! `proto` (headers, for a caller's deadline).
 
-internal!(backoff, calls, clock, deadline, flight, lot, resolver, share, timer);
+pub mod backoff;
+pub mod calls;
+pub mod clock;
+pub mod deadline;
+pub mod flight;
+pub mod lot;
+pub mod resolver;
+pub mod share;
+pub mod timer;

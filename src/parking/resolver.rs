@@ -185,9 +185,12 @@ impl Resolver {
             None => Err(ResolveError::AtespaceRequestsFull),
         };
         let (stage, flight, role, state) = match joined {
-            Ok((flight, role)) => {
-                (Stage::First { wait: flight.wait(Until::ParkedOrDone) }, Some(flight), role, AccountState::Undecided)
-            }
+            Ok((flight, role)) => (
+                Stage::First { wait: flight.wait(Until::ParkedOrDone) },
+                Some(flight),
+                role,
+                AccountState::Undecided,
+            ),
             // Refused before any lot decision was due: counted as refused,
             // never as a caller that left (B55).
             Err(error) => (Stage::Refused(error), None, Role::Leader, AccountState::Settled),
@@ -312,7 +315,9 @@ impl Future for Resolve {
                     match this.account.admit(&flight) {
                         Ok(()) => {}
                         Err(Refusal::LotFull) => return Poll::Ready(this.refuse(ResolveError::LotFull)),
-                        Err(Refusal::AtespaceFull) => return Poll::Ready(this.refuse(ResolveError::AtespaceFull)),
+                        Err(Refusal::AtespaceFull) => {
+                            return Poll::Ready(this.refuse(ResolveError::AtespaceFull))
+                        }
                     }
                     let deadline = this
                         .deadline
@@ -465,9 +470,9 @@ fn wait_outcome(outcome: &FlightOutcome) -> WaitOutcome {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::parking::flight::tests::{actor, err, harness, ok, Harness};
-    use crate::ops::metrics::Metrics;
     use crate::ateapi::resume::Code;
+    use crate::ops::metrics::Metrics;
+    use crate::parking::flight::tests::{actor, err, harness, ok, Harness};
     use futures::task::noop_waker;
     use parking_lot::Mutex;
     use std::time::Duration;
@@ -481,10 +486,15 @@ mod tests {
     fn setup(lot_max: usize) -> Setup {
         let h = harness(1000, 100, lot_max > 0);
         let metrics = Metrics::new();
-        let lot =
-            (lot_max > 0).then(|| ParkingLot::new(lot_max, 0, Arc::new(h.clock.clone()), metrics.lot_instruments()));
-        let resolver =
-            Resolver::new(h.table.clone(), lot, 1000, Arc::new(h.clock.clone()), Arc::new(h.scheduler.clone()));
+        let lot = (lot_max > 0)
+            .then(|| ParkingLot::new(lot_max, 0, Arc::new(h.clock.clone()), metrics.lot_instruments()));
+        let resolver = Resolver::new(
+            h.table.clone(),
+            lot,
+            1000,
+            Arc::new(h.clock.clone()),
+            Arc::new(h.scheduler.clone()),
+        );
         Setup { h, metrics, resolver }
     }
 
@@ -670,9 +680,15 @@ mod tests {
     fn setup_shared(lot_max: usize, per_atespace: usize) -> Setup {
         let h = harness(1000, 100, true);
         let metrics = Metrics::new();
-        let lot = ParkingLot::new(lot_max, per_atespace, Arc::new(h.clock.clone()), metrics.lot_instruments());
-        let resolver =
-            Resolver::new(h.table.clone(), Some(lot), 1000, Arc::new(h.clock.clone()), Arc::new(h.scheduler.clone()));
+        let lot =
+            ParkingLot::new(lot_max, per_atespace, Arc::new(h.clock.clone()), metrics.lot_instruments());
+        let resolver = Resolver::new(
+            h.table.clone(),
+            Some(lot),
+            1000,
+            Arc::new(h.clock.clone()),
+            Arc::new(h.scheduler.clone()),
+        );
         Setup { h, metrics, resolver }
     }
 
@@ -733,7 +749,10 @@ mod tests {
         s.h.resumer.answer(&b, err(Code::ResourceExhausted, "no free workers available"));
         assert_eq!(
             ready(&mut short).result,
-            Err(ResolveError::DeadlineTooShort(ResumeError::new(Code::ResourceExhausted, "no free workers available")))
+            Err(ResolveError::DeadlineTooShort(ResumeError::new(
+                Code::ResourceExhausted,
+                "no free workers available"
+            )))
         );
         assert!(poll(&mut long).is_pending(), "enough time left: parks");
         assert_eq!(active(&s), 1, "the early rejection took no slot");
@@ -762,7 +781,8 @@ mod tests {
         let cold = ActorId::parse("greedy/cold").unwrap();
         let polite = ActorId::parse("polite/b").unwrap();
         // Two callers of one hot actor and one of another: three slots wanted by one atespace.
-        let mut callers: Vec<Resolve> = [&hot, &hot, &cold].iter().map(|a| s.resolver.resolve(a, None)).collect();
+        let mut callers: Vec<Resolve> =
+            [&hot, &hot, &cold].iter().map(|a| s.resolver.resolve(a, None)).collect();
         let mut other = s.resolver.resolve(&polite, None);
         callers.iter_mut().chain([&mut other]).for_each(|c| assert!(poll(c).is_pending()));
         for a in [&hot, &cold, &polite] {
@@ -791,7 +811,8 @@ mod tests {
     #[test]
     fn b58_refused_flight_is_an_immediate_flights_full_outcome() {
         let s = setup(4);
-        let callers: Vec<Resolve> = (0..3).map(|i| s.resolver.resolve(&actor(&format!("a{i}")), None)).collect();
+        let callers: Vec<Resolve> =
+            (0..3).map(|i| s.resolver.resolve(&actor(&format!("a{i}")), None)).collect();
         let mut refused = s.resolver.resolve(&actor("fourth"), None);
         let outcome = ready(&mut refused);
         assert_eq!(outcome.result, Err(ResolveError::FlightsFull));
@@ -876,7 +897,13 @@ mod tests {
         let h = harness(1000, 100, true);
         let metrics = Metrics::new();
         let lot = ParkingLot::new(8, 0, Arc::new(h.clock.clone()), metrics.lot_instruments());
-        let resolver = Resolver::new(h.table.clone(), Some(lot), 2, Arc::new(h.clock.clone()), Arc::new(h.scheduler.clone()));
+        let resolver = Resolver::new(
+            h.table.clone(),
+            Some(lot),
+            2,
+            Arc::new(h.clock.clone()),
+            Arc::new(h.scheduler.clone()),
+        );
         let parse = |r: &str| ActorId::parse(r).unwrap();
         // One waits on a slow first attempt, one is parked: both count.
         let mut slow = resolver.resolve(&parse("greedy/slow"), None);

@@ -133,7 +133,9 @@ mod tests {
                 let (shares, barrier) = (Arc::clone(&shares), Arc::clone(&barrier));
                 std::thread::spawn(move || {
                     barrier.wait();
-                    (0..50).filter_map(|i| shares.try_take(&actor(&format!("one/t{t}-{i}")))).collect::<Vec<_>>()
+                    (0..50)
+                        .filter_map(|i| shares.try_take(&actor(&format!("one/t{t}-{i}"))))
+                        .collect::<Vec<_>>()
                 })
             })
             .collect::<Vec<_>>()

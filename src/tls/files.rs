@@ -35,7 +35,9 @@ pub enum CredentialsError {
 impl std::fmt::Display for CredentialsError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            CredentialsError::Unreadable { flag, path, source } => write!(f, "{flag} {}: {source}", path.display()),
+            CredentialsError::Unreadable { flag, path, source } => {
+                write!(f, "{flag} {}: {source}", path.display())
+            }
             CredentialsError::Denied { flag, path, uid, gid, .. } => write!(
                 f,
                 "{flag} {}: permission denied (the router runs as uid {uid}, gid {gid})",
@@ -51,7 +53,9 @@ impl std::fmt::Display for CredentialsError {
                 MAX_CREDENTIAL_FILE / 1024
             ),
             CredentialsError::Pem { flag, path, source } => write!(f, "{flag} {}: {source}", path.display()),
-            CredentialsError::Token { flag, path, reason } => write!(f, "{flag} {}: {reason}", path.display()),
+            CredentialsError::Token { flag, path, reason } => {
+                write!(f, "{flag} {}: {reason}", path.display())
+            }
         }
     }
 }
@@ -59,7 +63,9 @@ impl std::fmt::Display for CredentialsError {
 impl std::error::Error for CredentialsError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
-            CredentialsError::Unreadable { source, .. } | CredentialsError::Denied { source, .. } => Some(source),
+            CredentialsError::Unreadable { source, .. } | CredentialsError::Denied { source, .. } => {
+                Some(source)
+            }
             CredentialsError::Pem { source, .. } => Some(source),
             CredentialsError::TooLarge { .. }
             | CredentialsError::NotRegular { .. }
@@ -88,11 +94,8 @@ pub fn read(flag: &'static str, path: &Path) -> Result<Vec<u8>, CredentialsError
     // for ever, at startup (deaf to SIGTERM) or on the watcher thread. The
     // type is then checked on the open file, so a path swapped in between
     // cannot slip past.
-    let file = fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NONBLOCK)
-        .open(path)
-        .map_err(unreadable)?;
+    let file =
+        fs::OpenOptions::new().read(true).custom_flags(libc::O_NONBLOCK).open(path).map_err(unreadable)?;
     let file_type = file.metadata().map_err(unreadable)?.file_type();
     if !file_type.is_file() {
         let kind = if file_type.is_fifo() {

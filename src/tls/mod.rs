@@ -13,4 +13,6 @@
 //! Used by `ateapi` (the control plane's channel) and by the assembly
 //! (the ext_proc listener). May depend on nothing else of the crate.
 
-internal!(files, pem, server);
+pub mod files;
+pub mod pem;
+pub mod server;

@@ -63,7 +63,9 @@ impl fmt::Display for PemError {
             PemError::NotCertificate(reason) => {
                 write!(f, "a CERTIFICATE block does not hold an X.509 certificate ({reason})")
             }
-            PemError::NotKey { label, reason } => write!(f, "the {label} block does not hold such a key ({reason})"),
+            PemError::NotKey { label, reason } => {
+                write!(f, "the {label} block does not hold such a key ({reason})")
+            }
             PemError::UnsupportedKey(label) if label == "ENCRYPTED PRIVATE KEY" => f.write_str(
                 "the private key is encrypted and gRPC has no passphrase \
                  (decrypt it: openssl pkey -in key.pem -out plain.pem)",
@@ -131,7 +133,8 @@ fn certificate(block: &Block<'_>) -> Result<X509, PemError> {
 /// a terminal for the passphrase.
 fn key(block: &Block<'_>) -> Result<PKey<Private>, PemError> {
     // OpenSSL's legacy encryption keeps the label and adds a header.
-    let label = if block.text.contains("Proc-Type: 4,ENCRYPTED") { "ENCRYPTED PRIVATE KEY" } else { block.label };
+    let label =
+        if block.text.contains("Proc-Type: 4,ENCRYPTED") { "ENCRYPTED PRIVATE KEY" } else { block.label };
     if !["PRIVATE KEY", "RSA PRIVATE KEY", "EC PRIVATE KEY"].contains(&label) {
         return Err(PemError::UnsupportedKey(label.to_string()));
     }
@@ -188,10 +191,9 @@ pub fn key_pair(chain: &[X509], key: &PKey<Private>, which: &str) -> Result<(Vec
     if !public.public_eq(key) {
         return Err(PemError::KeyMismatch(which.to_string()));
     }
-    let key = key.private_key_to_pem_pkcs8().map_err(|e| PemError::NotKey {
-        label: "PRIVATE KEY".into(),
-        reason: reason(&e),
-    })?;
+    let key = key
+        .private_key_to_pem_pkcs8()
+        .map_err(|e| PemError::NotKey { label: "PRIVATE KEY".into(), reason: reason(&e) })?;
     Ok((pem_of(chain)?, key))
 }
 
@@ -260,7 +262,10 @@ mod tests {
         let (ca1, key) = pair(1);
         let (ca2, _) = pair(2);
         let two = format!("{ca1}junk between\n{ca2}");
-        assert_eq!(String::from_utf8(certificates(two.as_bytes()).unwrap()).unwrap().matches("BEGIN").count(), 2);
+        assert_eq!(
+            String::from_utf8(certificates(two.as_bytes()).unwrap()).unwrap().matches("BEGIN").count(),
+            2
+        );
         assert_eq!(certificates(b""), Err(PemError::Missing("CERTIFICATE block")));
         assert_eq!(certificates(key.as_bytes()), Err(PemError::Missing("CERTIFICATE block")));
         assert_eq!(certificates(&[0x30, 0x82, 0x01, 0x00, 0x00]), Err(PemError::NotText), "DER");
@@ -289,7 +294,10 @@ mod tests {
         assert_eq!(split_bundle(format!("{cert}{key}{key}").as_bytes()), Err(PemError::SeveralKeys));
         let mismatch = split_bundle(format!("{cert}{other_key}").as_bytes()).unwrap_err();
         assert_eq!(mismatch, PemError::KeyMismatch("the bundle's first certificate".into()));
-        assert!(mismatch.to_string().contains("does not belong to the bundle's first certificate"), "{mismatch}");
+        assert!(
+            mismatch.to_string().contains("does not belong to the bundle's first certificate"),
+            "{mismatch}"
+        );
         // The key must match the first certificate, not any of the chain.
         assert!(matches!(split_bundle(format!("{ca}{cert}{key}").as_bytes()), Err(PemError::KeyMismatch(_))));
     }
@@ -312,14 +320,16 @@ mod tests {
             split_bundle(format!("{cert}{wrong}").as_bytes()),
             Err(PemError::NotKey { label, .. }) if label == "RSA PRIVATE KEY"
         ));
-        let encrypted = key
-            .private_key_to_pem_pkcs8_passphrase(openssl::symm::Cipher::aes_256_cbc(), b"s3cr3t")
-            .unwrap();
+        let encrypted =
+            key.private_key_to_pem_pkcs8_passphrase(openssl::symm::Cipher::aes_256_cbc(), b"s3cr3t").unwrap();
         let e = split_bundle(&[cert.as_bytes(), &encrypted].concat()).unwrap_err();
         assert_eq!(e, PemError::UnsupportedKey("ENCRYPTED PRIVATE KEY".into()));
         assert!(e.to_string().contains("encrypted"));
         let legacy = String::from_utf8(
-            key.ec_key().unwrap().private_key_to_pem_passphrase(openssl::symm::Cipher::aes_128_cbc(), b"pw").unwrap(),
+            key.ec_key()
+                .unwrap()
+                .private_key_to_pem_passphrase(openssl::symm::Cipher::aes_128_cbc(), b"pw")
+                .unwrap(),
         )
         .unwrap();
         assert!(legacy.contains("Proc-Type: 4,ENCRYPTED"));

@@ -169,11 +169,13 @@ impl ServerCredentialsFetcher for Fetcher {
         }
         // The PEM is OpenSSL's own rendering: no NUL, so grpcio's C strings
         // cannot panic on it.
-        let mut builder = ServerCredentialsBuilder::new().add_cert(checked.chain.clone(), checked.key.clone());
+        let mut builder =
+            ServerCredentialsBuilder::new().add_cert(checked.chain.clone(), checked.key.clone());
         if let Some(ca) = &checked.client_ca {
             // The request type here is not read on a fetcher's path: the
             // one given to `with_fetcher` is.
-            builder = builder.root_cert(ca.clone(), CertificateRequestType::RequestAndRequireClientCertificateAndVerify);
+            builder = builder
+                .root_cert(ca.clone(), CertificateRequestType::RequestAndRequireClientCertificateAndVerify);
         }
         Ok(Some(builder))
     }
