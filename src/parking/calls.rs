@@ -60,10 +60,17 @@ struct State {
     /// Calls holding a [`CallPermit`], in all and by atespace.
     open: usize,
     open_by_atespace: HashMap<Arc<str>, usize>,
-    /// Waiting attempts by atespace, by arrival.
+    /// Waiting attempts by atespace, by arrival. An atespace has an entry
+    /// exactly while it is in `turns`: an entry left empty by an expiry
+    /// stays until its turn comes, so that an expiry costs O(log n), not a
+    /// scan of every waiting atespace.
     queues: HashMap<Arc<str>, BTreeMap<u64, Waiting>>,
-    /// The atespaces with a waiting attempt, whose turn is next first.
+    /// The atespaces with an entry in `queues`, whose turn is next first.
     turns: VecDeque<Arc<str>>,
+    /// Entries left empty by expiries; swept in one pass when they are
+    /// most of `turns`, so that their memory stays bounded while the calls
+    /// stay at the limit (amortised O(1) per expiry, as the timer's heap).
+    emptied: usize,
     waiting: usize,
     next_seq: u64,
     /// Whether a thread is sending waiting attempts; it sends until the
@@ -124,15 +131,11 @@ impl Resumer for CallGate {
         let seq = state.next_seq;
         state.next_seq += 1;
         let deadline = done.budget_deadline();
-        let queue = state.queues.entry(Arc::clone(&atespace)).or_default();
-        if queue.is_empty() {
+        if !state.queues.contains_key(&atespace) {
             state.turns.push_back(Arc::clone(&atespace));
         }
-        state
-            .queues
-            .get_mut(&atespace)
-            .expect("just made")
-            .insert(seq, Waiting { actor: actor.clone(), done, expiry: None });
+        let queue = state.queues.entry(Arc::clone(&atespace)).or_default();
+        queue.insert(seq, Waiting { actor: actor.clone(), done, expiry: None });
         state.waiting += 1;
         shared.gauges.waiting.set(state.waiting as i64);
         drop(state);
@@ -224,16 +227,23 @@ impl State {
     }
 
     /// The oldest waiting attempt of the next atespace in turn that is
-    /// under its share; atespaces at their share keep their turn.
+    /// under its share; atespaces at their share keep their turn, and one
+    /// whose attempts all expired leaves the turns here.
     fn next(&mut self, gate: &Shared) -> Option<(Arc<str>, Waiting)> {
         for _ in 0..self.turns.len() {
             let atespace = self.turns.pop_front()?;
+            let queue = self.queues.get_mut(&atespace).expect("an atespace in turn has an entry");
+            if queue.is_empty() {
+                self.queues.remove(&atespace);
+                self.emptied -= 1;
+                continue;
+            }
             if !self.can_open(&atespace, gate) {
                 self.turns.push_back(atespace);
                 continue;
             }
-            let queue = self.queues.get_mut(&atespace).expect("an atespace in turn waits");
-            let (_, waiting) = queue.pop_first().expect("an atespace in turn waits");
+            let queue = self.queues.get_mut(&atespace).expect("an atespace in turn has an entry");
+            let (_, waiting) = queue.pop_first().expect("checked not empty");
             if queue.is_empty() {
                 self.queues.remove(&atespace);
             } else {
@@ -248,11 +258,16 @@ impl State {
     fn remove(&mut self, atespace: &Arc<str>, seq: u64) -> Option<Waiting> {
         let queue = self.queues.get_mut(atespace)?;
         let waiting = queue.remove(&seq)?;
-        if queue.is_empty() {
-            self.queues.remove(atespace);
-            self.turns.retain(|a| a != atespace);
-        }
         self.waiting -= 1;
+        if queue.is_empty() {
+            self.emptied += 1;
+            if self.emptied > 1024 && self.emptied > self.turns.len() / 2 {
+                let queues = &mut self.queues;
+                queues.retain(|_, queue| !queue.is_empty());
+                self.turns.retain(|atespace| queues.contains_key(atespace));
+                self.emptied = 0;
+            }
+        }
         Some(waiting)
     }
 }
@@ -278,6 +293,7 @@ mod tests {
         table: FlightTable,
         gauges: CallGauges,
         abandoned: IntCounter,
+        gate: Arc<Shared>,
     }
 
     /// A flight table whose attempts go through a gate of `limit` calls to
@@ -301,6 +317,7 @@ mod tests {
         };
         let inner = inner.unwrap_or_else(|| Arc::clone(&resumer) as Arc<dyn Resumer>);
         let gate = CallGate::new(inner, limit, share, Arc::new(scheduler.clone()), gauges.clone());
+        let shared = Arc::clone(&gate.shared);
         let abandoned = IntCounter::new("abandoned", "abandoned").unwrap();
         let policy = FlightPolicy {
             budget: Duration::from_millis(budget_ms),
@@ -316,7 +333,7 @@ mod tests {
             Arc::new(gate),
             abandoned.clone(),
         );
-        Gated { clock, scheduler, resumer, table, gauges, abandoned }
+        Gated { clock, scheduler, resumer, table, gauges, abandoned, gate: shared }
     }
 
     fn actor(reference: &str) -> ActorId {
@@ -467,5 +484,38 @@ mod tests {
         assert_eq!(open_and_waiting(&g), (0, 0));
         assert!(g.table.is_empty());
         drop(callers);
+    }
+
+    #[test]
+    fn b97_expiries_across_many_atespaces_keep_the_turns_and_their_memory_bounded() {
+        let g = gated(1, 1_000, None);
+        let held = actor("held/a");
+        let _held = g.table.join(&held).unwrap().0;
+        // 5,000 atespaces wait behind the one open call, and all expire.
+        let n = 5_000;
+        let expiring: Vec<_> = (0..n).map(|i| g.table.join(&actor(&format!("t{i}/a"))).unwrap().0).collect();
+        assert_eq!(open_and_waiting(&g), (1, n as i64));
+        g.scheduler.advance(Duration::from_millis(1_000));
+        assert_eq!(open_and_waiting(&g), (1, 0));
+        {
+            let state = g.gate.state.lock();
+            assert!(state.turns.len() <= 1024 + 1, "emptied entries swept: {} left", state.turns.len());
+            assert_eq!(state.turns.len(), state.queues.len(), "an entry exactly while in turn");
+        }
+        drop(expiring);
+        // An atespace whose attempt expired and that waits again has one
+        // turn, not two: two atespaces alternate one call each.
+        let (again, other) = (actor("t4999/b"), actor("other/a"));
+        let _again = g.table.join(&again).unwrap().0;
+        let _again2 = g.table.join(&actor("t4999/c")).unwrap().0;
+        let _other = g.table.join(&other).unwrap().0;
+        g.resumer.answer(&held, ok(true));
+        assert_eq!(g.resumer.calls(&again), 1);
+        g.resumer.answer(&again, ok(true));
+        assert_eq!(g.resumer.calls(&other), 1, "the other atespace's turn comes next");
+        g.resumer.answer(&other, ok(true));
+        g.resumer.answer(&actor("t4999/c"), ok(true));
+        assert_eq!(open_and_waiting(&g), (0, 0));
+        assert!(g.gate.state.lock().queues.is_empty(), "every entry gone once nothing waits");
     }
 }
