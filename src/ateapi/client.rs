@@ -25,8 +25,10 @@ use std::sync::Arc;
 use std::thread::ThreadId;
 use std::time::{Duration, Instant};
 
+use futures::StreamExt;
 use grpcio::{
-    CallOption, Channel, ChannelBuilder, ChannelCredentialsBuilder, Client, Environment, MetadataBuilder,
+    CallOption, Channel, ChannelBuilder, ChannelCredentialsBuilder, Client, ClientSStreamReceiver,
+    Environment, MetadataBuilder,
 };
 use parking_lot::{Mutex, RwLock};
 
@@ -325,13 +327,17 @@ impl Resumer for AteapiClient {
         let (metrics, health, actor) = (self.metrics.clone(), Arc::clone(&self.health), actor.clone());
         let (metrics_for_wait, health_for_wait, actor_for_wait) =
             (metrics.clone(), Arc::clone(&health), actor.clone());
-        let call = move |client: &Client, done: AttemptDone| match client.unary_call_async(
+        // Sent as a server-streaming call, which is the same unary call on
+        // the wire, so that the answer is read message by message: grpcio's
+        // unary receiver panics on an OK status without a message and never
+        // ends on an answer with two (B108).
+        let call = move |client: &Client, done: AttemptDone| match client.server_streaming(
             &ATEAPI_RESUME_ACTOR,
             &request,
             options,
         ) {
             Ok(receiver) => client.spawn(async move {
-                let result = attempt_result(receiver.await);
+                let result = attempt_result(unary_answer(receiver).await);
                 report(&metrics, &health, &actor, &result);
                 done.complete(result);
             }),
@@ -415,8 +421,38 @@ fn is_tls_failure(message: &str) -> bool {
     ["ssl", "tls", "handshake", "certificate"].iter().any(|w| m.contains(w))
 }
 
+/// A unary call's answer, read from its response stream: exactly one
+/// message and an OK status (B108). Anything else is an error of the
+/// answer, never a panic and never a call left open: a second message
+/// cancels the call at once.
+async fn unary_answer(
+    mut answer: ClientSStreamReceiver<ResumeActorResponse>,
+) -> Result<ResumeActorResponse, Answer> {
+    let first = match answer.next().await {
+        Some(Ok(message)) => message,
+        Some(Err(e)) => return Err(Answer::Grpc(e)),
+        None => return Err(Answer::Malformed("an OK status without a message")),
+    };
+    match answer.next().await {
+        None => Ok(first),
+        Some(Err(e)) => Err(Answer::Grpc(e)),
+        Some(Ok(_)) => {
+            answer.cancel();
+            Err(Answer::Malformed("a second message in a unary answer"))
+        }
+    }
+}
+
+/// Why an attempt has no answer to use.
+enum Answer {
+    /// gRPC's status: the control plane's, or gRPC core's own.
+    Grpc(grpcio::Error),
+    /// An answer that breaks gRPC's unary protocol.
+    Malformed(&'static str),
+}
+
 /// Maps a call's result to the router's terms.
-fn attempt_result(result: grpcio::Result<ResumeActorResponse>) -> AttemptResult {
+fn attempt_result(result: Result<ResumeActorResponse, Answer>) -> AttemptResult {
     match result {
         Ok(response) => {
             let ips = response
@@ -428,27 +464,44 @@ fn attempt_result(result: grpcio::Result<ResumeActorResponse>) -> AttemptResult 
                 .unwrap_or_default();
             Ok(Resumed::from_pod_ips(response.resumed, ips))
         }
-        // gRPC core's own refusal of an answer over the metadata limit is a
-        // failure of the router's client, not a control-plane verdict: it is
-        // not retried, and its library text never reaches a body (B13).
-        Err(grpcio::Error::RpcFailure(status)) if status.message().starts_with(LOCAL_METADATA_REFUSAL) => {
-            // The 500's body never shows the message; the log does (B62).
-            let why = format!("ateapi's answer exceeds the router's metadata limit: {}", status.message());
-            Err(ResumeError::new(Code::Internal, clean_message(&why)))
+        // gRPC core's own refusal of an answer over one of the router's
+        // limits is a failure of the router's client, not a control-plane
+        // verdict: it is not retried (a ResourceExhausted of gRPC's own is
+        // no full pool), and its library text never reaches a body (B13).
+        Err(Answer::Grpc(grpcio::Error::RpcFailure(status))) => match local_refusal(status.message()) {
+            Some(limit) => {
+                // The 500's body never shows the message; the log does (B62).
+                let why = format!("ateapi's answer exceeds the router's {limit}: {}", status.message());
+                Err(ResumeError::new(Code::Internal, clean_message(&why)))
+            }
+            None => {
+                Err(ResumeError::new(Code::from_i32(status.code().into()), clean_message(status.message())))
+            }
+        },
+        Err(Answer::Grpc(other)) => Err(ResumeError::new(Code::Unknown, other.to_string())),
+        Err(Answer::Malformed(what)) => {
+            Err(ResumeError::new(Code::Internal, format!("ateapi's answer broke the protocol: {what}")))
         }
-        Err(grpcio::Error::RpcFailure(status)) => {
-            Err(ResumeError::new(Code::from_i32(status.code().into()), clean_message(status.message())))
-        }
-        Err(other) => Err(ResumeError::new(Code::Unknown, other.to_string())),
     }
 }
 
 /// The metadata of one ateapi answer, status message included, at most.
 const MAX_ANSWER_METADATA: i32 = 64 * 1024;
 
-/// How gRPC core 1.56 begins the status it makes up when an answer's
-/// metadata is over the limit (`hpack_parse_result.cc`).
-const LOCAL_METADATA_REFUSAL: &str = "received metadata size exceeds";
+/// How gRPC core 1.56 begins the statuses it makes up itself when an
+/// answer is over one of the channel's limits: its metadata
+/// (`hpack_parse_result.cc`), its message (4 MiB, `compression_filter.cc`).
+/// gRPC reports them as statuses of the call, the same type as the
+/// control plane's own; their text is all that tells them apart.
+const LOCAL_REFUSALS: [(&str, &str); 2] = [
+    ("received metadata size exceeds", "metadata limit"),
+    ("Received message larger than max", "message limit"),
+];
+
+/// The router's limit that gRPC core's own status `message` names, if any.
+fn local_refusal(message: &str) -> Option<&'static str> {
+    LOCAL_REFUSALS.iter().find(|(refusal, _)| message.starts_with(refusal)).map(|(_, limit)| *limit)
+}
 
 /// The most of a control-plane message a verdict's body carries (B13).
 const MAX_MESSAGE_CHARS: usize = 256;
@@ -501,19 +554,22 @@ mod tests {
             "no free workers available".into(),
         );
         assert_eq!(
-            attempt_result(Err(grpcio::Error::RpcFailure(status))),
+            attempt_result(Err(Answer::Grpc(grpcio::Error::RpcFailure(status)))),
             Err(ResumeError::new(Code::ResourceExhausted, "no free workers available"))
         );
-        assert_eq!(attempt_result(Err(grpcio::Error::RemoteStopped)).unwrap_err().code, Code::Unknown);
+        assert_eq!(
+            attempt_result(Err(Answer::Grpc(grpcio::Error::RemoteStopped))).unwrap_err().code,
+            Code::Unknown
+        );
     }
 
     #[test]
     fn long_or_odd_messages_are_bounded_and_local_refusals_are_the_routers_own() {
         let failure = |code, message: &str| {
-            attempt_result(Err(grpcio::Error::RpcFailure(grpcio::RpcStatus::with_message(
+            attempt_result(Err(Answer::Grpc(grpcio::Error::RpcFailure(grpcio::RpcStatus::with_message(
                 code,
                 message.into(),
-            ))))
+            )))))
             .unwrap_err()
         };
         let long = failure(grpcio::RpcStatusCode::RESOURCE_EXHAUSTED, &"é".repeat(20_000));
@@ -527,6 +583,16 @@ mod tests {
         );
         assert_eq!(local.code, Code::Internal, "not a full pool: not retried");
         assert!(local.message.starts_with("ateapi's answer exceeds the router's metadata limit"));
+        let big = failure(
+            grpcio::RpcStatusCode::RESOURCE_EXHAUSTED,
+            "Received message larger than max (5242932 vs. 4194304)",
+        );
+        assert_eq!(big.code, Code::Internal, "B108: gRPC's own message limit is no full pool");
+        assert!(
+            big.message.starts_with("ateapi's answer exceeds the router's message limit"),
+            "{}",
+            big.message
+        );
     }
 
     #[test]

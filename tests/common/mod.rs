@@ -7,6 +7,7 @@
 #![allow(dead_code)]
 
 pub mod admin;
+pub mod h2peer;
 pub mod pki;
 pub mod process;
 
