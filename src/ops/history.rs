@@ -109,6 +109,7 @@ impl Sampler {
     pub fn sample(&mut self) {
         let now = self.sources.clock.now();
         let (bounds, waits) = self.sources.metrics.parked_wait_buckets();
+        let longest = self.sources.metrics.take_longest_parked_wait().as_secs_f64();
         let totals = Totals { at: now, verdicts: self.sources.recent.verdict_counts(), waits };
         let (verdicts_per_second, waits) = match &self.last {
             None => ([0.0; VerdictKind::ALL.len()], None),
@@ -123,7 +124,7 @@ impl Sampler {
                     .zip(&last.waits)
                     .map(|(now, then)| now.saturating_sub(*then))
                     .collect();
-                (rates, quantiles(bounds, &ended))
+                (rates, quantiles(bounds, &ended, longest))
             }
         };
         let parked = self.sources.lot.as_ref().map_or(0, |lot| lot.active());
@@ -160,9 +161,11 @@ impl Sampler {
 /// [`WAIT_QUANTILES`] of the observations counted in `cumulative` (a
 /// histogram's cumulative bucket counts for `bounds`, then `+Inf`),
 /// interpolated linearly within a bucket as Prometheus' `histogram_quantile`
-/// does; one in the `+Inf` bucket counts as the highest bound. `None`
-/// without observations.
-pub fn quantiles(bounds: &[f64], cumulative: &[u64]) -> Option<[f64; WAIT_QUANTILES.len()]> {
+/// does, but never past `longest`, the longest wait observed (a bucket's
+/// upper bound is only a bound: 5 s waits in the 5-10 s bucket read as up
+/// to 10 s otherwise); one in the `+Inf` bucket counts as the highest
+/// bound. `None` without observations.
+pub fn quantiles(bounds: &[f64], cumulative: &[u64], longest: f64) -> Option<[f64; WAIT_QUANTILES.len()]> {
     let total = *cumulative.last()?;
     if total == 0 {
         return None;
@@ -172,11 +175,14 @@ pub fn quantiles(bounds: &[f64], cumulative: &[u64]) -> Option<[f64; WAIT_QUANTI
         let Some(bucket) = cumulative.iter().position(|&n| n as f64 >= rank) else {
             return bounds.last().copied().unwrap_or(0.0);
         };
-        let Some(&upper) = bounds.get(bucket) else { return bounds.last().copied().unwrap_or(0.0) };
+        let Some(&upper) = bounds.get(bucket) else {
+            return bounds.last().copied().unwrap_or(0.0).max(longest);
+        };
         let (lower, below) = match bucket {
             0 => (0.0, 0),
             b => (bounds[b - 1], cumulative[b - 1]),
         };
+        let upper = upper.min(longest.max(lower));
         let inside = cumulative[bucket] - below;
         if inside == 0 {
             return upper;
@@ -308,10 +314,21 @@ mod tests {
     fn quantiles_interpolate_within_a_bucket_as_prometheus_does() {
         let bounds = [1.0, 2.0, 4.0];
         // 10 in (0, 1], 10 in (1, 2], none in (2, 4], 0 in +Inf.
-        assert_eq!(quantiles(&bounds, &[10, 20, 20, 20]), Some([1.0, 1.8, 1.98]));
-        assert_eq!(quantiles(&bounds, &[0, 0, 0, 0]), None);
-        assert_eq!(quantiles(&bounds, &[]), None);
-        // Everything beyond the last bound: the last bound.
-        assert_eq!(quantiles(&bounds, &[0, 0, 0, 5]), Some([4.0; 3]));
+        assert_eq!(quantiles(&bounds, &[10, 20, 20, 20], 2.0), Some([1.0, 1.8, 1.98]));
+        assert_eq!(quantiles(&bounds, &[0, 0, 0, 0], 0.0), None);
+        assert_eq!(quantiles(&bounds, &[], 0.0), None);
+        // Everything beyond the last bound: the longest wait.
+        assert_eq!(quantiles(&bounds, &[0, 0, 0, 5], 7.5), Some([7.5; 3]));
+    }
+
+    #[test]
+    fn b91_percentiles_never_read_past_the_longest_wait() {
+        // Ten waits of 5 s in the (4, 10] bucket: interpolating to the
+        // bucket's bound read p99 as 9.94 s (seen on the page: 9.2-9.95 s
+        // with a longest wait of 5 s).
+        let bounds = [1.0, 4.0, 10.0];
+        let [p50, p90, p99] = quantiles(&bounds, &[0, 0, 10, 10], 5.0).unwrap();
+        assert!(p50 <= 5.0 && p90 <= 5.0 && p99 <= 5.0, "{p50} {p90} {p99}");
+        assert!(p50 > 4.0, "still inside the bucket: {p50}");
     }
 }

@@ -12,7 +12,9 @@
 //! path touches only atomics, and exported from the start at zero, so
 //! `rate()` and absent-series alerts behave from the first scrape.
 
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
+use std::time::Duration;
 
 use prometheus::core::{Collector, Metric as _};
 use prometheus::{
@@ -163,6 +165,7 @@ impl Metrics {
             atespace_rejected: atespace_rejected.clone(),
             decisions: LotDecision::ALL.map(|d| park_decisions.with_label_values(&[d.name()])),
             waits: WaitOutcome::ALL.map(|o| parking_wait.with_label_values(&[o.name()])),
+            longest_wait_micros: Arc::default(),
         };
         let route = RouteOutcome::ALL
             .iter()
@@ -308,6 +311,12 @@ impl Metrics {
             cumulative[WAIT_BUCKETS.len()] += histogram.get_sample_count();
         }
         (WAIT_BUCKETS, cumulative)
+    }
+
+    /// The longest parked wait recorded since the last call, which it
+    /// starts again (B91).
+    pub fn take_longest_parked_wait(&self) -> Duration {
+        Duration::from_micros(self.inner.lot.longest_wait_micros.swap(0, Ordering::Relaxed))
     }
 
     /// Requests shed by a full lot so far (B34).

@@ -10,7 +10,7 @@
 //! drop, and records that caller's own parked time (B27, B32).
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -117,6 +117,10 @@ pub struct LotInstruments {
     pub decisions: [IntCounter; 6],
     /// `atenet_router_parking_wait_duration_seconds`, by [`WaitOutcome`].
     pub waits: [Histogram; 6],
+    /// The longest wait recorded since the status page last took it, in
+    /// microseconds: a histogram's buckets only bound a wait, and the page's
+    /// percentiles must not read past the longest one (B91).
+    pub longest_wait_micros: Arc<AtomicU64>,
 }
 
 impl LotInstruments {
@@ -288,6 +292,8 @@ impl ParkingLot {
         self.active.fetch_sub(1, Ordering::AcqRel);
         self.instruments.active.dec();
         self.instruments.wait(outcome).observe(waited);
+        let micros = now.saturating_duration_since(taken).as_micros().try_into().unwrap_or(u64::MAX);
+        self.instruments.longest_wait_micros.fetch_max(micros, Ordering::Relaxed);
         if outcome == WaitOutcome::Served {
             self.note_served(waited);
         }
