@@ -101,13 +101,15 @@ fn serve(config: &Config) -> ExitCode {
         if handover::is_successor() { Router::start_successor(config) } else { Router::start(config) };
     let router = match started {
         Ok(router) => router,
+        // A bad value found only now (a credential file) reads as one the
+        // flags' check found (B37): the same prefix, the same status.
+        Err(e) if e.is_configuration() => {
+            error!("invalid router configuration: {e}");
+            return ExitCode::from(INVALID_CONFIGURATION);
+        }
         Err(e) => {
             error!("atenet-router: {e}");
-            return if e.is_configuration() {
-                ExitCode::from(INVALID_CONFIGURATION)
-            } else {
-                ExitCode::FAILURE
-            };
+            return ExitCode::FAILURE;
         }
     };
     let status = router.status_addr().map_or("disabled".to_string(), |a| format!("http://{a}/statusz"));

@@ -637,6 +637,7 @@ fn b70_b71_a_bad_credential_file_exits_2_at_once() {
         assert_eq!(code, 2, "{why}: {err}");
         assert!(err.contains("--ateapi-ca-file") && err.contains(&path.display().to_string()), "{err}");
         assert!(err.contains(why), "{why}: {err}");
+        assert!(err.contains("invalid router configuration: "), "B37's prefix, as any bad value: {err}");
     }
     std::fs::remove_dir_all(&dir).unwrap();
 }
