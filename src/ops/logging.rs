@@ -19,6 +19,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use log::{Level, LevelFilter, Log, Metadata, Record};
 use parking_lot::Mutex;
+use serde_json::Value;
 
 /// How lines are written.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -224,23 +225,7 @@ impl Throttle {
 
 /// A JSON string literal.
 pub fn json_string(text: &str) -> String {
-    let mut out = String::with_capacity(text.len() + 2);
-    out.push('"');
-    for c in text.chars() {
-        match c {
-            '"' => out.push_str("\\\""),
-            '\\' => out.push_str("\\\\"),
-            '\n' => out.push_str("\\n"),
-            '\r' => out.push_str("\\r"),
-            '\t' => out.push_str("\\t"),
-            c if (c as u32) < 0x20 => {
-                let _ = write!(out, "\\u{:04x}", c as u32);
-            }
-            c => out.push(c),
-        }
-    }
-    out.push('"');
-    out
+    Value::from(text).to_string()
 }
 
 /// Formats a time as RFC 3339 UTC with milliseconds.

@@ -10,6 +10,8 @@ use std::fmt::Write;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use serde_json::{json, Map, Value};
+
 use crate::ateapi::client::AteapiClient;
 use crate::ateapi::resume::Code;
 use crate::cli::config::{AteapiTransport, Config, ExtprocListen};
@@ -18,7 +20,6 @@ use crate::ops::chart::{nice_ceiling, Chart, Line};
 use crate::ops::history::{History, Sample, SAMPLE_INTERVAL, WAIT_QUANTILES, WINDOW};
 use crate::ops::html::escape;
 use crate::ops::http::{Handler, Reply, Request};
-use crate::ops::logging::json_string;
 use crate::ops::metrics::Metrics;
 use crate::ops::recent::{RecentRequest, RecentRequests, VerdictKind};
 use crate::parking::flight::FlightSnapshot;
@@ -191,156 +192,132 @@ impl StatusPage {
     }
 }
 
-/// A JSON number: at most three decimals, no trailing zeros.
-fn number(value: f64) -> String {
-    let text = format!("{:.3}", if value.is_finite() { value } else { 0.0 });
-    let text = text.trim_end_matches('0').trim_end_matches('.');
-    if text == "-0" {
-        "0".into()
+/// A number as shown: at most three decimals, never `-0`, `NaN` as 0.
+fn number(value: f64) -> f64 {
+    if value.is_finite() {
+        // Adding 0.0 turns -0.0 into 0.0.
+        (value * 1000.0).round() / 1000.0 + 0.0
     } else {
-        text.into()
+        0.0
     }
 }
 
-/// `"name":[...]` of one history column, `null` where `value` has none.
-fn column(
-    j: &mut String,
-    name: &str,
-    history: &[(f64, Sample)],
-    value: impl Fn(f64, &Sample) -> Option<f64>,
-) {
-    let _ = write!(j, ",{}:[", json_string(name));
-    for (i, (ago, sample)) in history.iter().enumerate() {
-        let cell = value(*ago, sample).map_or_else(|| "null".into(), number);
-        let _ = write!(j, "{}{cell}", if i > 0 { "," } else { "" });
-    }
-    j.push(']');
+/// A duration in seconds, as [`number`].
+fn secs(value: Duration) -> f64 {
+    number(value.as_secs_f64())
 }
 
-fn json_flight(j: &mut String, f: &FlightView) {
-    let _ = write!(
-        j,
-        "{{\"actor\":{},\"age_seconds\":{:.3},\"attempt_seconds\":{},\"attempts\":{},\"last_code\":{},\"parked\":{},\"budget_left_seconds\":{:.3}}}",
-        json_string(&f.actor),
-        f.age.as_secs_f64(),
-        f.attempt.map_or_else(|| "null".into(), |a| format!("{:.3}", a.as_secs_f64())),
-        f.attempts,
-        json_string(f.last_code),
-        f.parked,
-        f.budget_left.as_secs_f64()
-    );
+/// One history column, `null` where `value` has none.
+fn column(history: &[(f64, Sample)], value: impl Fn(f64, &Sample) -> Option<f64>) -> Value {
+    history.iter().map(|(ago, sample)| value(*ago, sample).map(number)).collect::<Vec<_>>().into()
 }
 
-/// The page as JSON.
+fn json_flight(f: &FlightView) -> Value {
+    json!({
+        "actor": f.actor,
+        "age_seconds": secs(f.age),
+        "attempt_seconds": f.attempt.map(secs),
+        "attempts": f.attempts,
+        "last_code": f.last_code,
+        "parked": f.parked,
+        "budget_left_seconds": secs(f.budget_left),
+    })
+}
+
+/// The page as JSON (B42), in the order the page shows it.
 fn json(s: &Snapshot) -> String {
-    let mut j = String::from("{");
-    let _ = write!(
-        j,
-        "\"parking\":{{\"enabled\":{},\"active\":{},\"max_parked\":{},\"max_wait\":{}}}",
-        s.parking_enabled,
-        s.active,
-        s.max_parked,
-        json_string(&godur::format(s.max_wait))
-    );
-    j.push_str(",\"parked_actors\":[");
-    for (i, a) in s.parked_actors.iter().enumerate() {
-        let _ = write!(
-            j,
-            "{}{{\"actor\":{},\"waiting\":{},\"oldest_wait_seconds\":{:.3},\"attempts\":{},\"last_code\":{},\"budget_left_seconds\":{:.3}}}",
-            if i > 0 { "," } else { "" },
-            json_string(&a.actor),
-            a.parked,
-            a.age.as_secs_f64(),
-            a.attempts,
-            json_string(a.last_code),
-            a.budget_left.as_secs_f64()
-        );
-    }
-    let _ = write!(
-        j,
-        "],\"parked_actors_total\":{},\"parked_actors_more\":{},\"atespaces\":[",
-        s.parked_actors_total,
-        s.parked_actors_total - s.parked_actors.len()
-    );
-    for (i, a) in s.atespaces.iter().enumerate() {
-        let _ = write!(
-            j,
-            "{}{{\"atespace\":{},\"slots\":{},\"oldest_wait_seconds\":{:.3},\"sheds_last_minute\":{}}}",
-            if i > 0 { "," } else { "" },
-            json_string(&a.atespace),
-            a.slots,
-            a.oldest_wait.as_secs_f64(),
-            a.sheds_last_minute
-        );
-    }
-    let _ = write!(
-        j,
-        "],\"atespaces_total\":{},\"atespaces_more\":{},\"flights\":{},\"oldest_flights\":[",
-        s.atespaces_total,
-        s.atespaces_total - s.atespaces.len(),
-        s.flights
-    );
-    for (i, f) in s.oldest_flights.iter().enumerate() {
-        if i > 0 {
-            j.push(',');
-        }
-        json_flight(&mut j, f);
-    }
-    let _ = write!(
-        j,
-        "],\"oldest_flights_more\":{},\"oldest_attempt_seconds\":{},\"verdicts\":{{",
-        s.flights - s.oldest_flights.len(),
-        s.oldest_attempt.map_or_else(|| "null".into(), |a| format!("{:.3}", a.as_secs_f64()))
-    );
-    for (i, kind) in VerdictKind::ALL.iter().enumerate() {
-        let _ = write!(j, "{}{}:{}", if i > 0 { "," } else { "" }, json_string(kind.name()), s.verdicts[i]);
-    }
-    let _ = write!(
-        j,
-        "}},\"history\":{{\"interval_seconds\":{},\"window_seconds\":{}",
-        SAMPLE_INTERVAL.as_secs(),
-        WINDOW.as_secs()
-    );
-    column(&mut j, "seconds_ago", &s.history, |ago, _| Some((ago * 10.0).round() / 10.0));
-    column(&mut j, "parked", &s.history, |_, sample| Some(sample.parked as f64));
+    let parked_actors: Vec<Value> = s
+        .parked_actors
+        .iter()
+        .map(|a| {
+            json!({
+                "actor": a.actor,
+                "waiting": a.parked,
+                "oldest_wait_seconds": secs(a.age),
+                "attempts": a.attempts,
+                "last_code": a.last_code,
+                "budget_left_seconds": secs(a.budget_left),
+            })
+        })
+        .collect();
+    let atespaces: Vec<Value> = s
+        .atespaces
+        .iter()
+        .map(|a| {
+            json!({
+                "atespace": a.atespace,
+                "slots": a.slots,
+                "oldest_wait_seconds": secs(a.oldest_wait),
+                "sheds_last_minute": a.sheds_last_minute,
+            })
+        })
+        .collect();
+    let verdicts: Map<String, Value> = VerdictKind::ALL
+        .iter()
+        .zip(s.verdicts)
+        .map(|(kind, n)| (kind.name().to_string(), n.into()))
+        .collect();
+    let mut history = Map::new();
+    history.insert("interval_seconds".into(), SAMPLE_INTERVAL.as_secs().into());
+    history.insert("window_seconds".into(), WINDOW.as_secs().into());
+    history.insert("seconds_ago".into(), column(&s.history, |ago, _| Some((ago * 10.0).round() / 10.0)));
+    history.insert("parked".into(), column(&s.history, |_, sample| Some(sample.parked as f64)));
     for kind in VerdictKind::ALL {
-        let name = format!("{}_per_second", kind.name());
-        column(&mut j, &name, &s.history, |_, sample| Some(sample.verdicts_per_second[kind as usize]));
+        let values = column(&s.history, |_, sample| Some(sample.verdicts_per_second[kind as usize]));
+        history.insert(format!("{}_per_second", kind.name()), values);
     }
     for (i, q) in WAIT_QUANTILES.iter().enumerate() {
-        let name = format!("wait_p{}_seconds", q * 100.0);
-        column(&mut j, &name, &s.history, |_, sample| sample.waits.map(|w| w[i]));
+        let values = column(&s.history, |_, sample| sample.waits.map(|w| w[i]));
+        history.insert(format!("wait_p{}_seconds", q * 100.0), values);
     }
-    let _ = write!(
-        j,
-        "}},\"ateapi\":{{\"address\":{},\"connectivity\":{},\"attempts\":{{",
-        json_string(&s.ateapi_address),
-        json_string(s.connectivity)
-    );
-    for (i, (code, n)) in s.attempts.iter().enumerate() {
-        let _ = write!(j, "{}{}:{n}", if i > 0 { "," } else { "" }, json_string(code));
-    }
-    j.push_str("}},\"flags\":{");
-    for (i, (flag, value)) in s.flags.iter().enumerate() {
-        let _ = write!(j, "{}{}:{}", if i > 0 { "," } else { "" }, json_string(flag), json_string(value));
-    }
-    j.push_str("},\"recent_requests\":[");
-    for (i, r) in s.recent.iter().enumerate() {
-        let _ = write!(
-            j,
-            "{}{{\"time\":{},\"method\":{},\"path\":{},\"actor\":{},\"verdict\":{},\"target\":{},\"duration_seconds\":{:.6}}}",
-            if i > 0 { "," } else { "" },
-            json_string(&crate::ops::logging::rfc3339(r.at)),
-            json_string(&r.method),
-            json_string(&r.path),
-            json_string(&r.actor),
-            json_string(&r.verdict.to_string()),
-            json_string(&r.target),
-            r.duration.as_secs_f64()
-        );
-    }
-    let _ = write!(j, "],\"uptime_seconds\":{}}}", s.uptime.as_secs());
-    j
+    let attempts: Map<String, Value> =
+        s.attempts.iter().map(|(code, n)| (code.to_string(), (*n).into())).collect();
+    let flags: Map<String, Value> =
+        s.flags.iter().map(|(flag, value)| (flag.to_string(), value.as_str().into())).collect();
+    let recent: Vec<Value> = s
+        .recent
+        .iter()
+        .map(|r| {
+            json!({
+                "time": crate::ops::logging::rfc3339(r.at),
+                "method": r.method,
+                "path": r.path,
+                "actor": r.actor,
+                "verdict": r.verdict.to_string(),
+                "target": r.target,
+                "duration_seconds": (r.duration.as_secs_f64() * 1e6).round() / 1e6,
+            })
+        })
+        .collect();
+    json!({
+        "parking": {
+            "enabled": s.parking_enabled,
+            "active": s.active,
+            "max_parked": s.max_parked,
+            "max_wait": godur::format(s.max_wait),
+        },
+        "parked_actors": parked_actors,
+        "parked_actors_total": s.parked_actors_total,
+        "parked_actors_more": s.parked_actors_total - s.parked_actors.len(),
+        "atespaces": atespaces,
+        "atespaces_total": s.atespaces_total,
+        "atespaces_more": s.atespaces_total - s.atespaces.len(),
+        "flights": s.flights,
+        "oldest_flights": s.oldest_flights.iter().map(json_flight).collect::<Vec<_>>(),
+        "oldest_flights_more": s.flights - s.oldest_flights.len(),
+        "oldest_attempt_seconds": s.oldest_attempt.map(secs),
+        "verdicts": verdicts,
+        "history": history,
+        "ateapi": {
+            "address": s.ateapi_address,
+            "connectivity": s.connectivity,
+            "attempts": attempts,
+        },
+        "flags": flags,
+        "recent_requests": recent,
+        "uptime_seconds": s.uptime.as_secs(),
+    })
+    .to_string()
 }
 
 /// `n` with a comma between thousands: `20,000`.
@@ -742,40 +719,7 @@ pub fn effective_flags(config: &Config) -> Vec<(&'static str, String)> {
 /// (B91): grid tracks never wider than the page, text that wraps anywhere
 /// rather than push a card wider, and tables that turn into label-value
 /// lists on a narrow screen.
-const STYLE: &str = "*{box-sizing:border-box}\
-body{font-family:system-ui,sans-serif;margin:0;padding:1.5rem;background:#f6f7f9;color:#1d2330}\
-h1{margin:0 0 .2rem;font-size:1.4rem}.sub{margin:0 0 1rem;color:#5b6475}\
-.row{display:grid;gap:1rem;margin-bottom:1rem;grid-template-columns:repeat(auto-fit,minmax(min(20rem,100%),1fr))}\
-.card{background:#fff;border:1px solid #dde1e8;border-radius:8px;padding:1rem;min-width:0;overflow-x:auto;margin-bottom:1rem}\
-.row .card{margin:0}h2{font-size:1.05rem;margin:0 0 .6rem}\
-dl{display:grid;grid-template-columns:max-content minmax(0,1fr);gap:.2rem 1rem;margin:0}\
-dt{color:#5b6475}dd{margin:0;font-variant-numeric:tabular-nums;overflow-wrap:anywhere}\
-table{border-collapse:collapse;width:100%;margin-top:.6rem}\
-th,td{text-align:left;padding:.25rem .5rem;border-bottom:1px solid #eef0f4;font-size:.9rem;vertical-align:top}\
-th{font-weight:600;color:#3d4657}td{overflow-wrap:anywhere}\
-.n{text-align:right;font-variant-numeric:tabular-nums}td.n{white-space:nowrap}\
-code{font-size:.85rem}.quiet{color:#5b6475}.more{margin:.5rem 0 0;color:#5b6475;font-size:.85rem}\
-.chart h2{margin-bottom:.4rem}.plot{position:relative;height:clamp(7.5rem,11vw,12rem)}\
-.plot svg{display:block;width:100%;height:100%}\
-.plot .top{position:absolute;top:.15rem;left:.25rem;font-size:.75rem;color:#5b6475;background:#ffffffd9;padding:0 .2rem;border-radius:3px}\
-.plot .empty{position:absolute;inset:0;display:flex;align-items:center;justify-content:center;text-align:center;color:#5b6475;font-size:.85rem}\
-.axis{display:flex;justify-content:space-between;font-size:.75rem;color:#5b6475;margin-top:.2rem}\
-.legend{list-style:none;margin:.5rem 0 0;padding:0;display:flex;flex-wrap:wrap;gap:.15rem 1rem;font-size:.85rem}\
-.legend i{display:inline-block;width:.8rem;height:.25rem;border-radius:2px;margin-right:.35rem;vertical-align:middle;background:currentColor}\
-.legend b{font-weight:600;font-variant-numeric:tabular-nums}.legend .note{color:#5b6475}\
-path.grid{fill:none;stroke:#e6e9ef;stroke-width:1;vector-effect:non-scaling-stroke}\
-path.grid.base{stroke:#c3c9d4}path.grid.limit{stroke:#c53030;stroke-dasharray:5 4}\
-path.line{fill:none;stroke-width:2;stroke-linejoin:round;stroke-linecap:round;vector-effect:non-scaling-stroke}\
-path.area{stroke:none;fill-opacity:.14}\
-.s-parked{color:#2b6cb0;stroke:#2b6cb0;fill:#2b6cb0}.s-routed{color:#2f855a;stroke:#2f855a}\
-.s-shed{color:#dd6b20;stroke:#dd6b20}.s-budget{color:#c53030;stroke:#c53030}.s-error{color:#6b46c1;stroke:#6b46c1}\
-.s-p50{color:#3182ce;stroke:#3182ce}.s-p90{color:#d69e2e;stroke:#d69e2e}.s-p99{color:#c53030;stroke:#c53030}\
-@media (max-width:44rem){body{padding:.75rem}.card{padding:.75rem}\
-table.rows,table.rows tbody{display:block}table.rows thead{display:none}\
-table.rows tr{display:flex;flex-wrap:wrap;gap:0 .9rem;padding:.35rem .25rem;border-bottom:1px solid #eef0f4}\
-table.rows td{display:block;min-width:0;border:0;padding:0;text-align:left;white-space:normal}\
-table.rows td:first-child{flex-basis:100%;font-weight:600}\
-table.rows td::before{content:attr(data-label) \" \";color:#5b6475;font-weight:400}table.rows td:first-child::before{content:none}}";
+const STYLE: &str = include_str!("status.css");
 
 #[cfg(test)]
 mod tests {
@@ -795,8 +739,8 @@ mod tests {
             ("250 ms".into(), "1.23 s".into(), "12.3 s".into())
         );
         assert_eq!(
-            (number(1.0), number(0.1234), number(-0.0001), number(f64::NAN)),
-            ("1".into(), "0.123".into(), "0".into(), "0".into())
+            (number(1.0).to_string(), number(0.1234), number(-0.0001).to_string(), number(f64::NAN)),
+            ("1".into(), 0.123, "0".into(), 0.0)
         );
     }
 
