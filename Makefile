@@ -65,7 +65,7 @@ APT_NO_START = $(SUDO) sh -ec '\
 	install envoy-config k8s-envoy-config k8s-fleet-envoy-config compose-envoy-config docker e2e package clean
 
 help: ## lists the targets
-	@# Each target's text is the README's, without its markdown (test_demo.py
+	@# Each target's text is docs/develop.md's, without its markdown (test_demo.py
 	@# holds the two equal), wrapped at 100 columns.
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{ \
 		name = $$1; n = split($$2, words, " "); line = ""; \

@@ -422,7 +422,7 @@ fn own_threads(pid: u32) -> Vec<String> {
     names
 }
 
-/// The README's "Threads": the router's own threads are the main thread, one
+/// docs/architecture.md's "Threads": the router's own threads are the main thread, one
 /// per completion queue, the timer, one per HTTP listener, the signal thread,
 /// and the credentials watcher with TLS; nothing else of its own. Counted in
 /// /proc with and without the status page and with TLS.

@@ -25,7 +25,7 @@
 #  5. a router restart under load (`docker restart`): LOAD_CLIENTS clients
 #     send requests one after another for the whole of it. The router drains
 #     Envoy (/healthcheck/fail, then /drain_listeners, which leaves Envoy
-#     without listeners until it restarts: README, "Drain and shutdown"), so
+#     without listeners until it restarts: docs/drain.md), so
 #     Envoy is restarted after it, as its pairing with the router requires.
 #     The client's answers are counted by verdict; every 200 was recorded by
 #     the worker for its actor, every failure is one the restart explains (no

@@ -310,8 +310,8 @@ names=()
 cleaned=0
 killed=0
 # The demo's routers, oldest first: the first one it started, then each
-# successor a hand-over (kill -HUP <router pid>, README "Drain and
-# shutdown") started. The last one serves; an earlier one that exits has
+# successor a hand-over (kill -HUP <router pid>, docs/drain.md)
+# started. The last one serves; an earlier one that exits has
 # handed over, and is no failure. Successors are not the demo's children:
 # their predecessor started them, and the kernel reaps them.
 routers=()

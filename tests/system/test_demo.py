@@ -2,7 +2,7 @@
 starts Envoy, the router, ateapi-sim and the echo worker on loopback, the curl
 commands it prints work as printed, and Ctrl-C or SIGTERM leaves no process
 behind; a taken port, a missing Envoy and a Ctrl-C during startup stop it
-cleanly. Also: `make help` and the README's table of targets agree.
+cleanly. Also: `make help` and docs/develop.md's table of targets agree.
 
 The demo runs as a black box, in a session of its own (as a terminal's
 foreground job is a process group of its own), on free ports. Envoy comes
@@ -214,20 +214,20 @@ def make_help():
     return targets
 
 
-def readme_targets():
-    """The README's table of targets, each text without its markdown."""
-    readme = (ROOT / "README.md").read_text()
-    table = readme.split("| target | what it does |", 1)[1].split("\n\n", 1)[0]
+def documented_targets():
+    """docs/develop.md's table of targets, each text without its markdown."""
+    page = (ROOT / "docs/develop.md").read_text()
+    table = page.split("| target | what it does |", 1)[1].split("\n\n", 1)[0]
     rows = re.findall(r"^\| `make ([a-z0-9-]+)[^`]*` \| (.*) \|$", table, re.M)
     return {name: re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", text).replace("`", "") for name, text in rows}
 
 
-def test_make_help_and_the_readme_describe_the_same_targets_alike():
-    helped, documented = make_help(), readme_targets()
+def test_make_help_and_the_docs_describe_the_same_targets_alike():
+    helped, documented = make_help(), documented_targets()
     assert set(helped) == set(documented), \
-        f"only in make help: {set(helped) - set(documented)}; only in the README: {set(documented) - set(helped)}"
+        f"only in make help: {set(helped) - set(documented)}; only in docs/develop.md: {set(documented) - set(helped)}"
     differ = {name: (helped[name], documented[name]) for name in helped if helped[name] != documented[name]}
-    assert not differ, "make help (first) and the README (second) disagree:\n" + "\n".join(
+    assert not differ, "make help (first) and docs/develop.md (second) disagree:\n" + "\n".join(
         f"{name}:\n  {a}\n  {b}" for name, (a, b) in differ.items())
 
 
@@ -366,7 +366,7 @@ def parent_of(pid):
 
 
 def test_the_demo_follows_a_router_hand_over_and_ctrl_c_still_stops_everything(tmp_path, demos):
-    # `kill -HUP <router pid>` (README, "Drain and shutdown"): the router
+    # `kill -HUP <router pid>` (docs/drain.md): the router
     # hands over to a successor, which its predecessor starts, so the demo
     # must take the old router's exit for what it is and follow the new one.
     ports = free_ports()
@@ -420,7 +420,7 @@ def test_a_hangup_of_the_whole_job_stops_a_hand_over_too(tmp_path, demos):
 
 
 def test_run_router_is_the_router_and_the_simulator_only_and_kill_stops_it(tmp_path, demos):
-    # As the README's walkthrough runs it: `make run-router … & router=$!`,
+    # As docs/envoy-config.md's walkthrough runs it: `make run-router … & router=$!`,
     # later `kill $router`, a SIGTERM to make alone, which make passes on.
     env = demo_env(tmp_path, VENV=sys.prefix, CARGO_TARGET_DIR=str(pathlib.Path(BIN).parent))
     demo = demos(["make", "-s", "run-router", *(f"{k}={v}" for k, v in free_ports().items())], env)

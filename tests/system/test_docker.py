@@ -367,9 +367,9 @@ def ateapi_credentials(into):
         (into / leftover).unlink()
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="the files' owner is set as the README's sudo does")
-def test_credentials_as_the_readme_mounts_them_and_a_root_only_one_names_the_uid(images, tmp_path):
-    """README, "Container": /etc/atenet holds ca.pem and client.pem, readable
+@pytest.mark.skipif(os.geteuid() != 0, reason="the files' owner is set as docs/deploy.md's sudo does")
+def test_credentials_as_the_docs_mount_them_and_a_root_only_one_names_the_uid(images, tmp_path):
+    """docs/deploy.md, "Container": /etc/atenet holds ca.pem and client.pem, readable
     by the image's UID 65532. Root-only 0600 files (as the systemd section
     installs them) are refused with the file and the UID named."""
     image, _ = images
@@ -393,7 +393,7 @@ def test_credentials_as_the_readme_mounts_them_and_a_root_only_one_names_the_uid
     assert refused.returncode == 2, (refused.returncode, refused.stderr)
     assert ("--ateapi-ca-file /etc/atenet/ca.pem: permission denied (the router runs as uid 65532, gid 65532)"
             in refused.stderr), refused.stderr
-    # The README's modes: the CA world-readable, the bundle (its key) the
+    # docs/deploy.md's modes: the CA world-readable, the bundle (its key) the
     # router's user's alone.
     (etc / "ca.pem").chmod(0o644)
     os.chown(etc / "client.pem", 65532, 65532)

@@ -206,7 +206,7 @@ def fire(jobs):
 CODE = grpc.StatusCode
 UNAVAILABLE = CODE.UNAVAILABLE
 
-# The README's Verdicts table with parking on. Nothing here parks
+# docs/verdicts.md's table with parking on. Nothing here parks
 # successfully, so Retry-After stays at its 1 s floor.
 PARKING_ROWS = [
     Row("missing-target", None, 404, "invalid actor reference", "atenet_invalid_target", None,

@@ -44,7 +44,7 @@ PODMONITOR_CRD_SHA256 = "45a93443daa687d3654f7e9631909ff7edcdf3ec09c5e60251b74aa
 
 # Envoy's bootstrap uses ext_proc metadata_options and request_attributes.
 MIN_ENVOY = (1, 30)
-# The router's drain (README "Drain and shutdown"): the wait for Envoy's
+# The router's drain (docs/drain.md): the wait for Envoy's
 # client connections to close is Envoy's idle timeout plus this (B76); and
 # the slack on top of the sum.
 ENVOY_WINDOW_SLACK = 10
@@ -813,7 +813,7 @@ def gateway_duration(text):
 
 
 def test_the_edge_example_fits_the_sidecars():
-    """Its five requirements (README "Scaling out") against the sidecar
+    """Its five requirements (docs/scaling.md) against the sidecar
     Deployment's flags: request timeout above budget + late-serve limit +
     route timeout; idle timeout below the sidecars' Envoy idle timeout;
     retries on connect failure only; passive health, no active check of

@@ -72,16 +72,16 @@ def test_systemd_unit_verifies_and_is_hardened():
     score = re.search(r"Overall exposure level for atenet-router.service: ([0-9.]+)", security.stdout)
     assert score, security.stdout + security.stderr
     assert float(score.group(1)) <= 1.5, security.stdout
-    readme = (ROOT / "README.md").read_text()
-    assert f"exposure level {score.group(1)}" in readme, f"the README states the exposure score {score.group(1)}"
+    deploy = (ROOT / "docs/deploy.md").read_text()
+    assert f"exposure level {score.group(1)}" in deploy, f"docs/deploy.md states the exposure score {score.group(1)}"
 
 
 def test_the_env_file_says_how_to_add_each_optional_credential():
-    # The README sends operators to the env file for the client certificate
+    # docs/deploy.md sends operators to the env file for the client certificate
     # and the token: each needs its flag, naming the file under the unit's
     # credentials directory, and a drop-in loading that very credential.
     env = (PACKAGING / "systemd/atenet-router.env").read_text()
-    readme = (ROOT / "README.md").read_text()
+    deploy = (ROOT / "docs/deploy.md").read_text()
     _, flags = unit_and_flags()
     found = re.findall(r"^#\s+(\S+):\s+(.*)\n#\s+with a drop-in: (LoadCredential=([^:\s]+):(\S+))$", env, re.M)
     assert [kind for kind, *_ in found] == ["mTLS", "token"], env
@@ -93,7 +93,7 @@ def test_the_env_file_says_how_to_add_each_optional_credential():
         subprocess.run([f"{BIN}/atenet-router", "envoy-config", *flags, *flag.split()], check=True,
                        capture_output=True)
     mtls = dict((kind, (flag, load)) for kind, flag, load, *_ in found)["mTLS"]
-    assert f"ROUTER_FLAGS: {mtls[0]}" in readme and mtls[1] in readme, "the README's mTLS steps are the env file's"
+    assert f"ROUTER_FLAGS: {mtls[0]}" in deploy and mtls[1] in deploy, "docs/deploy.md's mTLS steps are the env file's"
 
 
 def test_prometheus_rules_and_config_check_and_alerts_fire():

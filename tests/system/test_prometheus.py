@@ -34,7 +34,8 @@ from envoy_stack import free_port
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 PROMETHEUS_DIR = ROOT / "packaging/prometheus"
 DASHBOARD = ROOT / "packaging/grafana/atenet-router-dashboard.json"
-README = ROOT / "README.md"
+RUNBOOK = ROOT / "docs/runbook.md"
+METRICS_DOC = ROOT / "docs/metrics.md"
 JOB = "atenet-router"
 
 # The alerts this file drives to firing, with the `for:` their copies get.
@@ -397,7 +398,7 @@ def test_shedding_fires_the_alert(monitored):
     assert alert["labels"] == {"alertname": "AtenetRouterShedding", "severity": "critical", **labels}
     assert float(alert["value"]) > 1
     assert alert["annotations"]["summary"] == f"atenet-router {labels['pod']} sheds requests: lot full"
-    assert alert["annotations"]["runbook_url"] == "README.md#runbook-atenetroutershedding"
+    assert alert["annotations"]["runbook_url"] == f"{runbook_base()}#atenetroutershedding"
 
 
 def test_an_attempt_ateapi_holds_fires_the_alert(monitored):
@@ -414,7 +415,7 @@ def test_an_attempt_ateapi_holds_fires_the_alert(monitored):
                         ALERT_TIMEOUT)
         assert STUCK_AFTER < float(alert["value"]) <= time.monotonic() - sent
         assert alert["labels"] == {"alertname": "AtenetRouterAttemptStuck", "severity": "warning", **labels}
-        assert alert["annotations"]["runbook_url"] == "README.md#runbook-atenetrouterattemptstuck"
+        assert alert["annotations"]["runbook_url"] == f"{runbook_base()}#atenetrouterattemptstuck"
     finally:
         # The simulator answers at STUCK_HOLD; the router then ends the flight.
         client.wait(timeout=STUCK_HOLD + ALERT_TIMEOUT)
@@ -448,7 +449,7 @@ def github_anchor(heading):
     return text.replace(" ", "-")
 
 
-def readme_anchors(text):
+def heading_anchors(text):
     anchors, fenced = set(), False
     for line in text.splitlines():
         if line.lstrip().startswith(("```", "~~~")):
@@ -459,13 +460,49 @@ def readme_anchors(text):
 
 
 def test_github_anchor():
-    assert readme_anchors("# Runbook: `AtenetRouterDown`\n```\n# Runbook: X\n```\n") == {"runbook-atenetrouterdown"}
+    assert heading_anchors("## `AtenetRouterDown`\n```\n# Runbook: X\n```\n") == {"atenetrouterdown"}
 
 
-def test_every_alert_links_its_readme_runbook():
-    anchors = readme_anchors(README.read_text())
+# The one command docs/metrics.md gives to set the runbooks' base: a sed over
+# the rules and their unit tests, replacing the shipped base.
+RUNBOOK_SED = re.compile(r"^sed -i 's\|(?P<shipped>[^|]+)\|(?P<yours>[^|]+)\|' \\\n\s+(?P<files>.+)$", re.M)
+
+
+def runbook_base():
+    """The base every shipped runbook_url starts with, as docs/metrics.md states it."""
+    command = RUNBOOK_SED.search(METRICS_DOC.read_text())
+    assert command, "docs/metrics.md gives the sed command that sets the runbooks' base"
+    return command["shipped"]
+
+
+def test_every_alert_links_its_runbook_by_an_absolute_url():
+    base = runbook_base()
+    parsed = urllib.parse.urlparse(base)
+    assert parsed.scheme == "https" and parsed.netloc and parsed.path.endswith("/docs/runbook.md"), base
+    anchors = heading_anchors(RUNBOOK.read_text())
     for rule in shipped_rules():
         url = rule["annotations"].get("runbook_url")
-        assert url == f"README.md#runbook-{rule['alert'].lower()}", rule["alert"]
+        assert url == f"{base}#{rule['alert'].lower()}", rule["alert"]
         assert url.split("#", 1)[1] in anchors, \
-            f"README.md has no heading 'Runbook: {rule['alert']}' for {rule['alert']}'s runbook_url"
+            f"docs/runbook.md has no heading '{rule['alert']}' for {rule['alert']}'s runbook_url"
+    tested = re.findall(r'runbook_url: "([^"]+)"', (PROMETHEUS_DIR / "alerts_test.yml").read_text())
+    assert tested and all(url.startswith(f"{base}#") for url in tested), tested
+
+
+def test_the_documented_command_sets_every_runbook_base(tmp_path):
+    """docs/metrics.md's command, run as written over a copy of the rules:
+    every runbook_url then has the operator's base, and the rules' unit tests
+    still pass with it."""
+    command = RUNBOOK_SED.search(METRICS_DOC.read_text())
+    shutil.copytree(PROMETHEUS_DIR, tmp_path / "packaging/prometheus")
+    subprocess.run(["bash", "-c", command[0]], cwd=tmp_path, check=True)
+    copied = tmp_path / "packaging/prometheus"
+    rules = yaml.safe_load((copied / "alerts.yml").read_text())
+    for rule in (r for group in rules["groups"] for r in group["rules"]):
+        assert rule["annotations"]["runbook_url"] == f"{command['yours']}#{rule['alert'].lower()}"
+    assert runbook_base() not in (copied / "alerts_test.yml").read_text()
+    promtool = shutil.which("promtool")
+    if not promtool:
+        pytest.skip("promtool missing: make deps-test installs Debian's prometheus package")
+    result = subprocess.run([promtool, "test", "rules", "alerts_test.yml"], cwd=copied, capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
