@@ -164,6 +164,10 @@ def test_the_page_fits_and_charts_at_every_width_with_0_20_and_2000_parked(satur
     # chart has something to draw.
     poll("a sample with the warm parks' waits",
          lambda: any(w is not None for w in page(status)["history"]["wait_p50_seconds"]))
+    history = page(status)["history"]
+    assert set(history) == documented_history_keys(), "docs/metrics.md describes the JSON's history"
+    columns = [v for v in history.values() if isinstance(v, list)]
+    assert len(columns) == 9 and len({len(c) for c in columns}) == 1, "one array per series, of one length"
 
     held = 0
     with Chromium() as browser:
@@ -205,3 +209,11 @@ def test_the_page_fits_and_charts_at_every_width_with_0_20_and_2000_parked(satur
                     assert chart["width"] > 100 and chart["height"] > 50, f"{where}: {chart}"
                     assert chart["grid"] == 3 and any(length > 0 for length in chart["lines"]), f"{where}: {chart}"
                 assert pathlib.Path(shot).stat().st_size > 10_000, f"{where}: an empty screenshot"
+
+
+def documented_history_keys():
+    """The keys docs/metrics.md lists for the JSON's `history`."""
+    text = (pathlib.Path(__file__).parents[2] / "docs" / "metrics.md").read_text()
+    start = text.index("`history` (")
+    described = text[start:text.index(")", start)]
+    return set(described.split("`")[3::2]) - {"null"}
