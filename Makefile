@@ -172,7 +172,7 @@ bench-compare: ## compares two bench-results*.json files target by target; exits
 SOAK_SECONDS ?= 600
 
 soak: build venv ## two chaos runs, one straight to the router and one through Envoy (SOAK_SECONDS each, default 600), that fail on any invariant breach
-	SOAK_SECONDS=$(SOAK_SECONDS) cargo test --release --features testkit,fault-injection --test soak -- --nocapture
+	SOAK_SECONDS=$(SOAK_SECONDS) cargo test --release --features testkit,fault-injection --test integration -- soak:: --nocapture
 	SOAK_SECONDS=$(SOAK_SECONDS) ATENET_BIN_DIR=$(BIN) $(VENV)/bin/python -m pytest -q -s tests/system/test_envoy_soak.py
 
 lint: deps ## cargo fmt --check and clippy with warnings as errors

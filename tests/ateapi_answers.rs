@@ -8,7 +8,7 @@
 // The router's internals and the simulator: `--features testkit` (make test).
 #![cfg(feature = "testkit")]
 
-mod common;
+use crate::common;
 
 use common::h2peer::{Answer, H2Peer};
 use common::process::{router_args, spawn_router, terminate, RouterProcess};

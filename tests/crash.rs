@@ -7,7 +7,7 @@
 //! the completion-queue thread that handles it.
 #![cfg(all(feature = "testkit", feature = "fault-injection"))]
 
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant};
 

@@ -2,7 +2,7 @@
 //! duration parsing, flag validation, PEM credential files and Envoy's admin
 //! stats, run as property tests for a bounded number of cases (`PROPTEST_CASES`
 //! raises it for longer runs, e.g. `PROPTEST_CASES=2000000 cargo test
-//! --release --test fuzz`).
+//! --release --features testkit --test integration -- fuzz::`).
 // The router's internals and the simulator: `--features testkit` (make test).
 #![cfg(feature = "testkit")]
 

@@ -6,7 +6,7 @@
 //! guarantees by construction; none depends on how fast this machine is.
 #![cfg(feature = "testkit")]
 
-mod common;
+use crate::common;
 
 use std::io::Read;
 use std::process::{Command, Stdio};

@@ -25,7 +25,7 @@
 // The router's internals and the simulator: `--features testkit` (make test).
 #![cfg(feature = "testkit")]
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;

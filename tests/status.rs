@@ -3,7 +3,7 @@
 // The router's internals and the simulator: `--features testkit` (make test).
 #![cfg(feature = "testkit")]
 
-mod common;
+use crate::common;
 
 use std::process::Command;
 use std::time::Instant;

@@ -6,7 +6,7 @@
 // The router's internals and the simulator: `--features testkit` (make test).
 #![cfg(feature = "testkit")]
 
-mod common;
+use crate::common;
 
 use std::io::{Read, Write};
 use std::os::unix::fs::{FileTypeExt, MetadataExt};
