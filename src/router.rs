@@ -20,6 +20,7 @@ use grpcio::{ChannelBuilder, EnvBuilder, Environment, Server, ServerBuilder, Ser
 
 use crate::ateapi::client::AteapiClient;
 use crate::cli::config::{AteapiTransport, Config, ExtprocListen};
+use crate::envoy::ending::StreamEndings;
 use crate::envoy::extproc::{ExtProc, ExtProcSettings};
 use crate::envoy::fleet::ROUTER_KEEPALIVE_INTERVAL;
 use crate::envoy::health::Health;
@@ -88,6 +89,9 @@ enum StopEnded {
     TimedOut,
 }
 
+/// How long a stop waits for the statuses streams are sending by
+/// themselves before it sends gRPC's GOAWAY (B104): each is one write.
+const STATUS_PATIENCE: Duration = Duration::from_secs(1);
 /// How long a stopped router waits for gRPC core to close its ext_proc
 /// connections, the last verdicts written.
 const FLUSH_PATIENCE: Duration = Duration::from_secs(2);
@@ -231,6 +235,8 @@ pub struct Router {
     status: Option<HttpServer>,
     timer: Arc<TimerThread>,
     streams: Arc<StreamSlots>,
+    /// Who ends a stream after its verdict: Envoy, once stopping (B104).
+    endings: Arc<StreamEndings>,
     #[cfg(feature = "testkit")]
     resolver: Resolver,
     metrics: Metrics,
@@ -392,6 +398,7 @@ impl Router {
         let health = Health::new();
         let recent = Arc::new(RecentRequests::default());
         let streams = StreamSlots::new(config.extproc_max_streams, metrics.clone());
+        let endings = StreamEndings::new();
         let extproc = ExtProc::new(
             resolver.clone(),
             metrics.clone(),
@@ -404,6 +411,7 @@ impl Router {
                 recent: Arc::clone(&recent),
                 caller_deadlines: config.caller_deadlines,
                 streams: Arc::clone(&streams),
+                endings: Arc::clone(&endings),
                 scheduler: timer.clone(),
             },
         );
@@ -538,6 +546,7 @@ impl Router {
             status,
             timer,
             streams,
+            endings,
             #[cfg(feature = "testkit")]
             resolver,
             metrics,
@@ -660,6 +669,7 @@ impl Router {
                 log::warn!("handover: ext_proc's listener on {} not found; closing it as it is", self.extproc)
             }
         }
+        log::info!("handover: stopping ext_proc (up to {})", crate::cli::godur::format(timeout));
         self.stop(timeout, interrupt)
     }
 
@@ -724,6 +734,11 @@ impl Router {
     /// NOT_SERVING, and a hand-over must not (B84).
     pub fn stop<T>(mut self, timeout: Duration, interrupt: &Receiver<T>) -> (bool, usize) {
         self.ready.store(false, Ordering::Release);
+        // Every status the router sent by itself goes out before the
+        // GOAWAY; from here on Envoy ends each stream (B104).
+        if !self.endings.stop(STATUS_PATIENCE) {
+            log::warn!("drain: ext_proc statuses still going out after {STATUS_PATIENCE:?}; stopping anyway");
+        }
         let shutdown = self.grpc.shutdown();
         let (done_tx, done_rx) = bounded(1);
         // The shutdown notification arrives on a completion queue; a short

@@ -9,7 +9,7 @@ use argh::FromArgs;
 use atenet_router::cli::godur;
 use atenet_router::ops::process;
 use atenet_router::tools::sim::{Ipv4Net, Sim, SimConfig, SimTls, WorkerIps};
-use signal_hook::consts::{SIGINT, SIGTERM};
+use signal_hook::consts::{SIGINT, SIGTERM, SIGUSR1};
 use signal_hook::iterator::Signals;
 
 #[derive(FromArgs)]
@@ -224,7 +224,7 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let mut signals = Signals::new([SIGTERM, SIGINT]).expect("installing signal handlers");
+    let mut signals = Signals::new([SIGTERM, SIGINT, SIGUSR1]).expect("installing signal handlers");
     let sim = match Sim::start(config.clone()) {
         Ok(sim) => sim,
         Err(e) => {
@@ -245,7 +245,14 @@ fn main() -> ExitCode {
         config.actors.saturating_sub(1),
         godur::format(config.restore_latency)
     );
-    signals.forever().next();
+    // SIGUSR1 lets the script's held answers go; the others stop the sim.
+    for signal in signals.forever() {
+        if signal != SIGUSR1 {
+            break;
+        }
+        let released = sim.release_all();
+        eprintln!("ateapi-sim: released {released} held answers");
+    }
     sim.stop();
     ExitCode::SUCCESS
 }

@@ -13,7 +13,9 @@
 //! The request_headers verdict is the stream's last message: the call's OK
 //! status goes out right behind it and the task ends (B77), rather than
 //! reading on until Envoy resets the stream. That saves a read, a wake-up
-//! and a status batch that would fail on the reset.
+//! and a status batch that would fail on the reset. Once the router stops,
+//! Envoy ends each stream instead, so that gRPC never closes a connection
+//! on a verdict Envoy has not read (B104, `ending`).
 
 use std::future::Future;
 use std::pin::Pin;
@@ -35,6 +37,7 @@ use protobuf::MessageField;
 use crate::ateapi::resume::{BadWorkerIp, Resumed};
 use crate::ateapi::target::{self, ActorId, Target, ACTOR_HEADER};
 use crate::cli::config::CidrRange;
+use crate::envoy::ending::{Ending, StreamEndings, ENVOY_END_PATIENCE};
 use crate::envoy::streams::{StreamSlots, FIRST_MESSAGE_TIMEOUT};
 use crate::envoy::verdict::{self, Rejection, RouteOutcome, Verdict};
 use crate::ops::logging::Throttle;
@@ -75,6 +78,7 @@ pub struct ExtProc {
     /// Whether callers' deadline headers are honoured (B68).
     caller_deadlines: bool,
     streams: Arc<StreamSlots>,
+    endings: Arc<StreamEndings>,
     scheduler: Arc<dyn Scheduler>,
     routing_failures: Throttle,
     resume_errors: Throttle,
@@ -97,6 +101,8 @@ pub struct ExtProcSettings {
     pub caller_deadlines: bool,
     /// The open streams and their cap (B74).
     pub streams: Arc<StreamSlots>,
+    /// Who ends a stream after its verdict (B77, B104).
+    pub endings: Arc<StreamEndings>,
     /// Closes silent streams (B74).
     pub scheduler: Arc<dyn Scheduler>,
 }
@@ -117,6 +123,7 @@ impl ExtProc {
             recent: settings.recent,
             caller_deadlines: settings.caller_deadlines,
             streams: settings.streams,
+            endings: settings.endings,
             scheduler: settings.scheduler,
             routing_failures: Throttle::new(ERROR_LOG_INTERVAL),
             resume_errors: Throttle::new(ERROR_LOG_INTERVAL),
@@ -211,12 +218,39 @@ impl ExtProc {
                         None => return,
                     },
                 };
-                // Nothing follows the verdict on this stream (B77).
-                let _ = verdict_then_status(sink, verdict).await;
+                match self.endings.begin() {
+                    // Nothing follows the verdict on this stream (B77).
+                    Ending::Close(closing) => {
+                        let _ = verdict_then_status(sink, verdict).await;
+                        drop(closing);
+                    }
+                    Ending::LetEnvoyEnd => {
+                        if send(&mut sink, verdict).await.is_ok() {
+                            self.await_envoy_end(&mut stream, &mut sink).await;
+                            let _ = sink.fail(RpcStatus::ok()).await;
+                        }
+                    }
+                }
                 return;
             }
             let _ = Box::pin(sink.close()).await;
         }
+    }
+
+    /// Once the router stops, after a verdict (B104): until Envoy resets the
+    /// stream (it does the moment it has the verdict), half-closes it, or
+    /// sends another message (later phases configured), at most
+    /// [`ENVOY_END_PATIENCE`]. Boxed, so that the stream's task is no larger
+    /// for a wait only a stop takes.
+    fn await_envoy_end<'a>(
+        &self,
+        stream: &'a mut RequestStream<ProcessingRequest>,
+        sink: &'a mut DuplexSink<ProcessingResponse>,
+    ) -> Pin<Box<dyn Future<Output = ()> + Send + 'a>> {
+        let patience = sleep_until(Arc::clone(&self.scheduler), Instant::now() + ENVOY_END_PATIENCE);
+        Box::pin(async move {
+            let _ = select(select(stream.next(), Gone { sink }), patience).await;
+        })
     }
 
     /// Everything about a message that needs no waiting: the empty reply of

@@ -5,6 +5,7 @@
 //! - `extproc`: the service and one task per stream, from the first message
 //!   to the verdict that ends it;
 //! - `streams`: the bound on open streams;
+//! - `ending`: who ends a stream once its verdict is out (B77, B104);
 //! - `health`: gRPC's health service on the same port, which Envoy's
 //!   health checks call;
 //! - `verdict`: what a caller's outcome becomes on the wire;
@@ -19,6 +20,10 @@ pub mod bootstrap;
 
 // Internal: public with `testkit` only (declared one by one so that
 // rustfmt follows every file).
+#[cfg(feature = "testkit")]
+pub mod ending;
+#[cfg(not(feature = "testkit"))]
+pub(crate) mod ending;
 #[cfg(feature = "testkit")]
 pub mod extproc;
 #[cfg(not(feature = "testkit"))]

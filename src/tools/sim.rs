@@ -437,6 +437,16 @@ impl Sim {
         held
     }
 
+    /// Lets every held answer go, for every actor; returns how many.
+    pub fn release_all(&self) -> usize {
+        let gates: Vec<_> = self.state.gates.lock().drain().flat_map(|(_, gates)| gates).collect();
+        let held = gates.len();
+        for gate in gates {
+            let _ = gate.send(());
+        }
+        held
+    }
+
     /// While `hang` is true, every call is accepted and never answered; when
     /// it goes back to false, the calls held meanwhile are answered as usual.
     /// Returns how many calls were released.
@@ -685,7 +695,9 @@ impl State {
 /// ```
 ///
 /// `ips` and `message` take `-` for none; the message is the rest of the
-/// line. Blank lines and `#` comments are skipped.
+/// line. A delay of `held` holds the answer until [`Sim::release_all`]
+/// (`ateapi-sim` calls it on SIGUSR1). Blank lines and `#` comments are
+/// skipped.
 pub fn parse_script(text: &str) -> Result<Vec<(String, Answer)>, ScriptError> {
     let mut answers = Vec::new();
     for (n, line) in text.lines().enumerate() {
@@ -698,7 +710,10 @@ pub fn parse_script(text: &str) -> Result<Vec<(String, Answer)>, ScriptError> {
         let mut next = |what: &str| parts.next().ok_or_else(|| fail(&format!("missing {what}")));
         let actor = next("actor")?.to_string();
         let code = code_named(next("code")?).ok_or_else(|| fail("unknown code"))?;
-        let delay = crate::cli::godur::parse(next("delay")?).map_err(|e| fail(&e.to_string()))?.magnitude;
+        let (delay, held) = match next("delay")? {
+            "held" => (Duration::ZERO, true),
+            delay => (crate::cli::godur::parse(delay).map_err(|e| fail(&e.to_string()))?.magnitude, false),
+        };
         let ips = match next("ips")? {
             "-" => Vec::new(),
             list => list.split(',').map(str::to_string).collect(),
@@ -706,7 +721,7 @@ pub fn parse_script(text: &str) -> Result<Vec<(String, Answer)>, ScriptError> {
         let resumed = next("resumed")?.parse::<bool>().map_err(|_| fail("resumed must be true or false"))?;
         let message = parts.collect::<Vec<_>>().join(" ");
         let message = if message == "-" { String::new() } else { message };
-        answers.push((actor, Answer { code, message, delay, ips, resumed, held: false }));
+        answers.push((actor, Answer { code, message, delay, ips, resumed, held }));
     }
     Ok(answers)
 }
@@ -842,6 +857,8 @@ mod tests {
             Answer { ips: vec!["10.0.0.7".into(), "fd00::7".into()], ..Answer::ok("x", true) }
                 .after(Duration::from_millis(250))
         );
+        let held = parse_script("demo/a OK held 10.0.0.7 true -").unwrap();
+        assert_eq!(held[0].1, Answer::ok("10.0.0.7", true).held());
         assert!(parse_script("demo/a Bogus 0s - false x").is_err());
         assert!(parse_script("demo/a OK 0s").is_err());
     }
