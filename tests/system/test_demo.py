@@ -56,13 +56,18 @@ class Demo:
     """The demo's process, in a session of its own; its output (stdout and
     stderr merged: the banner, Envoy's access log) collected by a thread."""
 
-    def __init__(self, argv, env, tty=None):
+    def __init__(self, argv, env, tty=None, cwd=ROOT):
         self.log_dir = pathlib.Path(env["DEMO_LOG_DIR"]) if env.get("DEMO_LOG_DIR") else None
-        # A Ctrl-C must reach the demo as at a terminal, even when the tests
-        # were started with SIGINT ignored (`make test &`), which a child
-        # would inherit and a shell could then not trap.
-        def default_sigint():
-            signal.signal(signal.SIGINT, signal.SIG_DFL)
+        # The demo starts as a terminal's shell starts a job: every stop
+        # signal at its default and none blocked, whatever the tests
+        # inherited (`make test &` ignores SIGINT, nohup and some CI runners
+        # SIGHUP), which a child would inherit and a shell could then not
+        # trap: under nohup the job's SIGHUP left the demo following a
+        # successor for good.
+        def as_a_job():
+            for stop in (signal.SIGHUP, signal.SIGINT, signal.SIGTERM, signal.SIGQUIT):
+                signal.signal(stop, signal.SIG_DFL)
+            signal.pthread_sigmask(signal.SIG_SETMASK, [])
 
         self.lines = []
         self.changed = threading.Condition()
@@ -70,13 +75,13 @@ class Demo:
             # On a terminal of its own: setsid --ctty makes the demo a session
             # leader whose controlling terminal is `tty` (a pty's slave side);
             # the caller reads the master side.
-            self.proc = subprocess.Popen(["setsid", "--ctty", *argv], cwd=ROOT, env=env,
-                                         stdin=tty, stdout=tty, stderr=tty, preexec_fn=default_sigint)
+            self.proc = subprocess.Popen(["setsid", "--ctty", *argv], cwd=cwd, env=env,
+                                         stdin=tty, stdout=tty, stderr=tty, preexec_fn=as_a_job)
             self.pgid = self.proc.pid
             return
-        self.proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+        self.proc = subprocess.Popen(argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                      stderr=subprocess.STDOUT, text=True, errors="replace", start_new_session=True,
-                                     preexec_fn=default_sigint)
+                                     preexec_fn=as_a_job)
         self.pgid = self.proc.pid
         self.reader = threading.Thread(target=self._read, daemon=True)
         self.reader.start()
@@ -495,25 +500,79 @@ def test_ctrl_c_while_envoy_starts_leaves_nothing(tmp_path, demos):
 
 
 
+def on_a_terminal(demos, argv, env):
+    """The demo on a terminal of its own: (demo, the pty's master side)."""
+    master, slave = os.openpty()
+    try:
+        return demos(argv, env, tty=slave), master
+    finally:
+        os.close(slave)
+
+
+def read_terminal(demo, master, until=None, timeout=READY_TIMEOUT):
+    """What the terminal shows, until it shows `until` (then the demo must
+    still run), or until the demo exits and closes it (`until` None)."""
+    seen = b""
+    deadline = time.monotonic() + timeout
+    while until is None or until.encode() not in seen:
+        if until is not None:
+            assert demo.proc.poll() is None, seen.decode(errors="replace")
+        left = deadline - time.monotonic()
+        assert left > 0, seen.decode(errors="replace")
+        if select.select([master], [], [], min(left, 1))[0]:
+            try:
+                chunk = os.read(master, 65536)
+            except OSError:  # EIO: every process of the terminal is gone
+                chunk = b""
+            if not chunk:
+                break
+            seen += chunk
+    return seen.decode(errors="replace")
+
+
 def test_a_closed_terminal_leaves_nothing(tmp_path, demos):
     # The terminal goes away (a closed window, a dropped ssh): SIGHUP to the
     # job, and every later write to the terminal fails. The demo must still
     # stop everything it started (Envoy itself ignores SIGHUP).
-    master, slave = os.openpty()
+    demo, master = on_a_terminal(demos, [str(SCRIPT), "run"],
+                                 demo_env(tmp_path, ENVOY=envoy_binary(), **free_ports()))
     try:
-        demo = demos([str(SCRIPT), "run"], demo_env(tmp_path, ENVOY=envoy_binary(), **free_ports()), tty=slave)
-    finally:
-        os.close(slave)
-    seen = b""
-    deadline = time.monotonic() + READY_TIMEOUT
-    try:
-        while BANNER_END.encode() not in seen:
-            assert demo.proc.poll() is None, seen.decode(errors="replace")
-            left = deadline - time.monotonic()
-            assert left > 0, seen.decode(errors="replace")
-            if select.select([master], [], [], min(left, 1))[0]:
-                seen += os.read(master, 65536)
+        read_terminal(demo, master, until=BANNER_END)
         assert len(demo.group()) >= 5, demo.group()
     finally:
         os.close(master)  # the hangup
     demo.wait_exit()
+
+
+def test_ctrl_c_at_a_terminal_ends_make_run_with_status_0_and_nothing_else_said(tmp_path, demos):
+    # A real Ctrl-C, typed at the terminal make runs on: the terminal sends
+    # SIGINT to its foreground process group. With make in it, make died of
+    # it (130) however cleanly the demo stopped; and the demo's stop printed
+    # "/proc/N/stat: No such file or directory" for each process that
+    # exited while it looked for a successor starting.
+    env = demo_env(tmp_path, VENV=sys.prefix, CARGO_TARGET_DIR=str(pathlib.Path(BIN).parent))
+    ports = free_ports()
+    demo, master = on_a_terminal(demos, ["make", "-s", "run", *(f"{k}={v}" for k, v in ports.items())], env)
+    try:
+        banner = read_terminal(demo, master, until=BANNER_END)
+        os.write(master, b"\x03")
+        stop = read_terminal(demo, master, timeout=STOP_TIMEOUT)
+    finally:
+        os.close(master)
+    status = demo.wait_exit()
+    assert "demo: SIGINT received" in stop and "demo: stopped" in stop, banner + stop
+    assert status == 0, f"make run exited {status} on Ctrl-C:\n{stop}"
+    noise = [line for line in stop.splitlines() if "No such file" in line or "make: ***" in line]
+    assert not noise, stop
+    assert_ports_free(ports)
+
+
+def test_a_stop_signal_the_demo_cannot_trap_is_said_and_sigterm_still_stops_it(tmp_path, demos):
+    # nohup (or a CI runner) hands the demo SIGHUP ignored, which a script
+    # cannot trap: a closed terminal will not stop it, and it says so.
+    demo = demos(["nohup", str(SCRIPT), "router"], demo_env(tmp_path, **free_ports()))
+    demo.wait_for(re.escape(BANNER_END), READY_TIMEOUT)
+    assert ("demo: SIGHUP ignored or blocked when the demo started (nohup?): it cannot trap them, "
+            "so they will not stop it") in demo.output(), demo.output()
+    demo.proc.send_signal(signal.SIGTERM)
+    assert demo.wait_exit() == 0, demo.output()

@@ -4,9 +4,12 @@ real binary and real tools (promtool, systemd-analyze). The Kubernetes
 manifests have test_kubernetes.py, the compose stack test_compose.py."""
 
 import json
+import os
 import pathlib
 import re
+import shlex
 import shutil
+import signal
 import subprocess
 import tempfile
 import urllib.request
@@ -133,3 +136,79 @@ def test_dashboard_and_alerts_only_use_metrics_the_router_exports(stack):
         used |= referenced(rule["expr"])
     missing = {n for n in used if base_name(n) not in names and n not in names}
     assert not missing, f"not exported by the router: {missing}"
+
+
+def shell_commands(markdown):
+    """The commands in a markdown text's sh blocks, without their comments."""
+    blocks = re.findall(r"```sh\n(.*?)```", markdown, re.S)
+    return [line.split("  #")[0].strip() for block in blocks for line in block.splitlines()
+            if line.strip() and not line.startswith("#")]
+
+
+def test_the_tarball_runs_as_its_readme_says(tmp_path):
+    # make package, unpacked elsewhere, with no checkout around it: what
+    # its README tells to run runs from there, the demo included (make run's
+    # script once looked for the binaries in the build's target directory
+    # and printed make commands; the README was the checkout's).
+    from envoy_stack import envoy_binary
+    from test_demo import BANNER_END, READY_TIMEOUT, Demo, demo_env, free_ports, run_printed, printed_commands
+
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL", "ATENET_BIN_DIR")}
+    built = subprocess.run(["make", "-s", "package", f"DIST={tmp_path / 'dist'}",
+                            f"CARGO_TARGET_DIR={pathlib.Path(BIN).parent}"], cwd=ROOT, env=env,
+                           capture_output=True, text=True, timeout=600)
+    assert built.returncode == 0, built.stdout + built.stderr
+    (tarball,) = (tmp_path / "dist").glob("atenet-router-*-linux-*.tar.gz")
+    unpacked = tmp_path / "unpacked"
+    unpacked.mkdir()
+    subprocess.run(["tar", "-C", str(unpacked), "-xzf", str(tarball)], check=True)
+    (root,) = unpacked.iterdir()
+
+    readme = (root / "README.md").read_text()
+    commands = shell_commands(readme)
+    assert not [c for c in commands if c.startswith(("make ", "sudo make"))], commands
+    assert "make run" not in readme.replace("make package", ""), "the tarball's README sends to make"
+    for path in re.findall(r"`((?:bin|tools|packaging|docs)/[^`\s]*|README-source\.md)`", readme):
+        assert (root / path).exists(), f"the README names {path}, which the tarball lacks"
+
+    # The router's own commands, as written.
+    for command in [c for c in commands if c.startswith("bin/atenet-router ")]:
+        result = subprocess.run(["bash", "-c", command], cwd=root, capture_output=True, text=True, timeout=30)
+        assert result.returncode == 0, f"{command}: {result.stdout}{result.stderr}"
+
+    # The demo script's modes are the ones the README names, and the other way round.
+    usage = subprocess.run([str(root / "packaging/demo/run.sh"), "--help"], cwd=root, capture_output=True, text=True)
+    assert usage.returncode == 2
+    modes = set(re.search(r"\[([a-z|-]+)\]", usage.stderr)[1].split("|"))
+    demo_lines = [c for c in commands if "packaging/demo/run.sh" in c]
+    assert {c.split("packaging/demo/run.sh ")[1].split()[0] for c in demo_lines} == modes, (demo_lines, usage.stderr)
+
+    # Each demo line, run as written from the tarball (ENVOY=/path/to/envoy
+    # being the venv's Envoy), on free ports: it comes up, what its banner
+    # prints runs, and SIGTERM stops it with status 0.
+    for line in demo_lines:
+        mode = line.split("packaging/demo/run.sh ")[1].split()[0]
+        if mode == "envoy-config":
+            result = subprocess.run(["bash", "-c", line], cwd=root, capture_output=True, text=True, timeout=30)
+            assert result.returncode == 0 and "ext_proc" in result.stdout, result.stderr
+            continue
+        words = shlex.split(line.replace("/path/to/envoy", envoy_binary()))
+        env = demo_env(tmp_path / mode, **free_ports())
+        del env["ATENET_BIN_DIR"]  # the tarball's own binaries
+        while "=" in words[0]:
+            name, value = words.pop(0).split("=", 1)
+            env[name] = value
+        demo = Demo([str(root / words[0]), *words[1:]], env, cwd=root)
+        try:
+            demo.wait_for(re.escape(BANNER_END), READY_TIMEOUT)
+            output = demo.output()
+            assert not re.search(r"\bmake\b", output), output
+            (load,) = [l.strip() for l in output.splitlines() if "tools/parkload" in l]
+            assert load.startswith(f"{root}/tools/parkload --target 127.0.0.1:"), load
+            run_printed(load.replace("--duration 10s", "--duration 1s"), timeout=60)
+            for command in printed_commands(output)[:1]:  # routed through Envoy to the echo worker
+                assert run_printed(command).startswith("HTTP/1.1 200"), command
+            demo.proc.send_signal(signal.SIGTERM)
+            assert demo.wait_exit() == 0, demo.output()
+        finally:
+            demo.kill()
