@@ -545,6 +545,7 @@ def test_a_closed_terminal_leaves_nothing(tmp_path, demos):
 
 
 def test_ctrl_c_at_a_terminal_ends_make_run_with_status_0_and_nothing_else_said(tmp_path, demos):
+    # B103.
     # A real Ctrl-C, typed at the terminal make runs on: the terminal sends
     # SIGINT to its foreground process group. With make in it, make died of
     # it (130) however cleanly the demo stopped; and the demo's stop printed
