@@ -376,6 +376,84 @@ fn b94_sighups_during_a_handover_are_ignored() {
     assert_eq!(lines_with(&router, "SIGHUP ignored"), 2, "{log}");
 }
 
+/// The state letter of `pid` in /proc (`T` stopped, `Z` a zombie).
+fn state(pid: u32) -> Option<char> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat.rsplit_once(") ")?.1.chars().next()
+}
+
+/// The processes whose parent is `pid`.
+fn children_of(pid: u32) -> Vec<u32> {
+    let entries = std::fs::read_dir("/proc").unwrap();
+    let pids = entries.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok());
+    pids.filter(|&p| {
+        let stat = std::fs::read_to_string(format!("/proc/{p}/stat")).unwrap_or_default();
+        stat.rsplit_once(") ").and_then(|(_, rest)| rest.split(' ').nth(1)) == Some(&pid.to_string())
+    })
+    .collect()
+}
+
+/// B105: a successor stopped (SIGSTOP) when its predecessor exits gets
+/// SIGHUP and SIGCONT from the kernel (its process group is orphaned with
+/// a member stopped). That SIGHUP is nobody's request for a hand-over: it
+/// is logged and ignored, the successor serves on and starts no successor
+/// of its own. Before, it started a second hand-over (3 of 3).
+#[test]
+fn b105_a_successor_stopped_when_its_predecessor_exits_does_not_hand_over_again() {
+    let sim = scripted_sim();
+    let port = free_port().to_string();
+    let mut router = spawn_router(&router_args(
+        &sim.addr().to_string(),
+        &[
+            "--port-extproc",
+            &port,
+            "--parked-request-retry-interval",
+            "10ms",
+            "--parked-request-budget",
+            "60s",
+        ],
+    ));
+    // A parked request keeps the old router until the successor is stopped.
+    sim.script("demo/held", vec![Answer::error(Code::ResourceExhausted, "no free workers available")]);
+    let held = hold(&Envoy::connect(router.extproc), "demo/held", 1);
+    eventually_within(PATIENCE, "one parked", || {
+        Metrics(http_get(router.metrics, "/metrics").1).value("atenet_router_parking_active", &[]) == 1.0
+    });
+    signal(&router.process.child, "HUP");
+    let successor = successor_pid(&router.process);
+    let _group = GroupGuard(successor.0);
+    signal_pid(successor.0, "STOP");
+    eventually_within(PATIENCE, "the successor stopped", || state(successor.0) == Some('T'));
+    sim.script("demo/held", vec![Answer::ok("10.0.0.2", true)]);
+    let replies = held.join().unwrap();
+    assert!(replies.iter().flatten().all(|r| r.has_request_headers()) && replies[0].is_some(), "{replies:?}");
+    assert_eq!(wait_exit(&mut router.process.child, PATIENCE), 0, "the old router exits 0");
+    // The kernel's SIGHUP and SIGCONT: the successor runs again and says
+    // what it made of the hangup (or, as before, hands over to a third).
+    eventually_within(PATIENCE, "the successor's answer to the hangup", || {
+        lines_with(&router, "SIGHUP ignored") + lines_with(&router, "handover: successor ") >= 2
+    });
+    let log = router.process.log.lock().join("\n");
+    let _third: Vec<SuccessorGuard> = log
+        .lines()
+        .filter(|l| l.contains("handover: successor "))
+        .map(|l| word_after(l, "successor ").parse().unwrap())
+        .filter(|&pid| pid != successor.0)
+        .map(SuccessorGuard)
+        .collect();
+    assert_eq!(lines_with(&router, "handover: starting"), 1, "no second hand-over: {log}");
+    assert!(log.contains("SIGHUP ignored: the kernel sent it, not a process"), "{log}");
+    eventually_within(PATIENCE, "the successor continued", || state(successor.0).is_some_and(|s| s != 'T'));
+    assert_eq!(children_of(successor.0), Vec::<u32>::new(), "no third process");
+    assert_eq!(
+        routed(&Envoy::connect(router.extproc).route_now("demo/a")).1,
+        "10.0.0.1:443",
+        "the successor serves"
+    );
+    signal_pid(successor.0, "TERM");
+    eventually_within(PATIENCE, "the successor drained and gone", || !alive(successor.0));
+}
+
 /// B94: a successor that forks, as a wrapper script without `exec` does,
 /// and fails: each attempt is refused as soon as the script exits, and
 /// leaves no descriptor and no thread in the old router and no process
