@@ -31,6 +31,7 @@ use crate::ops::listen::BoundTo;
 use crate::ops::metrics::Metrics;
 use crate::ops::recent::RecentRequests;
 use crate::ops::socket_path::{self, Found, PathError};
+use crate::ops::start_lock::{Guarded, LockError, StartLock};
 use crate::ops::status::StatusPage;
 use crate::parking::calls::CallGate;
 use crate::parking::clock::SystemClock;
@@ -48,10 +49,25 @@ enum Role {
     Successor,
 }
 
+/// How long a starting router waits for another one that is starting on
+/// one of its ports or its socket's path (B75): a start takes
+/// milliseconds, a wait this long means the other one hangs.
+const START_LOCK_PATIENCE: Duration = Duration::from_secs(30);
+
 /// Every port this router would bind is free (B70, B75): listeners share
 /// ports only with a predecessor that handed over. A Unix socket's path
-/// holds nothing, or a stale socket (B99).
-fn ports_free(config: &Config) -> Result<(), StartError> {
+/// holds nothing, or a stale socket (B99). Checked under the start lock of
+/// each, which the router holds until it has bound them all, so that two
+/// routers started at once do not both find them free.
+fn claim_ports(config: &Config) -> Result<StartLock, StartError> {
+    let http = [("metrics listener", Some(config.metrics_addr)), ("status page", config.status_addr)];
+    let ports = config.extproc.tcp().into_iter().chain(http.iter().filter_map(|(_, addr)| *addr));
+    let mut guarded: Vec<Guarded> =
+        ports.filter(|a| a.port() != 0).map(|a| Guarded::port(a.port())).collect();
+    if let ExtprocListen::Unix(socket) = &config.extproc {
+        guarded.extend(Guarded::socket_path(&socket.path));
+    }
+    let lock = StartLock::take(guarded, START_LOCK_PATIENCE).map_err(StartError::StartLock)?;
     match &config.extproc {
         ExtprocListen::Tcp(addr) => crate::ops::listen::ensure_free(*addr)
             .map_err(|source| StartError::ExtProcTaken { addr: *addr, source })?,
@@ -61,14 +77,13 @@ fn ports_free(config: &Config) -> Result<(), StartError> {
             }
         }
     }
-    let http = [("metrics listener", Some(config.metrics_addr)), ("status page", config.status_addr)];
     for (what, addr) in http {
         if let Some(addr) = addr {
             crate::ops::listen::ensure_free(addr)
                 .map_err(|source| StartError::Http { what, source: BindError { addr, source } })?;
         }
     }
-    Ok(())
+    Ok(lock)
 }
 
 /// How often a drain looks whether only silent streams are left (B74).
@@ -114,6 +129,9 @@ pub enum StartError {
     ExtProcTaken { addr: SocketAddr, source: std::io::Error },
     /// ext_proc's Unix socket path cannot be taken (B99).
     ExtProcSocket(PathError),
+    /// Another router starting on the same port or path held it too long
+    /// (B75).
+    StartLock(LockError),
     /// ext_proc's Unix socket could not be given its mode and group, or
     /// renamed onto its public path (B100).
     ExtProcPublish { path: PathBuf, source: std::io::Error },
@@ -137,6 +155,7 @@ impl std::fmt::Display for StartError {
                 write!(f, "cannot listen for ext_proc on {addr}: {source}")
             }
             StartError::ExtProcSocket(e) => write!(f, "cannot listen for ext_proc: {e}"),
+            StartError::StartLock(e) => write!(f, "{e}"),
             StartError::ExtProcPublish { path, source } => {
                 write!(f, "cannot listen for ext_proc on unix:{}: {source}", path.display())
             }
@@ -173,6 +192,7 @@ impl std::error::Error for StartError {
                 Some(source)
             }
             StartError::ExtProcSocket(e) => Some(e),
+            StartError::StartLock(e) => Some(e),
             StartError::Http { source, .. } => Some(source),
         }
     }
@@ -322,11 +342,16 @@ impl Router {
 
     fn start_as(config: &Config, role: Role) -> Result<Router, StartError> {
         let transport = config.ateapi_transport.as_ref().ok_or(StartError::NoAteapiTransport)?;
-        if role == Role::First {
-            ports_free(config)?;
-        } else if let ExtprocListen::Unix(socket) = &config.extproc {
-            socket_path::check_kind(&socket.path).map_err(StartError::ExtProcSocket)?;
-        }
+        // Held until every listener is bound and the socket named (B75).
+        let lock = match role {
+            Role::First => Some(claim_ports(config)?),
+            Role::Successor => {
+                if let ExtprocListen::Unix(socket) = &config.extproc {
+                    socket_path::check_kind(&socket.path).map_err(StartError::ExtProcSocket)?;
+                }
+                None
+            }
+        };
         let flags: Vec<String> = crate::ops::status::effective_flags(config)
             .iter()
             .map(|(flag, value)| format!("{flag}={value}"))
@@ -417,7 +442,7 @@ impl Router {
         );
 
         // SO_REUSEPORT, so that a successor can bind beside this router
-        // (B75); ports_free has refused a port some other router holds.
+        // (B75); claim_ports has refused a port some other router holds.
         let args = ChannelBuilder::new(Arc::clone(&env))
             .reuse_port(true)
             .max_concurrent_stream(max_streams_per_connection(config))
@@ -538,6 +563,9 @@ impl Router {
             // connections reach this router, a predecessor's no more.
             socket_path::publish(private, &socket.path, socket.mode, socket.group).map_err(failed)?;
         }
+        // Every listener is bound and the socket has its name: a router
+        // that checks from now on finds them.
+        drop(lock);
         let credentials = (!refreshes.is_empty()).then(|| CredentialWatcher::start(refreshes));
         grpc.start();
         Ok(Router {

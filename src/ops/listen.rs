@@ -4,7 +4,9 @@
 //! `SIGHUP` can bind the same ports while its predecessor still serves. So
 //! that a second router started by mistake still fails at once rather than
 //! share the ports silently, a router that is not a successor first checks
-//! each port with a plain bind: a port held by any listener refuses it.
+//! each port with a plain bind: a port held by any listener refuses it. It
+//! checks and binds under the port's start lock (`start_lock`), so that two
+//! routers started at the same instant do not both pass the check.
 //!
 //! Closing a listener resets the connections queued in its accept queue,
 //! and with `SO_REUSEPORT` the kernel keeps steering a share of the new

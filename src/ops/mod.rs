@@ -11,13 +11,15 @@
 //!   notify protocol, the drain sequence, the SIGHUP hand-over, listeners a
 //!   successor can share, and what each signal means when;
 //! - `socket_path`: ext_proc's Unix socket path, checked, and taken over
-//!   by a rename.
+//!   by a rename;
+//! - `start_lock`: the lock under which a starting router checks its
+//!   ports and its socket's path and binds them.
 //!
 //! May depend on everything below the assembly: `metrics` names the label
 //! sets of `parking`, `ateapi` and `envoy`; `status` reads their state;
 //! `drain` drives a running `router::Router`. `logging`, `process`,
-//! `version`, `systemd`, `signals`, `listen` and `socket_path` depend on nothing of the
-//! crate.
+//! `version`, `systemd`, `signals`, `listen`, `socket_path` and `start_lock` depend on
+//! nothing of the crate.
 
 pub mod drain;
 pub mod handover;
@@ -61,6 +63,10 @@ pub(crate) mod recent;
 pub mod socket_path;
 #[cfg(not(feature = "testkit"))]
 pub(crate) mod socket_path;
+#[cfg(feature = "testkit")]
+pub mod start_lock;
+#[cfg(not(feature = "testkit"))]
+pub(crate) mod start_lock;
 #[cfg(feature = "testkit")]
 pub mod status;
 #[cfg(not(feature = "testkit"))]

@@ -80,7 +80,10 @@ impl std::error::Error for PathError {
 
 /// What a router that is no successor may take the public path over
 /// from: nothing, or a stale socket. A live one is refused, as is
-/// anything that is not a socket; nothing is deleted either way.
+/// anything that is not a socket; nothing is deleted either way. A
+/// router checks, binds and renames under the path's start lock
+/// (`start_lock`): between this check and its rename, another router's
+/// would find nothing and take the path too.
 pub fn check_free(public: &Path) -> Result<Found, PathError> {
     if !check_kind(public)? {
         return Ok(Found::Nothing);

@@ -204,3 +204,130 @@ pub fn successor_pid(router: &Spawned) -> SuccessorGuard {
     });
     SuccessorGuard(pid.unwrap())
 }
+
+/// One of two processes [`start_together`] started: its stderr read line
+/// by line as it comes. Killed when dropped, so a failed test leaves no
+/// process behind.
+pub struct Racer {
+    pub child: Child,
+    pub log: Arc<Mutex<Vec<String>>>,
+    reader: Option<std::thread::JoinHandle<()>>,
+}
+
+/// What a [`Racer`] came to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Came {
+    /// It said `marker` and runs.
+    Serving,
+    /// It exited with this status, having said this.
+    Exited(i32, String),
+}
+
+impl Racer {
+    /// Waits until it has said `marker` or exited, at most `limit`.
+    pub fn came_to(&mut self, marker: &str, limit: Duration) -> Came {
+        let deadline = Instant::now() + limit;
+        loop {
+            if self.log.lock().iter().any(|l| l.contains(marker)) {
+                return Came::Serving;
+            }
+            if let Some(status) = self.child.try_wait().unwrap() {
+                // Everything it wrote, read to the end.
+                let _ = self.reader.take().map(std::thread::JoinHandle::join);
+                if self.log.lock().iter().any(|l| l.contains(marker)) {
+                    return Came::Serving;
+                }
+                return Came::Exited(status.code().unwrap_or(-1), self.log.lock().join("\n"));
+            }
+            assert!(Instant::now() < deadline, "neither {marker:?} nor an exit within {limit:?}");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+}
+
+impl Drop for Racer {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            eprintln!("--- stderr of pid {} ---\n{}", self.child.id(), self.log.lock().join("\n"));
+        }
+        if matches!(self.child.try_wait(), Ok(None)) {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+/// Starts `program` twice, with `args[0]` and with `args[1]`, at the same
+/// instant: each child is forked and held just before its exec, and both
+/// are let go by one write, so that neither has a head start of more than
+/// the scheduler's (two operators starting a router at once).
+pub fn start_together(program: &str, args: [&[String]; 2]) -> [Racer; 2] {
+    use std::os::unix::process::CommandExt;
+    let pipe = || {
+        let mut fds = [-1; 2];
+        // SAFETY: pipe2 writes two descriptors into `fds`.
+        assert_eq!(unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) }, 0);
+        fds
+    };
+    // `forked`: each child says it is about to exec; `gate`: the byte
+    // each child waits for.
+    let ([forked_r, forked_w], [gate_r, gate_w]) = (pipe(), pipe());
+    let spawners: Vec<_> = args
+        .iter()
+        .map(|args| {
+            let mut command = Command::new(program);
+            command.args(args.iter()).stderr(Stdio::piped()).stdout(Stdio::null());
+            // SAFETY: between fork and exec the closure calls only write
+            // and read, which are async-signal-safe; both pipes are
+            // close-on-exec, so the router execs without them.
+            unsafe {
+                command.pre_exec(move || {
+                    let mut byte = 0u8;
+                    if libc::write(forked_w, (&byte as *const u8).cast(), 1) != 1
+                        || libc::read(gate_r, (&mut byte as *mut u8).cast(), 1) != 1
+                    {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                    Ok(())
+                });
+            }
+            // spawn() returns once the child has exec'd: on a thread of its own.
+            std::thread::spawn(move || command.spawn().expect("spawn"))
+        })
+        .collect();
+    let mut forked = 0;
+    let deadline = Instant::now() + super::PATIENCE;
+    while forked < 2 {
+        let left = deadline.saturating_duration_since(Instant::now());
+        assert!(!left.is_zero(), "both children forked within {:?}", super::PATIENCE);
+        let mut fd = libc::pollfd { fd: forked_r, events: libc::POLLIN, revents: 0 };
+        // SAFETY: poll reads and writes one pollfd.
+        if unsafe { libc::poll(&mut fd, 1, left.as_millis() as libc::c_int) } == 1 {
+            let mut bytes = [0u8; 2];
+            // SAFETY: read writes at most two bytes into `bytes`.
+            let n = unsafe { libc::read(forked_r, bytes.as_mut_ptr().cast(), 2 - forked) };
+            assert!(n > 0, "reading the forked pipe");
+            forked += n as usize;
+        }
+    }
+    // SAFETY: write reads two bytes from a valid buffer.
+    assert_eq!(unsafe { libc::write(gate_w, [0u8; 2].as_ptr().cast(), 2) }, 2, "both let go");
+    for fd in [forked_r, forked_w, gate_r, gate_w] {
+        // SAFETY: each is this process's own descriptor, closed once.
+        unsafe { libc::close(fd) };
+    }
+    let racers: Vec<Racer> = spawners
+        .into_iter()
+        .map(|spawner| {
+            let mut child = spawner.join().unwrap();
+            let stderr = BufReader::new(child.stderr.take().unwrap());
+            let log = Arc::new(Mutex::new(Vec::new()));
+            let sink = Arc::clone(&log);
+            let reader = std::thread::spawn(move || {
+                stderr.lines().map_while(Result::ok).for_each(|l| sink.lock().push(l))
+            });
+            Racer { child, log, reader: Some(reader) }
+        })
+        .collect();
+    racers.try_into().unwrap_or_else(|_| unreachable!("two racers"))
+}
