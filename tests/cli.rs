@@ -118,6 +118,55 @@ fn b65_every_flag_of_every_help_names_its_default() {
     }
 }
 
+/// The flags' page (docs/flags.md) lists exactly the flags `serve --help`
+/// does, each with the same default, so neither can change alone.
+#[test]
+fn the_flags_page_and_help_list_the_same_flags_and_defaults() {
+    let help: Vec<(String, String)> = help_flags(ROUTER, &["serve", "--help"])
+        .into_iter()
+        .map(|(flag, text)| {
+            let default = text.rsplit_once("(default: ").map_or("", |(_, d)| d.trim_end_matches(')'));
+            // The value itself, before what it means ("0 = half of ...").
+            let value = default.split([';']).next().unwrap().split(" = ").next().unwrap();
+            (flag, value.split(": ").next().unwrap().to_string())
+        })
+        .collect();
+    let page = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/flags.md")).unwrap();
+    let documented: Vec<(String, String)> = page
+        .lines()
+        .filter_map(|line| {
+            let mut cells = line.strip_prefix("| `--")?.split('|');
+            let flag = format!("--{}", cells.next()?.trim().trim_end_matches('`'));
+            let default = cells.next()?.trim();
+            // The first value in backticks, else the word; an empty cell is none.
+            let value = match default.split('`').nth(1) {
+                Some(value) => value,
+                None if default.is_empty() => "none",
+                None => default,
+            };
+            Some((flag, value.to_string()))
+        })
+        .collect();
+    let sorted = |mut v: Vec<(String, String)>| {
+        v.sort();
+        v
+    };
+    assert_eq!(sorted(documented), sorted(help), "docs/flags.md against serve --help (flag, default)");
+}
+
+/// The status page's effective flags (B42) are every flag `--help` lists.
+#[test]
+fn the_status_page_shows_every_flag() {
+    let config = atenet_router::cli::config::parse_serve_args(&["--ateapi-insecure"]).unwrap();
+    let mut shown: Vec<&str> =
+        atenet_router::ops::status::effective_flags(&config).iter().map(|(f, _)| *f).collect();
+    let mut listed: Vec<String> =
+        help_flags(ROUTER, &["serve", "--help"]).into_iter().map(|(f, _)| f).collect();
+    shown.sort();
+    listed.sort();
+    assert_eq!(shown, listed);
+}
+
 #[test]
 fn b65_version_and_revision() {
     let revision = Command::new("git").args(["rev-parse", "--short=12", "HEAD"]).output().unwrap();

@@ -635,7 +635,8 @@ fn html(s: &Snapshot) -> String {
 }
 
 /// The effective configuration as `(flag, value)` pairs, for the page and
-/// the startup log. Holds paths, never file contents.
+/// the startup log: every flag `--help` lists (tests/cli.rs holds the two
+/// equal). Holds paths, never file contents.
 pub fn effective_flags(config: &Config) -> Vec<(&'static str, String)> {
     let opt = |v: &Option<String>| v.clone().unwrap_or_default();
     let path =
@@ -647,6 +648,7 @@ pub fn effective_flags(config: &Config) -> Vec<(&'static str, String)> {
         }
     };
     let parking = &config.parking;
+    let (extproc_tls, router_tls) = (config.extproc_tls.as_ref(), &config.envoy_router_tls);
     let (extproc_address, socket) = match &config.extproc {
         ExtprocListen::Tcp(addr) => (addr.ip().to_string(), None),
         ExtprocListen::Unix(socket) => (config.extproc.to_string(), Some(socket)),
@@ -658,10 +660,16 @@ pub fn effective_flags(config: &Config) -> Vec<(&'static str, String)> {
         ("--ateapi-client-cert", cert),
         ("--ateapi-server-name", name),
         ("--ateapi-token-file", path(&config.ateapi_token_file)),
+        ("--ateapi-max-calls", config.ateapi_max_calls.to_string()),
+        ("--ateapi-max-calls-per-atespace", config.ateapi_max_calls_per_atespace.to_string()),
         ("--extproc-address", extproc_address),
         ("--port-extproc", config.extproc.tcp().map_or(String::new(), |a| a.port().to_string())),
         ("--extproc-socket-mode", socket.map_or(String::new(), |s| format!("{:04o}", s.mode))),
         ("--extproc-socket-group", socket.and_then(|s| s.group).map_or(String::new(), |g| g.to_string())),
+        ("--extproc-cert-file", extproc_tls.map_or(String::new(), |t| t.cert_file.display().to_string())),
+        ("--extproc-key-file", extproc_tls.map_or(String::new(), |t| t.key_file.display().to_string())),
+        ("--extproc-client-ca-file", extproc_tls.map_or(String::new(), |t| path(&t.client_ca_file))),
+        ("--extproc-insecure", config.extproc_insecure.to_string()),
         ("--metrics-listen-addr", config.metrics_addr.to_string()),
         ("--status-port", config.status_addr.map_or("disabled".into(), |a| a.port().to_string())),
         ("--status-address", config.status_addr.map_or(String::new(), |a| a.ip().to_string())),
@@ -707,6 +715,12 @@ pub fn effective_flags(config: &Config) -> Vec<(&'static str, String)> {
                 .join(","),
         ),
         ("--envoy-max-heap", size::format(config.envoy_max_heap)),
+        ("--envoy-router-ca-file", path(&router_tls.ca_file)),
+        ("--envoy-router-cert-file", path(&router_tls.cert_file)),
+        ("--envoy-router-key-file", path(&router_tls.key_file)),
+        ("--envoy-router-server-name", opt(&router_tls.server_name)),
+        ("--envoy-sds-dir", path(&router_tls.sds_dir)),
+        ("--routers", config.routers.iter().map(ToString::to_string).collect::<Vec<_>>().join(",")),
         ("--port-http", config.port_http.to_string()),
         ("--port-health", config.port_health.to_string()),
         ("--port-stats", config.port_stats.to_string()),
