@@ -28,7 +28,7 @@ use crate::envoy::streams::StreamSlots;
 use crate::ops::history::{History, Sampler, Sources};
 use crate::ops::http::{self, BindError, HttpServer, Limits};
 use crate::ops::listen::BoundTo;
-use crate::ops::metrics::Metrics;
+use crate::ops::metrics::{CertificateRole, Metrics};
 use crate::ops::recent::RecentRequests;
 use crate::ops::socket_path::{self, Found, PathError};
 use crate::ops::start_lock::{Guarded, LockError, StartLock};
@@ -357,22 +357,25 @@ impl Router {
             .map(|(flag, value)| format!("{flag}={value}"))
             .collect();
         log::debug!("effective flags: {}", flags.join(" "));
+        let metrics = Metrics::new();
         // Checked before anything starts, so that bad files leave nothing
         // running (B70, B86).
         let extproc_tls = match &config.extproc_tls {
             Some(tls) => Some(
-                ServerCredentialFiles::load(ServerFiles {
-                    cert: tls.cert_file.clone(),
-                    key: tls.key_file.clone(),
-                    client_ca: tls.client_ca_file.clone(),
-                })
+                ServerCredentialFiles::load(
+                    ServerFiles {
+                        cert: tls.cert_file.clone(),
+                        key: tls.key_file.clone(),
+                        client_ca: tls.client_ca_file.clone(),
+                    },
+                    metrics.certificate_expiry(CertificateRole::Extproc),
+                )
                 .map_err(StartError::ExtProcTls)?,
             ),
             None => None,
         };
         let env =
             Arc::new(EnvBuilder::new().cq_count(config.grpc_threads).name_prefix("atenet-grpc").build());
-        let metrics = Metrics::new();
         metrics.set_lot_max(config.parking.max);
         let timer = TimerThread::start_observed(Some(metrics.timer_lateness()));
 

@@ -631,3 +631,76 @@ fn b60_a_rotated_key_that_does_not_match_is_refused_and_the_last_good_bundle_sta
     assert_eq!(routed(&envoy.route_now("demo/a")).0, None, "the last good bundle stays");
     terminate(child);
 }
+
+/// Client certificates from `ca1` out of their dates (`expired`: 2020 to
+/// 2021; `future`: 2099 to 2100) and within them (`current`: to
+/// 2099-12-31T23:59:59Z, 4102444799; `current2`: to 2099-06-01T00:00:00Z,
+/// 4083955200).
+fn dated_clients(pki: &Pki) {
+    let client = "extendedKeyUsage=clientAuth";
+    pki.issue_dated("expired", "ca1", client, "20200101000000Z", "20210101000000Z");
+    pki.issue_dated("future", "ca1", client, "20990101000000Z", "21000101000000Z");
+    pki.issue_dated("current", "ca1", client, "20200101000000Z", "20991231235959Z");
+    pki.issue_dated("current2", "ca1", client, "20200101000000Z", "20990601000000Z");
+}
+
+#[test]
+fn b106_an_expired_or_not_yet_valid_client_certificate_exits_2_at_startup() {
+    let pki = Pki::new("datedstart");
+    dated_clients(&pki);
+    for (name, said) in [
+        ("expired", "its first certificate expired on Jan  1 00:00:00 2021 GMT"),
+        ("future", "its first certificate is not valid yet: not before Jan  1 00:00:00 2099 GMT"),
+    ] {
+        let bundle = pki.path(&format!("{name}.bundle")).display().to_string();
+        let (code, err) = common::process::run_refused(
+            Command::new(env!("CARGO_BIN_EXE_atenet-router"))
+                .args(["serve", "--ateapi-address", "127.0.0.1:1", "--ateapi-client-cert", &bundle])
+                .args(["--ateapi-ca-file", pki.path("ca1.pem").to_str().unwrap(), "--port-extproc", "0"])
+                .args(["--metrics-listen-addr", "127.0.0.1:0", "--status-port", "0"]),
+        );
+        assert_eq!(code, Some(2), "{name}: {err}");
+        assert!(err.contains(&format!("--ateapi-client-cert {bundle}: {said}")), "{name}: {err}");
+    }
+}
+
+#[test]
+fn b106_a_rotated_client_certificate_out_of_its_dates_keeps_the_last_good_one() {
+    let pki = Pki::new("datedrotation");
+    dated_clients(&pki);
+    let sim = ateapi_sim(&pki);
+    sim.script("demo/a", vec![Answer::ok("10.0.0.1", true)]);
+    let bundle = pki.rotating("live.bundle", "current.bundle");
+    let args = tls_flags(&sim, &pki.path("ca1.pem"), &bundle, true, &[]);
+    let (child, extproc, log) = spawn_tls_router(&args);
+    let metrics_addr =
+        log.lock()[0].split("metrics on http://").nth(1).unwrap().split('/').next().unwrap().to_string();
+    let expiry = || {
+        Metrics(http_get(metrics_addr.parse().unwrap(), "/metrics").1)
+            .value("atenet_router_certificate_expiry_timestamp_seconds", &[("certificate", "ateapi_client")])
+    };
+    let envoy = Envoy::connect(extproc);
+    assert_eq!(routed(&envoy.route_now("demo/a")).0, None);
+    assert_eq!(expiry(), 4_102_444_799.0, "the notAfter of the client certificate in use");
+    for (name, said) in [("expired", "expired on Jan  1 00:00:00 2021 GMT"), ("future", "not valid yet")] {
+        pki.replace("live.bundle", &format!("{name}.bundle"));
+        let refusal = |l: &String| l.contains("ateapi credentials not reloaded") && l.contains(said);
+        let deadline = std::time::Instant::now() + PATIENCE;
+        while !log.lock().iter().any(refusal) {
+            assert!(std::time::Instant::now() < deadline, "the refusal of {name}: {:#?}", log.lock());
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let line = log.lock().iter().find(|l| refusal(l)).cloned().unwrap();
+        assert!(line.contains(" ERROR ") && line.contains("--ateapi-client-cert"), "{line}");
+        assert_eq!(routed(&envoy.route_now("demo/a")).0, None, "{name}: the last good certificate stays");
+        assert_eq!(expiry(), 4_102_444_799.0, "{name}: so does its notAfter");
+    }
+    pki.replace("live.bundle", "current2.bundle");
+    let deadline = std::time::Instant::now() + PATIENCE;
+    while expiry() != 4_083_955_200.0 {
+        assert!(std::time::Instant::now() < deadline, "the valid rotation's notAfter: {:#?}", log.lock());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(routed(&envoy.route_now("demo/a")).0, None, "served with the new certificate");
+    terminate(child);
+}

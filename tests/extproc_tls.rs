@@ -17,7 +17,7 @@ use atenet_router::proto::{EXT_PROC_PROCESS, HEALTH_CHECK};
 use atenet_router::router::Router;
 use atenet_router::tools::sim::Answer;
 use common::pki::Pki;
-use common::process::{eventually_within, router_args, spawn_router, ROUTER_BIN};
+use common::process::{eventually_within, router_args, run_refused, spawn_router, ROUTER_BIN};
 use common::*;
 use futures::{SinkExt, StreamExt};
 use grpcio::{CallOption, ChannelBuilder, ChannelCredentialsBuilder, Client, EnvBuilder, WriteFlags};
@@ -229,4 +229,83 @@ fn b86_bad_tls_files_and_plaintext_off_the_loopback_exit_2() {
         assert!(err.contains(said), "{extra:?}: {err}");
         assert!(!err.contains("panicked"), "{err}");
     }
+}
+
+/// The router's name, as [`pki`] gives it.
+const ROUTER_NAMES: &str = "subjectAltName=DNS:router.test,IP:127.0.0.1";
+
+/// Router certificates from `ca1` out of their dates (`expired`: 2020 to
+/// 2021; `future`: 2099 to 2100) and within them (`current`: to
+/// 2099-12-31T23:59:59Z, 4102444799; `current2`: to 2099-06-01T00:00:00Z,
+/// 4083955200).
+fn dated(pki: &Pki) {
+    pki.issue_dated("expired", "ca1", ROUTER_NAMES, "20200101000000Z", "20210101000000Z");
+    pki.issue_dated("future", "ca1", ROUTER_NAMES, "20990101000000Z", "21000101000000Z");
+    pki.issue_dated("current", "ca1", ROUTER_NAMES, "20200101000000Z", "20991231235959Z");
+    pki.issue_dated("current2", "ca1", ROUTER_NAMES, "20200101000000Z", "20990601000000Z");
+}
+
+fn expiry_gauge(router: &common::process::RouterProcess) -> f64 {
+    Metrics(http_get(router.metrics, "/metrics").1)
+        .value("atenet_router_certificate_expiry_timestamp_seconds", &[("certificate", "extproc")])
+}
+
+#[test]
+fn b106_an_expired_or_not_yet_valid_certificate_exits_2_at_startup() {
+    let pki = pki("dates-startup");
+    dated(&pki);
+    for (name, said) in [
+        ("expired", "its first certificate expired on Jan  1 00:00:00 2021 GMT"),
+        ("future", "its first certificate is not valid yet: not before Jan  1 00:00:00 2099 GMT"),
+    ] {
+        let (code, err) = run_refused(
+            std::process::Command::new(ROUTER_BIN)
+                .args(router_args("127.0.0.1:1", &[]))
+                .args(["--extproc-cert-file", pki.path(&format!("{name}.pem")).to_str().unwrap()])
+                .args(["--extproc-key-file", pki.path(&format!("{name}.key")).to_str().unwrap()]),
+        );
+        assert_eq!(code, Some(2), "{name}: {err}");
+        let flag = format!("--extproc-cert-file {}: ", pki.path(&format!("{name}.pem")).display());
+        assert!(err.contains(&flag) && err.contains(said), "{name}: {err}");
+        assert!(!err.contains("serving"), "{name}: {err}");
+    }
+}
+
+#[test]
+fn b106_a_rotation_to_a_certificate_out_of_its_dates_keeps_the_last_good_one() {
+    let pki = pki("dates-rotation");
+    dated(&pki);
+    pki.rotating("tls.crt", "current.pem");
+    pki.rotating("tls.key", "current.key");
+    let sim = empty_sim();
+    let flags = tls_flags(&pki, None);
+    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+    let router = spawn_router(&router_args(&sim.addr().to_string(), &flags));
+    let current = serial_of(&pki, "current.pem");
+    assert_eq!(presented_serial(&pki, router.extproc), current);
+    assert_eq!(expiry_gauge(&router), 4_102_444_799.0, "the notAfter of the certificate in use");
+    for (name, said) in [("expired", "expired on Jan  1 00:00:00 2021 GMT"), ("future", "not valid yet")] {
+        pki.replace("tls.key", &format!("{name}.key"));
+        pki.replace("tls.crt", &format!("{name}.pem"));
+        let refusal = |l: &String| l.contains("ext_proc TLS credentials not reloaded") && l.contains(said);
+        eventually_within(PATIENCE, &format!("the refusal of {name}.pem in the log"), || {
+            router.process.log.lock().iter().any(refusal)
+        });
+        let line = router.process.log.lock().iter().find(|l| refusal(l)).cloned().unwrap();
+        assert!(line.contains(" ERROR ") && line.contains("--extproc-cert-file"), "{line}");
+        // New connections, each a handshake of its own: the last good
+        // certificate, which their CA and clock accept.
+        for _ in 0..5 {
+            assert_eq!(presented_serial(&pki, router.extproc), current, "{name}: the last good certificate");
+            assert_eq!(check(&client(&pki, router.extproc, None)), Ok(1), "{name}: a new gRPC connection");
+        }
+        assert_eq!(expiry_gauge(&router), 4_102_444_799.0, "{name}: the notAfter of the one in use");
+    }
+    pki.replace("tls.key", "current2.key");
+    pki.replace("tls.crt", "current2.pem");
+    let next = serial_of(&pki, "current2.pem");
+    eventually_within(PATIENCE, "the valid rotation on a new handshake", || {
+        presented_serial(&pki, router.extproc) == next
+    });
+    assert_eq!(expiry_gauge(&router), 4_083_955_200.0, "the gauge follows the certificate in use");
 }

@@ -35,7 +35,7 @@ use parking_lot::{Mutex, RwLock};
 use crate::ateapi::resume::{AttemptResult, Code, ResumeError, Resumed};
 use crate::ateapi::target::ActorId;
 use crate::cli::config::AteapiTransport;
-use crate::ops::metrics::Metrics;
+use crate::ops::metrics::{CertificateRole, Metrics};
 use crate::parking::flight::{AttemptDone, Resumer};
 use crate::proto::ateapi::{ObjectRef, ResumeActorRequest, ResumeActorResponse};
 use crate::proto::ATEAPI_RESUME_ACTOR;
@@ -58,6 +58,17 @@ struct Live {
     /// `Bearer <token>`, when a token file is configured.
     authorization: Option<Arc<str>>,
     files: Files,
+    /// The client certificate's notAfter, Unix seconds (B106).
+    client_cert_expiry: Option<i64>,
+}
+
+impl Live {
+    /// Sets the client certificate's expiry gauge, when there is one.
+    fn publish_expiry(&self, metrics: &Metrics) {
+        if let Some(not_after) = self.client_cert_expiry {
+            metrics.certificate_expiry(CertificateRole::AteapiClient).set(not_after);
+        }
+    }
 }
 
 /// A ResumeActor client.
@@ -90,6 +101,7 @@ impl AteapiClient {
     ) -> Result<AteapiClient, CredentialsError> {
         let files = read_files(transport, token_file)?;
         let live = build(&env, address, transport, token_file, connect_timeout, files)?;
+        live.publish_expiry(&metrics);
         Ok(AteapiClient {
             env,
             address: address.to_string(),
@@ -124,16 +136,18 @@ impl AteapiClient {
             )
         }) {
             Ok(live) => {
+                live.publish_expiry(&self.metrics);
                 *self.live.write() = live;
                 *rejected = None;
                 log::info!("ateapi credentials changed on disk: reloaded");
                 return;
             }
-            Err(e) => e.to_string(),
+            Err(e) => e,
         };
+        let (level, problem) = (problem.rotation_level(), problem.to_string());
         // Checked every second: say it once, not every second (B60).
         if rejected.as_deref() != Some(problem.as_str()) {
-            log::warn!("ateapi credentials not reloaded, keeping the last good ones: {problem}");
+            log::log!(level, "ateapi credentials not reloaded, keeping the last good ones: {problem}");
             *rejected = Some(problem);
         }
     }
@@ -198,6 +212,23 @@ fn build(
         }
         None => None,
     };
+    let tls = match transport {
+        AteapiTransport::Insecure => None,
+        AteapiTransport::Tls { ca_file, client_cert, server_name } => Some(ChannelTls {
+            ca: named("--ateapi-ca-file", ca_file, pem::certificates(&files.ca))?,
+            // The CA file's dates are not checked: which of its certificates
+            // matter depends on the chain ateapi sends (B106).
+            client: match client_cert {
+                Some(path) => Some(named(
+                    "--ateapi-client-cert",
+                    path,
+                    pem::split_bundle(&files.bundle, pem::unix_now()),
+                )?),
+                None => None,
+            },
+            server_name: server_name.clone(),
+        }),
+    };
     let queues = env.completion_queues();
     let mut clients = Vec::with_capacity(queues.len());
     for _ in queues {
@@ -209,20 +240,29 @@ fn build(
         let before = env.pick_cq().worker_id();
         let at = queues.iter().position(|q| q.worker_id() == before).unwrap_or(0);
         let thread = queues[(at + 1) % queues.len()].worker_id();
-        let channel = channel(env, address, transport, connect_timeout, &files)?;
+        let channel = channel(env, address, tls.as_ref(), connect_timeout);
         clients.push((thread, Arc::new(Client::new(channel))));
     }
-    Ok(Live { clients, authorization, files })
+    let client_cert_expiry = tls.and_then(|tls| tls.client).map(|(_, _, not_after)| not_after);
+    Ok(Live { clients, authorization, files, client_cert_expiry })
 }
 
-/// One channel to ateapi over `transport`.
+/// A channel's TLS credentials, each checked (B60, B106).
+struct ChannelTls {
+    ca: Vec<u8>,
+    /// The client certificate chain and key as PEM, and the certificate's
+    /// notAfter.
+    client: Option<(Vec<u8>, Vec<u8>, i64)>,
+    server_name: Option<String>,
+}
+
+/// One channel to ateapi, over TLS with `tls`, else plaintext.
 fn channel(
     env: &Arc<Environment>,
     address: &str,
-    transport: &AteapiTransport,
+    tls: Option<&ChannelTls>,
     connect_timeout: Duration,
-    files: &Files,
-) -> Result<Channel, CredentialsError> {
+) -> Channel {
     let builder = ChannelBuilder::new(Arc::clone(env))
         .primary_user_agent(concat!("atenet-router/", env!("CARGO_PKG_VERSION")))
         // Room for a long status message from ateapi: gRPC core's default
@@ -240,22 +280,16 @@ fn channel(
             CString::new("grpc.min_reconnect_backoff_ms").expect("no NUL"),
             i32::try_from(connect_timeout.as_millis()).unwrap_or(i32::MAX),
         );
-    Ok(match transport {
-        AteapiTransport::Insecure => builder.connect(address),
-        AteapiTransport::Tls { ca_file, client_cert, server_name } => {
-            let ca = named("--ateapi-ca-file", ca_file, pem::certificates(&files.ca))?;
-            let mut creds = ChannelCredentialsBuilder::new().root_cert(ca);
-            if let Some(path) = client_cert {
-                let (chain, key) = named("--ateapi-client-cert", path, pem::split_bundle(&files.bundle))?;
-                creds = creds.cert(chain, key);
-            }
-            let mut builder = builder.set_credentials(creds.build());
-            if let Some(name) = server_name {
-                builder = builder.override_ssl_target(name.clone());
-            }
-            builder.connect(address)
-        }
-    })
+    let Some(tls) = tls else { return builder.connect(address) };
+    let mut creds = ChannelCredentialsBuilder::new().root_cert(tls.ca.clone());
+    if let Some((chain, key, _)) = &tls.client {
+        creds = creds.cert(chain.clone(), key.clone());
+    }
+    let mut builder = builder.set_credentials(creds.build());
+    if let Some(name) = &tls.server_name {
+        builder = builder.override_ssl_target(name.clone());
+    }
+    builder.connect(address)
 }
 
 /// The longest token accepted (B60). gRPC refuses to send request metadata

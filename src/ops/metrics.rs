@@ -60,6 +60,9 @@ struct Instruments {
     atespace_refused: [IntCounter; 2],
     streams_refused: IntCounter,
     streams_silent_closed: IntCounter,
+    /// `atenet_router_certificate_expiry_timestamp_seconds` by
+    /// [`CertificateRole`]; a series appears once its certificate is used.
+    certificate_expiry: IntGaugeVec,
 }
 
 fn gauge(name: &str, help: &str) -> IntGauge {
@@ -87,6 +90,27 @@ impl AtespaceShare {
         match self {
             AtespaceShare::Flights => "flights",
             AtespaceShare::Requests => "requests",
+        }
+    }
+}
+
+/// Which certificate of the router's own an expiry gauge is about (B106):
+/// the `certificate` label of
+/// `atenet_router_certificate_expiry_timestamp_seconds`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CertificateRole {
+    /// `--extproc-cert-file`, presented to Envoy.
+    Extproc,
+    /// `--ateapi-client-cert`, presented to the control plane.
+    AteapiClient,
+}
+
+impl CertificateRole {
+    /// The label value.
+    pub fn name(self) -> &'static str {
+        match self {
+            CertificateRole::Extproc => "extproc",
+            CertificateRole::AteapiClient => "ateapi_client",
         }
     }
 }
@@ -241,6 +265,15 @@ impl Metrics {
                 "atenet_router_extproc_streams_silent_closed_total",
                 "ext_proc streams closed because they sent no message within 5 s of opening (B74).",
             ),
+            certificate_expiry: IntGaugeVec::new(
+                Opts::new(
+                    "atenet_router_certificate_expiry_timestamp_seconds",
+                    "The notAfter of the certificate the router presents, as Unix seconds, by which \
+                     certificate (B106).",
+                ),
+                &["certificate"],
+            )
+            .expect("a valid metric"),
             registry: registry.clone(),
         };
         for collector in [
@@ -271,6 +304,7 @@ impl Metrics {
             Box::new(atespace_refused),
             Box::new(instruments.streams_refused.clone()),
             Box::new(instruments.streams_silent_closed.clone()),
+            Box::new(instruments.certificate_expiry.clone()),
         ] {
             register(collector);
         }
@@ -417,6 +451,11 @@ impl Metrics {
     /// Counts a request its atespace's `share` refused (B79, B80).
     pub fn count_atespace_refused(&self, share: AtespaceShare) {
         self.inner.atespace_refused[share as usize].inc();
+    }
+
+    /// The gauge of the notAfter of the `role` certificate in use (B106).
+    pub fn certificate_expiry(&self, role: CertificateRole) -> IntGauge {
+        self.inner.certificate_expiry.with_label_values(&[role.name()])
     }
 
     /// Text exposition format, as served on `/metrics`.

@@ -60,6 +60,22 @@ impl std::fmt::Display for CredentialsError {
     }
 }
 
+impl CredentialsError {
+    /// The level a refused rotation is logged at (B60, B106): a warning for
+    /// a file caught half-way through a rotation, which the next write
+    /// completes; an error for a certificate outside its validity period,
+    /// the issuer's mistake or the clock's, which no write in progress
+    /// explains.
+    pub fn rotation_level(&self) -> log::Level {
+        match self {
+            CredentialsError::Pem { source: PemError::Expired(_) | PemError::NotYetValid(_), .. } => {
+                log::Level::Error
+            }
+            _ => log::Level::Warn,
+        }
+    }
+}
+
 impl std::error::Error for CredentialsError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {

@@ -14,9 +14,15 @@
 //! Only the file's layout is read by hand: which blocks it holds and
 //! whether each is complete, so that a truncated file or a bundle without a
 //! key gets a message that says so rather than OpenSSL's "no start line".
+//!
+//! A certificate the router presents (the ext_proc listener's, the client
+//! bundle's) must also be valid now (B106): every peer refuses an expired
+//! or not-yet-valid one, so taking it would fail every handshake.
 
 use std::fmt;
+use std::time::{SystemTime, UNIX_EPOCH};
 
+use openssl::asn1::{Asn1Time, Asn1TimeRef};
 use openssl::pkey::{PKey, Private};
 use openssl::x509::X509;
 
@@ -49,6 +55,11 @@ pub enum PemError {
     /// The key's public half is not the certificate's: every handshake
     /// would fail. Says which certificate.
     KeyMismatch(String),
+    /// The first certificate's notAfter has passed: its date, as OpenSSL
+    /// prints it (B106).
+    Expired(String),
+    /// The first certificate's notBefore is still to come: its date (B106).
+    NotYetValid(String),
 }
 
 impl fmt::Display for PemError {
@@ -78,6 +89,15 @@ impl fmt::Display for PemError {
                 f,
                 "the private key does not belong to {certificate}: their public keys differ, so every \
                  handshake would fail"
+            ),
+            PemError::Expired(not_after) => write!(
+                f,
+                "its first certificate expired on {not_after} (notAfter): every peer would refuse it"
+            ),
+            PemError::NotYetValid(not_before) => write!(
+                f,
+                "its first certificate is not valid yet: not before {not_before} (notBefore; or this \
+                 host's clock is behind): every peer would refuse it"
             ),
         }
     }
@@ -199,11 +219,43 @@ pub fn key_pair(chain: &[X509], key: &PKey<Private>, which: &str) -> Result<(Vec
 
 /// Splits a client bundle into its certificate chain and its private key,
 /// each as PEM, as gRPC's credential API wants them apart, once the key is
-/// known to match the first certificate.
-pub fn split_bundle(bundle: &[u8]) -> Result<(Vec<u8>, Vec<u8>), PemError> {
+/// known to match the first certificate and that certificate to be valid
+/// at `now`; with that certificate's notAfter (Unix seconds).
+pub fn split_bundle(bundle: &[u8], now: i64) -> Result<(Vec<u8>, Vec<u8>, i64), PemError> {
     let chain = certificate_chain(bundle)?;
     let key = private_key(bundle)?;
-    key_pair(&chain, &key, "the bundle's first certificate")
+    let (chain_pem, key_pem) = key_pair(&chain, &key, "the bundle's first certificate")?;
+    let not_after = valid_at(&chain, now)?;
+    Ok((chain_pem, key_pem, not_after))
+}
+
+/// Seconds since the Unix epoch, as certificates' dates are compared with.
+pub fn unix_now() -> i64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX))
+}
+
+/// A certificate's date as Unix seconds.
+fn unix_seconds(time: &Asn1TimeRef) -> Result<i64, PemError> {
+    let epoch = Asn1Time::from_unix(0).map_err(|e| PemError::NotCertificate(reason(&e)))?;
+    let since = epoch.diff(time).map_err(|e| PemError::NotCertificate(reason(&e)))?;
+    Ok(i64::from(since.days) * 86_400 + i64::from(since.secs))
+}
+
+/// The notAfter (Unix seconds) of a chain's first certificate, once that
+/// certificate is known to be valid at `now`, notBefore and notAfter
+/// included (B106). Only the first is read: the rest of a chain is for the
+/// peer to build a path with, and a chain may rightly carry an expired
+/// cross-signed certificate that current peers skip.
+pub fn valid_at(chain: &[X509], now: i64) -> Result<i64, PemError> {
+    let leaf = chain.first().ok_or(PemError::Missing("CERTIFICATE block"))?;
+    if now < unix_seconds(leaf.not_before())? {
+        return Err(PemError::NotYetValid(leaf.not_before().to_string()));
+    }
+    let not_after = unix_seconds(leaf.not_after())?;
+    if now > not_after {
+        return Err(PemError::Expired(leaf.not_after().to_string()));
+    }
+    Ok(not_after)
 }
 
 /// Self-signed certificates and keys made with the `openssl` crate, for
@@ -224,8 +276,16 @@ pub mod testing {
         PKey::from_ec_key(EcKey::generate(&group).unwrap()).unwrap()
     }
 
-    /// A self-signed certificate for `key`, with `serial`.
+    /// A self-signed certificate for `key`, with `serial`, valid from now
+    /// for two days.
     pub fn certificate(key: &PKey<Private>, serial: u32) -> X509 {
+        let now = super::unix_now();
+        dated(key, serial, now, now + 2 * 86_400)
+    }
+
+    /// A self-signed certificate for `key`, with `serial`, valid from
+    /// `not_before` to `not_after` (Unix seconds).
+    pub fn dated(key: &PKey<Private>, serial: u32, not_before: i64, not_after: i64) -> X509 {
         let mut name = X509Name::builder().unwrap();
         name.append_entry_by_text("CN", "test").unwrap();
         let name = name.build();
@@ -235,8 +295,8 @@ pub mod testing {
         builder.set_subject_name(&name).unwrap();
         builder.set_issuer_name(&name).unwrap();
         builder.set_pubkey(key).unwrap();
-        builder.set_not_before(&Asn1Time::days_from_now(0).unwrap()).unwrap();
-        builder.set_not_after(&Asn1Time::days_from_now(2).unwrap()).unwrap();
+        builder.set_not_before(&Asn1Time::from_unix(not_before).unwrap()).unwrap();
+        builder.set_not_after(&Asn1Time::from_unix(not_after).unwrap()).unwrap();
         builder.sign(key, MessageDigest::sha256()).unwrap();
         builder.build()
     }
@@ -286,20 +346,26 @@ mod tests {
         let (ca, other_key) = pair(2);
         let params = "-----BEGIN EC PARAMETERS-----\nBggqhkjOPQMBBw==\n-----END EC PARAMETERS-----\n";
         let bundle = format!("{cert}{ca}{params}{key}");
-        let (chain, pkcs8) = split_bundle(bundle.as_bytes()).unwrap();
+        let (chain, pkcs8, _) = split_bundle(bundle.as_bytes(), unix_now()).unwrap();
         assert_eq!(String::from_utf8(chain).unwrap().matches("BEGIN CERTIFICATE").count(), 2);
         assert!(String::from_utf8(pkcs8).unwrap().starts_with("-----BEGIN PRIVATE KEY-----"));
-        assert_eq!(split_bundle(cert.as_bytes()), Err(PemError::Missing("PRIVATE KEY block")));
-        assert_eq!(split_bundle(key.as_bytes()), Err(PemError::Missing("CERTIFICATE block")));
-        assert_eq!(split_bundle(format!("{cert}{key}{key}").as_bytes()), Err(PemError::SeveralKeys));
-        let mismatch = split_bundle(format!("{cert}{other_key}").as_bytes()).unwrap_err();
+        assert_eq!(split_bundle(cert.as_bytes(), unix_now()), Err(PemError::Missing("PRIVATE KEY block")));
+        assert_eq!(split_bundle(key.as_bytes(), unix_now()), Err(PemError::Missing("CERTIFICATE block")));
+        assert_eq!(
+            split_bundle(format!("{cert}{key}{key}").as_bytes(), unix_now()),
+            Err(PemError::SeveralKeys)
+        );
+        let mismatch = split_bundle(format!("{cert}{other_key}").as_bytes(), unix_now()).unwrap_err();
         assert_eq!(mismatch, PemError::KeyMismatch("the bundle's first certificate".into()));
         assert!(
             mismatch.to_string().contains("does not belong to the bundle's first certificate"),
             "{mismatch}"
         );
         // The key must match the first certificate, not any of the chain.
-        assert!(matches!(split_bundle(format!("{ca}{cert}{key}").as_bytes()), Err(PemError::KeyMismatch(_))));
+        assert!(matches!(
+            split_bundle(format!("{ca}{cert}{key}").as_bytes(), unix_now()),
+            Err(PemError::KeyMismatch(_))
+        ));
     }
 
     #[test]
@@ -308,21 +374,21 @@ mod tests {
         let cert = String::from_utf8(testing::certificate(&key, 7).to_pem().unwrap()).unwrap();
         let sec1 = String::from_utf8(key.ec_key().unwrap().private_key_to_pem().unwrap()).unwrap();
         assert!(sec1.starts_with("-----BEGIN EC PRIVATE KEY-----"));
-        assert!(split_bundle(format!("{cert}{sec1}").as_bytes()).is_ok(), "SEC1");
+        assert!(split_bundle(format!("{cert}{sec1}").as_bytes(), unix_now()).is_ok(), "SEC1");
         let rsa = PKey::from_rsa(openssl::rsa::Rsa::generate(2048).unwrap()).unwrap();
         let rsa_cert = String::from_utf8(testing::certificate(&rsa, 8).to_pem().unwrap()).unwrap();
         let pkcs1 = String::from_utf8(rsa.rsa().unwrap().private_key_to_pem().unwrap()).unwrap();
         assert!(pkcs1.starts_with("-----BEGIN RSA PRIVATE KEY-----"));
-        assert!(split_bundle(format!("{rsa_cert}{pkcs1}").as_bytes()).is_ok(), "PKCS#1");
+        assert!(split_bundle(format!("{rsa_cert}{pkcs1}").as_bytes(), unix_now()).is_ok(), "PKCS#1");
         // A key under another kind's label.
         let wrong = sec1.replace("EC PRIVATE KEY", "RSA PRIVATE KEY");
         assert!(matches!(
-            split_bundle(format!("{cert}{wrong}").as_bytes()),
+            split_bundle(format!("{cert}{wrong}").as_bytes(), unix_now()),
             Err(PemError::NotKey { label, .. }) if label == "RSA PRIVATE KEY"
         ));
         let encrypted =
             key.private_key_to_pem_pkcs8_passphrase(openssl::symm::Cipher::aes_256_cbc(), b"s3cr3t").unwrap();
-        let e = split_bundle(&[cert.as_bytes(), &encrypted].concat()).unwrap_err();
+        let e = split_bundle(&[cert.as_bytes(), &encrypted].concat(), unix_now()).unwrap_err();
         assert_eq!(e, PemError::UnsupportedKey("ENCRYPTED PRIVATE KEY".into()));
         assert!(e.to_string().contains("encrypted"));
         let legacy = String::from_utf8(
@@ -334,14 +400,49 @@ mod tests {
         .unwrap();
         assert!(legacy.contains("Proc-Type: 4,ENCRYPTED"));
         assert_eq!(
-            split_bundle(format!("{cert}{legacy}").as_bytes()),
+            split_bundle(format!("{cert}{legacy}").as_bytes(), unix_now()),
             Err(PemError::UnsupportedKey("ENCRYPTED PRIVATE KEY".into())),
             "never asks for a passphrase"
         );
         let dsa = "-----BEGIN DSA PRIVATE KEY-----\nMAMCAQU=\n-----END DSA PRIVATE KEY-----\n";
         assert_eq!(
-            split_bundle(format!("{cert}{dsa}").as_bytes()),
+            split_bundle(format!("{cert}{dsa}").as_bytes(), unix_now()),
             Err(PemError::UnsupportedKey("DSA PRIVATE KEY".into()))
+        );
+    }
+
+    #[test]
+    fn b106_a_presented_certificate_must_be_valid_now() {
+        let key = testing::key();
+        let now = unix_now();
+        let pem = |cert: &X509| String::from_utf8(cert.to_pem().unwrap()).unwrap();
+        let pkcs8 = String::from_utf8(key.private_key_to_pem_pkcs8().unwrap()).unwrap();
+        // 2001-01-01T00:00:00Z to 2002-01-01T00:00:00Z.
+        let (from, to) = (978_307_200, 1_009_843_200);
+        let past = testing::dated(&key, 1, from, to);
+        assert_eq!(valid_at(std::slice::from_ref(&past), from), Ok(to), "notBefore itself is valid");
+        assert_eq!(valid_at(std::slice::from_ref(&past), to), Ok(to), "and notAfter");
+        let expired = valid_at(std::slice::from_ref(&past), to + 1).unwrap_err();
+        assert_eq!(expired, PemError::Expired("Jan  1 00:00:00 2002 GMT".into()));
+        assert!(expired.to_string().contains("expired on Jan  1 00:00:00 2002 GMT"), "{expired}");
+        let early = valid_at(std::slice::from_ref(&past), from - 1).unwrap_err();
+        assert_eq!(early, PemError::NotYetValid("Jan  1 00:00:00 2001 GMT".into()));
+        assert!(early.to_string().contains("not valid yet: not before Jan  1 00:00:00 2001 GMT"), "{early}");
+        // In a bundle, checked against the clock; only the first certificate.
+        let bundle = format!("{}{pkcs8}", pem(&past));
+        assert_eq!(
+            split_bundle(bundle.as_bytes(), now),
+            Err(PemError::Expired("Jan  1 00:00:00 2002 GMT".into()))
+        );
+        let future = testing::dated(&key, 2, now + 86_400, now + 2 * 86_400);
+        let bundle = format!("{}{pkcs8}", pem(&future));
+        assert!(matches!(split_bundle(bundle.as_bytes(), now), Err(PemError::NotYetValid(_))));
+        let current = testing::dated(&key, 3, now - 60, now + 86_400);
+        let bundle = format!("{}{}{pkcs8}", pem(&current), pem(&past));
+        assert_eq!(
+            split_bundle(bundle.as_bytes(), now).map(|b| b.2),
+            Ok(now + 86_400),
+            "an expired CA after it"
         );
     }
 }

@@ -5,9 +5,11 @@
 //! `tls.crt` and `tls.key`), with an optional client CA: with one, only a
 //! client whose certificate that CA signed completes the handshake. Every
 //! file is checked by [`crate::tls::pem`] (the key must match the
-//! certificate) before gRPC sees it: at startup a bad set is an error
-//! naming the flag, and at rotation it is refused, logged once, and the
-//! last good set stays in use.
+//! certificate, which must be valid now, B106) before gRPC sees it: at
+//! startup a bad set is an error naming the flag, and at rotation it is
+//! refused, logged once, and the last good set stays in use. The
+//! certificate in use's notAfter is kept in a gauge, for an alert ahead
+//! of its expiry (B106).
 //!
 //! Rotation costs no handshake anything: [`ServerCredentialFiles::refresh`]
 //! re-reads the files on the router's credentials thread (every second),
@@ -21,6 +23,7 @@ use std::sync::Arc;
 
 use grpcio::{CertificateRequestType, ServerCredentials, ServerCredentialsBuilder, ServerCredentialsFetcher};
 use parking_lot::Mutex;
+use prometheus::IntGauge;
 
 use crate::tls::files::{named, read, CredentialsError};
 use crate::tls::pem;
@@ -47,6 +50,8 @@ struct Checked {
     chain: Vec<u8>,
     key: Vec<u8>,
     client_ca: Option<Vec<u8>>,
+    /// The certificate's notAfter, Unix seconds.
+    not_after: i64,
 }
 
 /// The set in use and its generation, bumped at each accepted change.
@@ -62,16 +67,24 @@ struct Current {
 pub struct ServerCredentialFiles {
     files: ServerFiles,
     current: Mutex<Current>,
+    /// The notAfter of the certificate in use (B106).
+    expiry: IntGauge,
 }
 
 impl ServerCredentialFiles {
     /// Reads and checks the files: an error names the flag, the path and
-    /// why (startup refuses it, B70).
-    pub fn load(files: ServerFiles) -> Result<Arc<ServerCredentialFiles>, CredentialsError> {
+    /// why (startup refuses it, B70). `expiry` is set to the certificate's
+    /// notAfter, now and at each accepted rotation.
+    pub fn load(
+        files: ServerFiles,
+        expiry: IntGauge,
+    ) -> Result<Arc<ServerCredentialFiles>, CredentialsError> {
         let checked = Arc::new(check(&files)?);
+        expiry.set(checked.not_after);
         Ok(Arc::new(ServerCredentialFiles {
             files,
             current: Mutex::new(Current { generation: 1, checked, rejected: None }),
+            expiry,
         }))
     }
 
@@ -86,16 +99,18 @@ impl ServerCredentialFiles {
                 return;
             }
             Ok(Some(checked)) => {
+                self.expiry.set(checked.not_after);
                 current.checked = Arc::new(checked);
                 current.generation += 1;
                 current.rejected = None;
                 log::info!("ext_proc TLS credentials changed on disk: new connections use them");
                 return;
             }
-            Err(e) => e.to_string(),
+            Err(e) => e,
         };
+        let (level, problem) = (problem.rotation_level(), problem.to_string());
         if current.rejected.as_deref() != Some(problem.as_str()) {
-            log::warn!("ext_proc TLS credentials not reloaded, keeping the last good ones: {problem}");
+            log::log!(level, "ext_proc TLS credentials not reloaded, keeping the last good ones: {problem}");
             current.rejected = Some(problem);
         }
     }
@@ -145,12 +160,15 @@ fn checked(files: &ServerFiles, contents: Vec<Vec<u8>>) -> Result<Checked, Crede
     let chain = named(CERT_FLAG, &files.cert, pem::certificate_chain(&contents[0]))?;
     let key = named(KEY_FLAG, &files.key, pem::private_key(&contents[1]))?;
     let which = format!("{CERT_FLAG} {}'s first certificate", files.cert.display());
-    let (chain, key) = named(KEY_FLAG, &files.key, pem::key_pair(&chain, &key, &which))?;
+    let (chain_pem, key) = named(KEY_FLAG, &files.key, pem::key_pair(&chain, &key, &which))?;
+    // A client CA's dates are not checked: which of its certificates
+    // matter depends on the chains clients send (B106).
+    let not_after = named(CERT_FLAG, &files.cert, pem::valid_at(&chain, pem::unix_now()))?;
     let client_ca = match &files.client_ca {
         Some(path) => Some(named(CLIENT_CA_FLAG, path, pem::certificates(&contents[2]))?),
         None => None,
     };
-    Ok(Checked { read: contents, chain, key, client_ca })
+    Ok(Checked { read: contents, chain: chain_pem, key, client_ca, not_after })
 }
 
 /// What gRPC asks before each new connection's handshake: the set in use,
@@ -184,7 +202,7 @@ impl ServerCredentialsFetcher for Fetcher {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::tls::pem::testing::pair;
+    use crate::tls::pem::testing::{self, pair};
 
     struct Dir(PathBuf);
 
@@ -200,6 +218,73 @@ mod tests {
         Dir(dir)
     }
 
+    fn gauge() -> IntGauge {
+        IntGauge::new("expiry", "the certificate's notAfter").unwrap()
+    }
+
+    /// `(certificate PEM, PKCS#8 key PEM)` of a pair valid from
+    /// `not_before` to `not_after`.
+    fn dated_pair(serial: u32, not_before: i64, not_after: i64) -> (String, String) {
+        let key = testing::key();
+        let cert = testing::dated(&key, serial, not_before, not_after);
+        (
+            String::from_utf8(cert.to_pem().unwrap()).unwrap(),
+            String::from_utf8(key.private_key_to_pem_pkcs8().unwrap()).unwrap(),
+        )
+    }
+
+    #[test]
+    fn b106_a_certificate_out_of_its_dates_is_refused_and_the_gauge_follows_the_one_in_use() {
+        let dir = dir("dates");
+        let files = ServerFiles { cert: dir.0.join("tls.crt"), key: dir.0.join("tls.key"), client_ca: None };
+        let now = pem::unix_now();
+        let write = |(cert, key): (String, String)| {
+            std::fs::write(&files.key, key).unwrap();
+            std::fs::write(&files.cert, cert).unwrap();
+        };
+        let error = |files: &ServerFiles| check(files).err().expect("refused");
+        write(dated_pair(1, now - 86_400, now - 60));
+        let expired = error(&files);
+        assert_eq!(expired.rotation_level(), log::Level::Error);
+        let text = expired.to_string();
+        assert!(
+            text.starts_with("--extproc-cert-file ")
+                && text.contains("tls.crt: its first certificate expired on"),
+            "{text}"
+        );
+        write(dated_pair(2, now + 3600, now + 86_400));
+        assert!(error(&files).to_string().contains("not valid yet"), "{}", error(&files));
+
+        write(dated_pair(3, now - 60, now + 86_400));
+        let expiry = gauge();
+        let source = ServerCredentialFiles::load(files.clone(), expiry.clone()).unwrap();
+        assert_eq!(expiry.get(), now + 86_400, "the notAfter of the certificate in use");
+        for (serial, from, to) in [(4, now - 86_400, now - 60), (5, now + 3600, now + 86_400)] {
+            write(dated_pair(serial, from, to));
+            source.refresh();
+            assert_eq!(source.current().0, 1, "serial {serial}: the last good set stays");
+            assert_eq!(expiry.get(), now + 86_400, "and so does its notAfter");
+        }
+        write(dated_pair(6, now - 60, now + 2 * 86_400));
+        source.refresh();
+        assert_eq!((source.current().0, expiry.get()), (2, now + 2 * 86_400), "a valid rotation is taken");
+        // Refused while not yet valid, taken once it is: refused files are
+        // re-read every refresh.
+        let soon = pem::unix_now() + 2;
+        write(dated_pair(7, soon, soon + 86_400));
+        source.refresh();
+        if pem::unix_now() < soon {
+            assert_eq!(source.current().0, 2, "not before its notBefore");
+        }
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        while source.current().0 == 2 {
+            assert!(std::time::Instant::now() < deadline, "taken once valid");
+            std::thread::sleep(std::time::Duration::from_millis(50));
+            source.refresh();
+        }
+        assert_eq!(expiry.get(), soon + 86_400);
+    }
+
     #[test]
     fn b86_a_rotation_is_checked_before_it_is_used() {
         let dir = dir("rotation");
@@ -207,7 +292,7 @@ mod tests {
         let (cert, key) = pair(1);
         std::fs::write(&files.cert, &cert).unwrap();
         std::fs::write(&files.key, &key).unwrap();
-        let source = ServerCredentialFiles::load(files.clone()).unwrap();
+        let source = ServerCredentialFiles::load(files.clone(), gauge()).unwrap();
         let fetcher = Fetcher { source: Arc::clone(&source), delivered: AtomicU64::new(0) };
         assert!(fetcher.fetch().unwrap().is_some(), "the first handshake gets the set");
         assert!(fetcher.fetch().unwrap().is_none(), "then nothing changed");

@@ -83,6 +83,60 @@ impl Pki {
         std::fs::write(self.dir.join(format!("{name}.bundle")), bundle).unwrap();
     }
 
+    /// As [`Pki::issue`], but valid from `not_before` to `not_after`
+    /// (`YYYYMMDDHHMMSSZ`, UTC), dates in the past or the future included:
+    /// `openssl ca` sets them as given (OpenSSL 3.0's `x509` has only
+    /// `-days`, counted from now).
+    pub fn issue_dated(&self, name: &str, ca: &str, ext: &str, not_before: &str, not_after: &str) {
+        let config = "[ca]\ndefault_ca = dated\n[dated]\ndatabase = dated.index\nserial = dated.serial\n\
+                      new_certs_dir = dated\ndefault_md = sha256\npolicy = any\nunique_subject = no\n\
+                      [any]\ncommonName = supplied\n";
+        std::fs::write(self.dir.join("dated.cnf"), config).unwrap();
+        if !self.dir.join("dated.serial").exists() {
+            std::fs::create_dir_all(self.dir.join("dated")).unwrap();
+            std::fs::write(self.dir.join("dated.index"), "").unwrap();
+            std::fs::write(self.dir.join("dated.serial"), "1000\n").unwrap();
+        }
+        std::fs::write(self.dir.join(format!("{name}.ext")), format!("{ext}\n")).unwrap();
+        self.openssl(&[
+            "req",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:prime256v1",
+            "-nodes",
+            "-keyout",
+            &format!("{name}.key"),
+            "-out",
+            &format!("{name}.csr"),
+            "-subj",
+            &format!("/CN={name}"),
+        ]);
+        self.openssl(&[
+            "ca",
+            "-batch",
+            "-notext",
+            "-config",
+            "dated.cnf",
+            "-cert",
+            &format!("{ca}.pem"),
+            "-keyfile",
+            &format!("{ca}.key"),
+            "-in",
+            &format!("{name}.csr"),
+            "-out",
+            &format!("{name}.pem"),
+            "-startdate",
+            not_before,
+            "-enddate",
+            not_after,
+            "-extfile",
+            &format!("{name}.ext"),
+        ]);
+        let bundle = [self.read(&format!("{name}.pem")), self.read(&format!("{name}.key"))].concat();
+        std::fs::write(self.dir.join(format!("{name}.bundle")), bundle).unwrap();
+    }
+
     /// Replaces `name` with a copy of `from` the way a rotation does:
     /// written beside it, then renamed over it.
     pub fn replace(&self, name: &str, from: &str) {

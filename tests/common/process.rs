@@ -166,6 +166,33 @@ pub fn wait_exit(child: &mut Child, limit: Duration) -> i32 {
     }
 }
 
+/// Runs `command`, which should refuse to start: its exit code and
+/// stderr. One still running after [`super::PATIENCE`] (it took what it
+/// should have refused, and serves) is killed and gets no code, so the
+/// test fails instead of waiting for ever.
+pub fn run_refused(command: &mut Command) -> (Option<i32>, String) {
+    let mut child = command.stdout(Stdio::null()).stderr(Stdio::piped()).spawn().unwrap();
+    let mut stderr = child.stderr.take().unwrap();
+    let reader = std::thread::spawn(move || {
+        let mut text = String::new();
+        let _ = std::io::Read::read_to_string(&mut stderr, &mut text);
+        text
+    });
+    let deadline = Instant::now() + super::PATIENCE;
+    let code = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status.code();
+        }
+        if Instant::now() >= deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    (code, reader.join().unwrap())
+}
+
 /// SIGTERM, then the exit code.
 pub fn terminate(child: &mut Child) -> i32 {
     signal(child, "TERM");

@@ -122,6 +122,12 @@ def base_name(name):
     return re.sub(r"_(bucket|count|sum)$", "", name)
 
 
+# Series a router exports only when configured so, which this stack is not;
+# test_prometheus.py's router is (it presents a client certificate to ateapi),
+# and there every series the alerts query must exist.
+CONFIGURED_ONLY = {"atenet_router_certificate_expiry_timestamp_seconds"}
+
+
 def test_dashboard_and_alerts_only_use_metrics_the_router_exports(stack):
     # Make every labelled family appear at least once.
     from test_envoy_messages import route
@@ -134,7 +140,7 @@ def test_dashboard_and_alerts_only_use_metrics_the_router_exports(stack):
             used |= referenced(target["expr"])
     for rule in yaml.safe_load((PACKAGING / "prometheus/alerts.yml").read_text())["groups"][0]["rules"]:
         used |= referenced(rule["expr"])
-    missing = {n for n in used if base_name(n) not in names and n not in names}
+    missing = {n for n in used if base_name(n) not in names and n not in names} - CONFIGURED_ONLY
     assert not missing, f"not exported by the router: {missing}"
 
 

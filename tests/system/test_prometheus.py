@@ -5,8 +5,10 @@ tests check that every series the alerts and the Grafana dashboard query exists
 (names and label matchers are read from the expressions themselves, so a renamed
 metric or label fails here), that every rule evaluates, that
 AtenetRouterShedding fires when the router sheds, that AtenetRouterAttemptStuck
-fires while the simulator holds a ResumeActor call, and that AtenetRouterDown
-fires when the router goes away.
+fires while the simulator holds a ResumeActor call, that
+AtenetRouterCertificateExpiry fires for the router's client certificate to the
+simulator (mTLS, a certificate valid for 2 days, made by the openssl command),
+and that AtenetRouterDown fires when the router goes away.
 
 The copies handed to Prometheus differ from the shipped files only where a test
 must: the scrape target (the router started here), 1 s scrape and evaluation
@@ -14,6 +16,7 @@ intervals, a shorter `for:` on the alerts driven to firing (FAST_FOR), and
 AtenetRouterAttemptStuck's 120 s threshold lowered to STUCK_AFTER seconds.
 """
 
+import calendar
 import json
 import pathlib
 import re
@@ -39,7 +42,8 @@ METRICS_DOC = ROOT / "docs/metrics.md"
 JOB = "atenet-router"
 
 # The alerts this file drives to firing, with the `for:` their copies get.
-FAST_FOR = {"AtenetRouterShedding": "5s", "AtenetRouterDown": "3s", "AtenetRouterAttemptStuck": "2s"}
+FAST_FOR = {"AtenetRouterShedding": "5s", "AtenetRouterDown": "3s", "AtenetRouterAttemptStuck": "2s",
+            "AtenetRouterCertificateExpiry": "2s"}
 # AtenetRouterAttemptStuck's threshold in the copy: the simulator holds
 # demo/stuck's ResumeActor call for STUCK_HOLD, far longer.
 STUCK_AFTER = 3
@@ -297,6 +301,29 @@ def parkload(target, actors, count, concurrency):
     return json.loads(result.stdout)["verdicts"]
 
 
+def openssl(directory, *args):
+    return subprocess.run(["openssl", *args], cwd=directory, check=True, capture_output=True, text=True).stdout
+
+
+def make_pki(directory):
+    """A CA; the simulator's certificate for ateapi.test; the router's client
+    bundle, valid for 2 days (inside AtenetRouterCertificateExpiry's 14).
+    Returns the client certificate's notAfter as Unix seconds, as openssl
+    prints it."""
+    openssl(directory, "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
+            "-keyout", "ca.key", "-out", "ca.crt", "-days", "2", "-subj", "/CN=ca")
+    for name, ext in (("ateapi", "subjectAltName=DNS:ateapi.test"), ("router", "extendedKeyUsage=clientAuth")):
+        (directory / f"{name}.ext").write_text(ext + "\n")
+        openssl(directory, "req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
+                "-keyout", f"{name}.key", "-out", f"{name}.csr", "-subj", f"/CN={name}")
+        openssl(directory, "x509", "-req", "-in", f"{name}.csr", "-CA", "ca.crt", "-CAkey", "ca.key",
+                "-CAcreateserial", "-out", f"{name}.crt", "-days", "2", "-extfile", f"{name}.ext")
+    (directory / "router.bundle").write_text((directory / "router.crt").read_text()
+                                             + (directory / "router.key").read_text())
+    end = openssl(directory, "x509", "-in", "router.crt", "-noout", "-enddate").strip()
+    return calendar.timegm(time.strptime(end.removeprefix("notAfter="), "%b %d %H:%M:%S %Y GMT"))
+
+
 @pytest.fixture(scope="module")
 def monitored():
     """ateapi-sim, a router with a one-slot lot, and Prometheus scraping it,
@@ -304,14 +331,22 @@ def monitored():
     with tempfile.TemporaryDirectory(prefix="atenet-prometheus-") as tmpdir:
         tmp = pathlib.Path(tmpdir)
         (tmp / "sim.script").write_text(SCRIPT)
+        client_not_after = make_pki(tmp)
         sim, line = start([f"{BIN}/ateapi-sim", "--listen", "127.0.0.1:0", "--actors", "0",
-                           "--script", str(tmp / "sim.script")], "listening on")
+                           "--script", str(tmp / "sim.script"), "--tls-cert", str(tmp / "ateapi.crt"),
+                           "--tls-key", str(tmp / "ateapi.key"), "--tls-client-ca", str(tmp / "ca.crt")],
+                          "listening on")
         router = prom = None
         try:
-            router, line = start(router_args(word_after(line, "listening on "),
-                                             "--parked-request-max", "1",
-                                             "--parked-request-budget", "1s",
-                                             "--parked-request-retry-interval", "20ms"), "serving")
+            args = router_args(word_after(line, "listening on "),
+                               "--ateapi-ca-file", str(tmp / "ca.crt"),
+                               "--ateapi-client-cert", str(tmp / "router.bundle"),
+                               "--ateapi-server-name", "ateapi.test",
+                               "--parked-request-max", "1",
+                               "--parked-request-budget", "1s",
+                               "--parked-request-retry-interval", "20ms")
+            args.remove("--ateapi-insecure")
+            router, line = start(args, "serving")
             extproc = word_after(line, "ext_proc on ")
             metrics = word_after(line, "metrics on http://").split("/")[0]
             labels = write_config_copies(tmp, metrics)
@@ -332,7 +367,8 @@ def monitored():
             assert verdicts["full"].get("503 atenet_lot_full", 0) >= MIN_SHED, verdicts
             assert verdicts["full"].get("503 atenet_budget_exhausted", 0) >= 1, verdicts
 
-            yield {"prom": prom, "router": router, "metrics": metrics, "labels": labels, "extproc": extproc}
+            yield {"prom": prom, "router": router, "metrics": metrics, "labels": labels, "extproc": extproc,
+                   "client_not_after": client_not_after}
         finally:
             if prom:
                 prom.proc.terminate()
@@ -422,6 +458,20 @@ def test_an_attempt_ateapi_holds_fires_the_alert(monitored):
     poll("the attempt's answer, seen by Prometheus",
          lambda: prom.api("query", query="atenet_router_oldest_attempt_seconds")["result"], SCRAPE_TIMEOUT,
          ok=lambda result: result and all(float(r["value"][1]) == 0 for r in result))
+
+
+def test_a_certificate_near_its_expiry_fires_the_alert(monitored):
+    """The router's client certificate to the simulator is valid for 2 days:
+    the alert fires for it, its value that certificate's notAfter."""
+    prom, labels = monitored["prom"], monitored["labels"]
+    (alert,) = poll("firing AtenetRouterCertificateExpiry",
+                    lambda: prom.firing("AtenetRouterCertificateExpiry"), ALERT_TIMEOUT)
+    assert alert["labels"] == {"alertname": "AtenetRouterCertificateExpiry", "severity": "warning",
+                               "certificate": "ateapi_client", **labels}
+    assert float(alert["value"]) == monitored["client_not_after"]
+    assert alert["annotations"]["summary"].startswith(f"atenet-router {labels['pod']}: its ateapi_client certificate "
+                                                      "expires ")
+    assert alert["annotations"]["runbook_url"] == "README.md#runbook-atenetroutercertificateexpiry"
 
 
 def router_not_down(prom):
