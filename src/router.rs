@@ -395,7 +395,7 @@ impl Router {
             backoff: config.parking.backoff,
             parking_enabled: config.parking.enabled,
             max_flights: config.flight_max,
-            max_flights_per_atespace: config.flight_max_per_atespace,
+            atespace_share: config.flight_max_per_atespace,
         };
         let calls = CallGate::new(
             ateapi.clone(),

@@ -57,6 +57,29 @@ fn open_loop(
     rx
 }
 
+/// Sends a request for each actor from `concurrency` senders, each sending
+/// its next when the last has its verdict: never more than `concurrency`
+/// in flight, however slow the router. The verdicts arrive as
+/// [`open_loop`]'s.
+fn closed_loop(
+    client: &Arc<Client>,
+    actors: Vec<String>,
+    concurrency: usize,
+) -> mpsc::UnboundedReceiver<(String, String)> {
+    let (tx, rx) = mpsc::unbounded();
+    for sender in 0..concurrency {
+        let mine: Vec<String> = actors.iter().skip(sender).step_by(concurrency).cloned().collect();
+        let (client2, tx) = (Arc::clone(client), tx.clone());
+        client.spawn(async move {
+            for actor in mine {
+                let key = verdict(&client2, &actor).await;
+                let _ = tx.unbounded_send((actor, key));
+            }
+        });
+    }
+    rx
+}
+
 fn metrics(router: &RouterProcess) -> Metrics {
     Metrics(http_get(router.metrics, "/metrics").1)
 }
@@ -143,27 +166,30 @@ fn b78_b79_a_greedy_tenant_leaves_no_flights_behind_and_others_are_routed() {
     );
 }
 
-/// The second finding: first answers that take long. Before B80 one
-/// tenant's requests held every stream Envoy's breaker lets through while
-/// the lot stayed empty. Now its callers, on any attempt, hold at most its
-/// share (here 32 of a 64 breaker): the rest are refused at once, with
-/// the router's own reason, and another tenant is served meanwhile.
-#[test]
-fn b80_callers_on_slow_first_attempts_hold_at_most_their_share() {
+/// One tenant floods with requests whose first answers take long (the
+/// simulator holds every call), then a second tenant arrives while the
+/// flood goes on. The flood alone takes all but an eighth of the whole
+/// (`flags` make it 64): 56 held, before the work-conserving default 32
+/// (half, the other half unused). The 14 beyond, and every request it sends
+/// after, are refused at once with the router's own reason, before any
+/// ResumeActor call; the second tenant's requests for its running actors
+/// find the eighth the flood cannot take, and every one is routed.
+fn a_flood_alone_takes_all_but_an_eighth_and_another_tenant_is_served(flags: &[&str], share: &str) {
     let sim = empty_sim();
-    let greedy: Vec<String> = (0..50).map(|i| format!("greedy/slow{i}")).collect();
-    sim.script_all(greedy.iter().map(|a| (a.clone(), Answer::ok("10.0.0.2", true).held())).collect());
-    sim.script("polite/running", vec![Answer::ok("10.0.0.1", false)]);
-    let router = spawn_router(&router_args(
-        &sim.addr().to_string(),
-        &["--parked-request-max", "32", "--extproc-max-requests", "64"],
-    ));
+    let greedy: Vec<String> = (0..70).map(|i| format!("greedy/slow{i}")).collect();
+    let more: Vec<String> = (0..100).map(|i| format!("greedy/more{i}")).collect();
+    sim.script_all(
+        greedy.iter().chain(&more).map(|a| (a.clone(), Answer::ok("10.0.0.2", true).held())).collect(),
+    );
+    let polite: Vec<String> = (0..200).map(|i| format!("polite/running{i}")).collect();
+    sim.script_all(polite.iter().map(|a| (a.clone(), Answer::ok("10.0.0.1", false))).collect());
+    let router = spawn_router(&router_args(&sim.addr().to_string(), flags));
     let client = client(&router);
     let mut verdicts = open_loop(&client, greedy.clone(), 1000);
-    // The 18 beyond the share are answered while the 32 are still held.
+    // The 14 beyond 56 are answered while the 56 are still held.
     let mut refused = Vec::new();
     futures::executor::block_on(async {
-        while refused.len() < 18 {
+        while refused.len() < 14 {
             let (actor, key) = verdicts.next().await.expect("a verdict");
             assert_eq!(
                 key, "503 atenet_atespace_full",
@@ -172,32 +198,67 @@ fn b80_callers_on_slow_first_attempts_hold_at_most_their_share() {
             refused.push(actor);
         }
     });
-    eventually_within(PATIENCE, "32 slow first attempts", || sim.total_calls() >= 32);
-    assert_eq!(sim.total_calls(), 32);
+    eventually_within(PATIENCE, "56 slow first attempts", || sim.total_calls() >= 56);
+    assert_eq!(sim.total_calls(), 56, "7/8 of the whole for the tenant alone");
     for actor in &refused {
         assert_eq!(sim.calls(actor), 0, "{actor} was refused before any flight");
     }
-    for _ in 0..10 {
-        let key = futures::executor::block_on(verdict(&client, "polite/running"));
-        assert_eq!(key, "200 routed", "the other tenant is served while the greedy one waits");
-    }
+    // The flood goes on, 200 requests a second, while the other tenant
+    // arrives with 8 requests at a time: the eighth left.
+    let mut flood = open_loop(&client, more.clone(), 200);
+    let mut served = closed_loop(&client, polite.clone(), 8);
+    let (mut flood_keys, mut polite_keys) = (HashMap::new(), HashMap::new());
+    futures::executor::block_on(async {
+        for _ in 0..polite.len() {
+            let (_, key) = served.next().await.expect("a verdict");
+            *polite_keys.entry(key).or_insert(0) += 1;
+        }
+        for _ in 0..more.len() {
+            let (_, key) = flood.next().await.expect("a verdict");
+            *flood_keys.entry(key).or_insert(0) += 1;
+        }
+    });
+    assert_eq!(polite_keys, HashMap::from([("200 routed".to_string(), 200)]), "every running actor routed");
+    assert!(polite.iter().all(|a| sim.calls(a) == 1), "each of them asked the control plane once");
     assert_eq!(
-        metrics(&router).value("atenet_router_atespace_refused_total", &[("share", "requests")]),
-        18.0
+        flood_keys,
+        HashMap::from([("503 atenet_atespace_full".to_string(), 100)]),
+        "the eighth stays free"
     );
+    assert!(more.iter().all(|a| sim.calls(a) == 0), "no call for a refused request");
+    assert_eq!(metrics(&router).value("atenet_router_atespace_refused_total", &[("share", share)]), 114.0);
     for actor in &greedy {
         sim.release(actor);
     }
     let mut routed = 0;
     futures::executor::block_on(async {
-        while routed < 32 {
+        while routed < 56 {
             let (_, key) = verdicts.next().await.expect("a verdict");
             assert_eq!(key, "200 routed");
             routed += 1;
         }
     });
     let greedy_calls: u64 = greedy.iter().map(|a| sim.calls(a)).sum();
-    assert_eq!(greedy_calls, 32, "one attempt for each caller within the share, none for the rest");
+    assert_eq!(greedy_calls, 56, "one attempt for each caller within the share, none for the rest");
+}
+
+/// The second finding: first answers that take long. Before B80 one
+/// tenant's requests held every stream Envoy's breaker lets through while
+/// the lot stayed empty; then its share, half, held it to 32 of a 64
+/// breaker even with nobody else there. Now it holds 56, and the 8 left
+/// serve the other tenant.
+#[test]
+fn b80_callers_on_slow_first_attempts_leave_an_eighth_of_the_breaker_to_the_others() {
+    a_flood_alone_takes_all_but_an_eighth_and_another_tenant_is_served(
+        &["--parked-request-max", "32", "--extproc-max-requests", "64"],
+        "requests",
+    );
+}
+
+/// The same through the flight table (B79): 64 flights, one per actor.
+#[test]
+fn b79_flights_of_slow_first_attempts_leave_an_eighth_of_the_table_to_the_others() {
+    a_flood_alone_takes_all_but_an_eighth_and_another_tenant_is_served(&["--flight-max", "64"], "flights");
 }
 
 /// A tenant whose resumes hang (B97): with at most 8 ResumeActor calls open

@@ -14,6 +14,7 @@ use crate::cli::flags::ServeArgs;
 use crate::cli::godur;
 use crate::cli::size;
 use crate::parking::backoff::BackoffPolicy;
+use crate::parking::share::SharePolicy;
 
 /// The resume budget when parking is disabled: long enough to ride out
 /// concurrent-resume conflicts (B18, B22).
@@ -193,9 +194,9 @@ pub struct Config {
     /// Effective cap on flights in progress (B58).
     pub flight_max: usize,
     /// Flights one atespace may have in progress (B79).
-    pub flight_max_per_atespace: usize,
+    pub flight_max_per_atespace: SharePolicy,
     /// Requests one atespace may hold at once, on any attempt (B80).
-    pub extproc_max_requests_per_atespace: usize,
+    pub extproc_max_requests_per_atespace: SharePolicy,
     /// Effective count of gRPC completion-queue threads (B72).
     pub grpc_threads: usize,
     pub worker_port: u16,
@@ -337,13 +338,13 @@ impl Config {
             extproc_max_streams: stream_cap(args.extproc_max_streams, extproc_max_requests, envoys)?,
             envoys,
             flight_max,
-            flight_max_per_atespace: share(
+            flight_max_per_atespace: atespace_share(
                 "--flight-max-per-atespace",
                 args.flight_max_per_atespace,
                 "--flight-max",
                 flight_max as u64,
             )?,
-            extproc_max_requests_per_atespace: share(
+            extproc_max_requests_per_atespace: atespace_share(
                 "--extproc-max-requests-per-atespace",
                 args.extproc_max_requests_per_atespace,
                 "--extproc-max-requests",
@@ -584,6 +585,15 @@ fn share(flag: &str, value: i64, whole_flag: &str, whole: u64) -> Result<usize, 
         }
     };
     Ok(usize::try_from(n).unwrap_or(usize::MAX))
+}
+
+/// `--flight-max-per-atespace` and `--extproc-max-requests-per-atespace`
+/// (B79, B80): an explicit value caps an atespace; 0 is the work-conserving
+/// default, half of the whole and more while an eighth of it stays free.
+fn atespace_share(flag: &str, value: i64, whole_flag: &str, whole: u64) -> Result<SharePolicy, ConfigError> {
+    let share = share(flag, value, whole_flag, whole)?;
+    let whole = usize::try_from(whole).unwrap_or(usize::MAX);
+    Ok(if value == 0 { SharePolicy::work_conserving(whole) } else { SharePolicy::capped(share, whole) })
 }
 
 /// The most Envoys `--envoys` may name: far beyond any fleet one router
@@ -1525,13 +1535,25 @@ mod tests {
     #[test]
     fn b79_b80_shares_default_to_half_and_take_1_to_the_whole() {
         let c = parse(&[]).unwrap();
-        assert_eq!((c.flight_max_per_atespace, c.extproc_max_requests_per_atespace), (2048, 1024));
+        assert_eq!(
+            (c.flight_max_per_atespace, c.extproc_max_requests_per_atespace),
+            (SharePolicy::work_conserving(4096), SharePolicy::work_conserving(2048)),
+            "half, and more while an eighth stays free"
+        );
         let c = parse(&["--flight-max", "1", "--extproc-max-requests", "1", "--parked-request-max", "0"])
             .unwrap();
-        assert_eq!((c.flight_max_per_atespace, c.extproc_max_requests_per_atespace), (1, 1), "at least one");
+        assert_eq!(
+            (c.flight_max_per_atespace.share, c.extproc_max_requests_per_atespace.share),
+            (1, 1),
+            "at least one"
+        );
         let c = parse(&["--flight-max-per-atespace", "4096", "--extproc-max-requests-per-atespace", "7"])
             .unwrap();
-        assert_eq!((c.flight_max_per_atespace, c.extproc_max_requests_per_atespace), (4096, 7));
+        assert_eq!(
+            (c.flight_max_per_atespace, c.extproc_max_requests_per_atespace),
+            (SharePolicy::capped(4096, 4096), SharePolicy::capped(7, 2048)),
+            "an explicit share is a cap"
+        );
     }
 
     #[test]

@@ -98,10 +98,10 @@ pub struct ServeArgs {
     /// max actors resumed at once: flights and ResumeActor calls in progress (default: 0 = max(4 x lot, 4096))
     #[argh(option, default = "0")]
     pub flight_max: i64,
-    /// flights one atespace may have in progress at once, 1..=--flight-max (default: 0 = half of --flight-max)
+    /// flights one atespace may have in progress at once, 1..=--flight-max (default: 0 = half of --flight-max, and more while an eighth of it stays free)
     #[argh(option, default = "0")]
     pub flight_max_per_atespace: i64,
-    /// requests one atespace may hold at once, on any attempt or parked, 1..=--extproc-max-requests; more are refused at once (default: 0 = half of --extproc-max-requests)
+    /// requests one atespace may hold at once, on any attempt or parked, 1..=--extproc-max-requests; more are refused at once (default: 0 = half of --extproc-max-requests, and more while an eighth of it stays free)
     #[argh(option, default = "0")]
     pub extproc_max_requests_per_atespace: i64,
     /// gRPC completion-queue threads, shared by ext_proc streams and ateapi calls, 1..=256 (default: 0 = one per core available)

@@ -15,7 +15,8 @@
 //! without a connection), and one whose flight has no caller left when its
 //! turn comes is not sent (B78). Turns go one atespace at a time, oldest
 //! first within each, and no atespace holds more than its share of the
-//! calls (half by default, as B79's share of the flights), so that a tenant
+//! calls (half by default; a cap, where B79's share of the flights is
+//! work-conserving: a waiting attempt costs no refusal), so that a tenant
 //! with many actors waiting, or whose resumes hang, neither delays another's
 //! attempts by more than one call per turn nor holds every call.
 
@@ -284,6 +285,7 @@ mod tests {
     use crate::parking::clock::ManualClock;
     use crate::parking::flight::tests::{done, err, ok, poll, ScriptedResumer};
     use crate::parking::flight::{FlightOutcome, FlightPolicy, FlightTable, Until};
+    use crate::parking::share::SharePolicy;
     use crate::parking::timer::ManualScheduler;
 
     struct Gated {
@@ -324,7 +326,7 @@ mod tests {
             backoff: BackoffPolicy { interval: Duration::from_millis(100), factor: 2.0, jitter: 0.0 },
             parking_enabled: true,
             max_flights: 100_000,
-            max_flights_per_atespace: 100_000,
+            atespace_share: SharePolicy::capped(100_000, 100_000),
         };
         let table = FlightTable::new(
             policy,

@@ -43,7 +43,7 @@ use crate::ateapi::resume::{AttemptResult, Code, ResumeError, Resumed};
 use crate::ateapi::target::ActorId;
 use crate::parking::backoff::{Backoff, BackoffPolicy};
 use crate::parking::clock::Clock;
-use crate::parking::share::{AtespaceShares, ShareHold};
+use crate::parking::share::{AtespaceShares, ShareHold, SharePolicy};
 use crate::parking::timer::{Scheduler, TimerId};
 
 /// Starts `ResumeActor` attempts without waiting for them: the seam between
@@ -104,7 +104,7 @@ pub struct FlightPolicy {
     /// Flights (and so ResumeActor calls) in progress at most (B58).
     pub max_flights: usize,
     /// Flights one atespace may have in progress at once (B79).
-    pub max_flights_per_atespace: usize,
+    pub atespace_share: SharePolicy,
 }
 
 /// Why no flight could be made for an actor that had none.
@@ -396,7 +396,7 @@ impl FlightTable {
     ) -> FlightTable {
         let shards = (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect();
         let active = AtomicUsize::new(0);
-        let shares = AtespaceShares::new(policy.max_flights_per_atespace);
+        let shares = AtespaceShares::new(policy.atespace_share);
         let inner = Inner { shards, active, clock, scheduler, resumer, policy, shares, abandoned };
         FlightTable { inner: Arc::new(inner) }
     }
@@ -727,15 +727,15 @@ pub(crate) mod tests {
     }
 
     pub(crate) fn harness(budget_ms: u64, interval_ms: u64, parking_enabled: bool) -> Harness {
-        harness_with_share(budget_ms, interval_ms, parking_enabled, 100)
+        harness_with_share(budget_ms, interval_ms, parking_enabled, SharePolicy::capped(100, 3))
     }
 
-    /// A harness whose atespaces may each have `share` flights (B79).
+    /// A harness of `share.whole` flights shared out by `share` (B79).
     pub(crate) fn harness_with_share(
         budget_ms: u64,
         interval_ms: u64,
         parking_enabled: bool,
-        share: usize,
+        share: SharePolicy,
     ) -> Harness {
         let clock = ManualClock::new();
         let scheduler = ManualScheduler::new(clock.clone());
@@ -745,8 +745,8 @@ pub(crate) mod tests {
             budget: Duration::from_millis(budget_ms),
             backoff: BackoffPolicy { interval: Duration::from_millis(interval_ms), factor: 2.0, jitter: 0.0 },
             parking_enabled,
-            max_flights: 3,
-            max_flights_per_atespace: share,
+            max_flights: share.whole,
+            atespace_share: share,
         };
         let table = FlightTable::new(
             policy,
@@ -1191,7 +1191,7 @@ pub(crate) mod tests {
 
     #[test]
     fn b79_an_atespace_has_at_most_its_share_of_flights_and_joins_beyond_it() {
-        let h = harness_with_share(1000, 100, true, 2);
+        let h = harness_with_share(1000, 100, true, SharePolicy::capped(2, 3));
         let greedy: Vec<ActorId> = (0..2).map(|i| ActorId::parse(&format!("greedy/a{i}")).unwrap()).collect();
         let callers: Vec<Caller> = greedy.iter().map(|a| h.table.join(a).unwrap().0).collect();
         let third = ActorId::parse("greedy/a2").unwrap();
@@ -1208,7 +1208,7 @@ pub(crate) mod tests {
     #[test]
     fn b79_the_share_is_checked_before_the_table_and_neither_leaks() {
         // Table 3, share 2: two atespaces fill the table between them.
-        let h = harness_with_share(1000, 100, true, 2);
+        let h = harness_with_share(1000, 100, true, SharePolicy::capped(2, 3));
         let parse = |r: &str| ActorId::parse(r).unwrap();
         let held: Vec<Caller> =
             ["x/a", "x/b", "y/a"].iter().map(|r| h.table.join(&parse(r)).unwrap().0).collect();
@@ -1226,5 +1226,24 @@ pub(crate) mod tests {
             ["y/b", "y/c", "z/a"].iter().map(|r| h.table.join(&parse(r)).unwrap().0).collect();
         assert_eq!(h.table.len(), 3, "every refusal gave its share back");
         drop(again);
+    }
+
+    #[test]
+    fn b79_by_default_an_atespace_alone_has_all_but_an_eighth_of_the_table() {
+        // Table 8: half is 4, an eighth 1.
+        let h = harness_with_share(1000, 100, true, SharePolicy::work_conserving(8));
+        let parse = |r: &str| ActorId::parse(r).unwrap();
+        let greedy: Vec<Caller> =
+            (0..7).map(|i| h.table.join(&parse(&format!("x/a{i}"))).unwrap().0).collect();
+        assert!(matches!(h.table.join(&parse("x/more")), Err(FlightRefusal::AtespaceFull)), "the last one");
+        let other = h.table.join(&parse("y/a")).unwrap().0;
+        assert!(matches!(h.table.join(&parse("y/b")), Err(FlightRefusal::TableFull)), "the table is full");
+        // A flight of the flood ends: its place goes to the other tenant,
+        // never back to the flood while only the eighth is free.
+        h.resumer.answer(&parse("x/a0"), ok(false));
+        assert!(matches!(h.table.join(&parse("x/more")), Err(FlightRefusal::AtespaceFull)));
+        assert_eq!(h.table.join(&parse("y/b")).unwrap().1, Role::Leader);
+        assert_eq!(h.table.len(), 8);
+        drop((greedy, other));
     }
 }

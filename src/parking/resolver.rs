@@ -33,7 +33,7 @@ use crate::parking::flight::{
     Caller, Flight, FlightEvent, FlightOutcome, FlightRefusal, FlightTable, FlightWait, Role, Until,
 };
 use crate::parking::lot::{LotDecision, ParkingLot, Refusal, Slot, WaitOutcome};
-use crate::parking::share::{AtespaceShares, ShareHold};
+use crate::parking::share::{AtespaceShares, ShareHold, SharePolicy};
 use crate::parking::timer::{sleep_until, Scheduler, Sleep};
 
 /// B21's per-caller `resume` label.
@@ -141,16 +141,16 @@ pub struct Resolver {
 }
 
 impl Resolver {
-    /// A resolver over `flights` and `lot` in which one atespace holds at
-    /// most `max_held_per_atespace` callers at once (B80).
+    /// A resolver over `flights` and `lot` in which each atespace holds
+    /// callers under `held_share` (B80).
     pub fn new(
         flights: FlightTable,
         lot: Option<Arc<ParkingLot>>,
-        max_held_per_atespace: usize,
+        held_share: SharePolicy,
         clock: Arc<dyn Clock>,
         scheduler: Arc<dyn Scheduler>,
     ) -> Resolver {
-        Resolver { flights, held: AtespaceShares::new(max_held_per_atespace), lot, clock, scheduler }
+        Resolver { flights, held: AtespaceShares::new(held_share), lot, clock, scheduler }
     }
 
     /// The flight table.
@@ -491,7 +491,7 @@ mod tests {
         let resolver = Resolver::new(
             h.table.clone(),
             lot,
-            1000,
+            SharePolicy::capped(1000, 1000),
             Arc::new(h.clock.clone()),
             Arc::new(h.scheduler.clone()),
         );
@@ -685,7 +685,7 @@ mod tests {
         let resolver = Resolver::new(
             h.table.clone(),
             Some(lot),
-            1000,
+            SharePolicy::capped(1000, 1000),
             Arc::new(h.clock.clone()),
             Arc::new(h.scheduler.clone()),
         );
@@ -900,7 +900,7 @@ mod tests {
         let resolver = Resolver::new(
             h.table.clone(),
             Some(lot),
-            2,
+            SharePolicy::capped(2, 4),
             Arc::new(h.clock.clone()),
             Arc::new(h.scheduler.clone()),
         );

@@ -720,21 +720,23 @@ def test_extproc_breaker_overflow_is_envoys_503():
 
 def test_a_tenant_on_slow_first_attempts_leaves_the_breaker_to_the_others():
     """B80 behind Envoy's breaker: 16 streams, so one atespace holds at most
-    8. 20 requests of greedy/ whose first resumes take 8 s: 8 wait, the
-    other 12 get the router's own 503 with its reason at once, and the
-    other tenant's running actor is routed meanwhile. Before B80 the greedy
-    requests would have held all 16 breaker slots, and everyone else got
-    Envoy's bare 503 (or waited out the greedy resumes)."""
+    14 (half, and more while an eighth, 2, stays free). 20 requests of
+    greedy/ whose first resumes take 8 s: 14 wait, the other 6 get the
+    router's own 503 with its reason at once, and the other tenant's running
+    actor is routed meanwhile, in the 2 left. Before B80 the greedy requests
+    would have held all 16 breaker slots, and everyone else got Envoy's bare
+    503 (or waited out the greedy resumes); with B80's former default, a cap
+    at half, 8 waited and 12 were refused with 8 slots unused."""
     flags = ["--parked-request-budget", "20s", "--parked-request-max", "8", "--extproc-max-requests", "16"]
     script = "".join(f"greedy/s{i} OK 8s 127.0.1.7 true -\n" for i in range(20)) + \
         "polite/running OK 0s 127.0.1.8 false -\n"
     with Stack(router_flags=flags, script=script, sim_flags=["--actors", "0"], workers=1, echo_hosts=8) as s:
-        with ThreadPoolExecutor(8) as pool:
-            waiting = [pool.submit(h1, s, f"greedy/s{i}", f"/greedy/{i}") for i in range(8)]
-            s.wait_router_metric("atenet_router_flights_active", 8)
-            # One at a time, so that Envoy's breaker (8 slots left) never
+        with ThreadPoolExecutor(14) as pool:
+            waiting = [pool.submit(h1, s, f"greedy/s{i}", f"/greedy/{i}") for i in range(14)]
+            s.wait_router_metric("atenet_router_flights_active", 14)
+            # One at a time, so that Envoy's breaker (2 slots left) never
             # overflows: each is the router's to answer.
-            refused = [h1(s, f"greedy/s{i}", f"/greedy/{i}") for i in range(8, 20)]
+            refused = [h1(s, f"greedy/s{i}", f"/greedy/{i}") for i in range(14, 20)]
             polite = [h1(s, "polite/running", "/polite") for _ in range(10)]
             replies = [f.result() for f in waiting] + refused
         samples = stats(s)
@@ -742,7 +744,7 @@ def test_a_tenant_on_slow_first_attempts_leaves_the_breaker_to_the_others():
         assert reply.status == 200 and reply.json()["worker"] == f"127.0.1.8:{s.worker_port}", reply
     held = [r for r in replies if r.status == 200]
     refused = [r for r in replies if r.status != 200]
-    assert len(held) == 8, replies
+    assert len(held) == 14, replies
     for reply in refused:
         assert (reply.status, reply.headers.get("x-atenet-reason")) == (503, "atenet_atespace_full"), reply
         assert reply.elapsed < 6, "refused at once, not after the 8 s resume"
