@@ -29,9 +29,9 @@ const ALLOWED: &[(&str, &[&str])] = &[
 const NARROW: &[(&str, &[&str])] = &[
     // Parking knows only the vocabulary of a resume, never the client.
     ("parking", &["ateapi::target", "ateapi::resume"]),
-    // The configuration derives the retry policy and parses log settings;
-    // it never reaches what runs.
-    ("cli", &["parking::backoff", "ops::logging"]),
+    // The configuration derives the retry and share policies and parses
+    // log settings; it never reaches what runs.
+    ("cli", &["parking::backoff", "parking::share", "ops::logging"]),
 ];
 
 #[test]

@@ -6,8 +6,9 @@
 //! joins the two into what `main` does; [`fleet`] reads `--routers`. [`godur`] is the duration
 //! syntax every flag and log line uses, [`size`] the byte sizes (`512Mi`).
 //!
-//! May depend on: `parking::backoff` (the retry policy it derives) and
-//! `ops::logging` (the log level and format it parses); nothing that runs.
+//! May depend on: `parking::backoff` and `parking::share` (the retry and
+//! share policies it derives) and `ops::logging` (the log level and format
+//! it parses); nothing that runs.
 
 pub mod command;
 pub mod config;
