@@ -121,6 +121,17 @@ def assert_all_served(stack, replies, logs):
 TRANSPORTS = ["tcp", "unix"]
 
 
+def report(stack, replies, round_no, after):
+    """Prints the round's count, and what the router said during a round
+    that lost requests (the evidence a failure needs, as the stack's logs
+    keep only the last router's)."""
+    missing = lost(replies, round_no)
+    print(f"round {round_no}: {len(missing)} of {CALLERS} lost")
+    if missing:
+        print(f"  lost: {sorted(missing)[:10]}; the router's lines of the round:")
+        print("\n".join("  " + line for line in stack.router.lines[after:][-60:]))
+
+
 @pytest.mark.parametrize("transport", TRANSPORTS)
 def test_verdicts_at_a_drains_end_all_reach_their_clients(transport):
     with Stack(router_flags=FLAGS, script=SCRIPT, workers=1, extproc_socket=transport == "unix") as s:
@@ -141,7 +152,7 @@ def test_verdicts_at_a_drains_end_all_reach_their_clients(transport):
             for c in clients:
                 c.join(timeout=60)
             assert s.router.proc.wait(timeout=STOP_TIMEOUT) == 0
-            print(f"round {round_no}: {len(lost(replies, round_no))} of {CALLERS} lost")
+            report(s, replies, round_no, after)
             s.start_router()
         assert_all_served(s, replies, s.logs())
 
@@ -168,6 +179,6 @@ def test_verdicts_at_a_hand_overs_end_all_reach_their_clients(transport):
                 c.join(timeout=60)
             _, after = wait_log(s.router, "handover complete", after)
             wait_for(f"router {pid} to exit", lambda: gone(pid), timeout=STOP_TIMEOUT)
-            print(f"round {round_no}: {len(lost(replies, round_no))} of {CALLERS} lost")
+            report(s, replies, round_no, after)
             pid = successor
         assert_all_served(s, replies, s.logs())
