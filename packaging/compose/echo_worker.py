@@ -301,6 +301,13 @@ def asked_delay_ms(headers):
 
 class Server(ThreadingHTTPServer):
     daemon_threads = True
+    # socketserver's default listen backlog is 5. A burst of parked requests
+    # served at once opens that many connections from Envoy together; on a
+    # loaded host the accept loop falls behind, the kernel drops the
+    # handshake's last ACK of the overflow, and Envoy, whose side of such a
+    # connection is open, waits on it while the kernel retries its SYN-ACK
+    # for about a minute (seen: 19 of 100 clients timed out after 60 s).
+    request_queue_size = 1024
 
     def __init__(self, address, recorder):
         host = address[0]
