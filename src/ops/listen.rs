@@ -209,26 +209,7 @@ pub fn wait_emptied(listener: RawFd, patience: Duration, mut accept: impl FnMut(
 /// `addr`: how the router finds gRPC core's ext_proc listeners, which
 /// grpcio does not expose.
 pub fn find_listeners(addr: &BoundTo) -> Vec<RawFd> {
-    let Ok(entries) = std::fs::read_dir("/proc/self/fd") else { return Vec::new() };
-    let fds: Vec<RawFd> = entries.flatten().filter_map(|e| e.file_name().to_str()?.parse().ok()).collect();
-    fds.into_iter()
-        .filter(|&fd| {
-            let mut listening: libc::c_int = 0;
-            let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
-            // SAFETY: getsockopt writes one c_int; on a descriptor that is not
-            // a socket (or already closed) it fails and nothing is written.
-            let r = unsafe {
-                libc::getsockopt(
-                    fd,
-                    libc::SOL_SOCKET,
-                    libc::SO_ACCEPTCONN,
-                    (&mut listening as *mut libc::c_int).cast(),
-                    &mut len,
-                )
-            };
-            r == 0 && listening == 1 && bound_to(fd).as_ref() == Some(addr)
-        })
-        .collect()
+    sockets_on(addr, true)
 }
 
 /// How many of this process's connected sockets have `addr` as their
@@ -283,23 +264,30 @@ pub fn wait_answered(addr: &BoundTo, patience: Duration) -> bool {
 
 /// This process's connected sockets whose local address is `addr`.
 fn connected_on(addr: &BoundTo) -> Vec<RawFd> {
+    sockets_on(addr, false)
+}
+
+/// This process's sockets bound to `addr` that listen (or, with
+/// `listening` false, that are connected).
+fn sockets_on(addr: &BoundTo, listening: bool) -> Vec<RawFd> {
     let Ok(entries) = std::fs::read_dir("/proc/self/fd") else { return Vec::new() };
     let fds: Vec<RawFd> = entries.flatten().filter_map(|e| e.file_name().to_str()?.parse().ok()).collect();
     fds.into_iter()
         .filter(|&fd| {
-            let mut listening: libc::c_int = 1;
+            let mut accepts: libc::c_int = -1;
             let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
-            // SAFETY: as in find_listeners.
+            // SAFETY: getsockopt writes one c_int; on a descriptor that is not
+            // a socket (or already closed) it fails and nothing is written.
             let r = unsafe {
                 libc::getsockopt(
                     fd,
                     libc::SOL_SOCKET,
                     libc::SO_ACCEPTCONN,
-                    (&mut listening as *mut libc::c_int).cast(),
+                    (&mut accepts as *mut libc::c_int).cast(),
                     &mut len,
                 )
             };
-            r == 0 && listening == 0 && bound_to(fd).as_ref() == Some(addr)
+            r == 0 && accepts == libc::c_int::from(listening) && bound_to(fd).as_ref() == Some(addr)
         })
         .collect()
 }
