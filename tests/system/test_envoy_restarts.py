@@ -189,6 +189,12 @@ def drain_closes_idle_connections(edit_config=None):
         busy, idle, idle_h2 = kept_alive(s, "busy-0"), kept_alive(s, "idle-0"), idle_http2(s)
         signalled = time.monotonic()
         s.router.proc.send_signal(signal.SIGTERM)
+        # The busy request goes once Envoy has failed its health check (the
+        # drain's step 1): sent at once, it raced the router's POST and, on
+        # a loaded host, was answered before it, keeping its connection.
+        while ready(s) != 503:
+            assert time.monotonic() - signalled < 20, "Envoy's /ready still 200 20 s into the drain"
+            time.sleep(0.02)
         busy.request("GET", "/", headers={"ate-target-actor": "demo/actor-0", "x-client-request-id": "busy-1"})
         response = busy.getresponse()
         response.read()

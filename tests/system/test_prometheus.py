@@ -471,7 +471,7 @@ def test_a_certificate_near_its_expiry_fires_the_alert(monitored):
     assert float(alert["value"]) == monitored["client_not_after"]
     assert alert["annotations"]["summary"].startswith(f"atenet-router {labels['pod']}: its ateapi_client certificate "
                                                       "expires ")
-    assert alert["annotations"]["runbook_url"] == "README.md#runbook-atenetroutercertificateexpiry"
+    assert alert["annotations"]["runbook_url"] == f"{runbook_base()}#atenetroutercertificateexpiry"
 
 
 def router_not_down(prom):
