@@ -46,7 +46,9 @@ impl Pki {
         assert!(out.status.success(), "openssl {args:?}: {}", String::from_utf8_lossy(&out.stderr));
     }
 
-    pub fn issue(&self, name: &str, ca: &str, ext: &str) {
+    /// `name.key` (P-256), its signing request `name.csr` for `CN=name`,
+    /// and `name.ext`, the extensions a certificate for it gets.
+    fn key_and_request(&self, name: &str, ext: &str) {
         std::fs::write(self.dir.join(format!("{name}.ext")), format!("{ext}\n")).unwrap();
         self.openssl(&[
             "req",
@@ -62,6 +64,10 @@ impl Pki {
             "-subj",
             &format!("/CN={name}"),
         ]);
+    }
+
+    pub fn issue(&self, name: &str, ca: &str, ext: &str) {
+        self.key_and_request(name, ext);
         self.openssl(&[
             "x509",
             "-req",
@@ -97,21 +103,7 @@ impl Pki {
             std::fs::write(self.dir.join("dated.index"), "").unwrap();
             std::fs::write(self.dir.join("dated.serial"), "1000\n").unwrap();
         }
-        std::fs::write(self.dir.join(format!("{name}.ext")), format!("{ext}\n")).unwrap();
-        self.openssl(&[
-            "req",
-            "-newkey",
-            "ec",
-            "-pkeyopt",
-            "ec_paramgen_curve:prime256v1",
-            "-nodes",
-            "-keyout",
-            &format!("{name}.key"),
-            "-out",
-            &format!("{name}.csr"),
-            "-subj",
-            &format!("/CN={name}"),
-        ]);
+        self.key_and_request(name, ext);
         self.openssl(&[
             "ca",
             "-batch",
