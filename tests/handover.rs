@@ -15,8 +15,8 @@ use atenet_router::ateapi::resume::Code;
 use atenet_router::proto::external_processor::ProcessingResponse;
 use atenet_router::tools::sim::{Answer, Sim};
 use common::process::{
-    eventually_within, install_executable, install_script, router_args, signal, spawn_router, start_together,
-    successor_pid, terminate, wait_exit, word_after, Came, RouterProcess, SuccessorGuard, ROUTER_BIN,
+    eventually_within, install_executable, install_script, race_two, router_args, signal, spawn_router,
+    successor_pid, terminate, wait_exit, word_after, RouterProcess, SuccessorGuard, ROUTER_BIN,
 };
 use common::*;
 use futures::executor::block_on;
@@ -112,21 +112,10 @@ fn b75_of_two_routers_started_at_once_on_one_port_one_serves_and_the_other_exits
     for pair in 1..=pairs {
         let port = free_port();
         let args = router_args(&sim.addr().to_string(), &["--port-extproc", &port.to_string()]);
-        let mut racers = start_together(ROUTER_BIN, [&args[..], &args[..]]);
-        let came: Vec<Came> =
-            racers.iter_mut().map(|r| r.came_to("serving: ext_proc on", PATIENCE)).collect();
-        let Some(winner) = came.iter().position(|c| *c == Came::Serving) else {
-            wrong.push(format!("pair {pair}: none served: {came:?}"));
-            continue;
-        };
-        match &came[1 - winner] {
-            Came::Serving => wrong.push(format!("pair {pair}: both served")),
-            Came::Exited(1, said)
-                if said.contains(&format!(
-                    "cannot listen for ext_proc on 127.0.0.1:{port}: Address already in use"
-                )) => {}
-            other => wrong.push(format!("pair {pair}: the second {other:?}")),
-        }
+        let refusal = format!("cannot listen for ext_proc on 127.0.0.1:{port}: Address already in use");
+        let (mut racers, winner, why) = race_two(&args, &refusal);
+        wrong.extend(why.map(|why| format!("pair {pair}: {why}")));
+        let Some(winner) = winner else { continue };
         let addr = std::net::SocketAddr::from(([127, 0, 0, 1], port));
         assert_eq!(
             routed(&Envoy::connect(addr).route_now("demo/a")).1,

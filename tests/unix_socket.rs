@@ -18,8 +18,8 @@ use std::time::Duration;
 
 use atenet_router::tools::sim::{Answer, Sim};
 use common::process::{
-    eventually_within, install_executable, install_script, router_args, signal, start_together,
-    successor_pid, terminate, wait_exit, word_after, Came, Spawned, ROUTER_BIN,
+    eventually_within, install_executable, install_script, race_two, router_args, signal, successor_pid,
+    terminate, wait_exit, word_after, Spawned, ROUTER_BIN,
 };
 use common::*;
 
@@ -188,18 +188,9 @@ fn b99_of_two_routers_started_at_once_on_one_path_one_serves_there_and_the_other
     let pairs = 20;
     let mut wrong = Vec::new();
     for pair in 1..=pairs {
-        let mut racers = start_together(ROUTER_BIN, [&args[..], &args[..]]);
-        let came: Vec<Came> =
-            racers.iter_mut().map(|r| r.came_to("serving: ext_proc on", PATIENCE)).collect();
-        let Some(winner) = came.iter().position(|c| *c == Came::Serving) else {
-            wrong.push(format!("pair {pair}: none served: {came:?}"));
-            continue;
-        };
-        match &came[1 - winner] {
-            Came::Serving => wrong.push(format!("pair {pair}: both served")),
-            Came::Exited(1, said) if said.contains(&format!("{} is in use", path.display())) => {}
-            other => wrong.push(format!("pair {pair}: the second {other:?}")),
-        }
+        let (mut racers, winner, why) = race_two(&args, &format!("{} is in use", path.display()));
+        wrong.extend(why.map(|why| format!("pair {pair}: {why}")));
+        let Some(winner) = winner else { continue };
         let target = format!("unix:{}", path.display());
         assert_eq!(routed(&Envoy::connect_to(&target).route_now("demo/a")).1, "10.0.0.1:443", "pair {pair}");
         assert_eq!(terminate(&mut racers[winner].child), 0);

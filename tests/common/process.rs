@@ -284,6 +284,25 @@ impl Drop for Racer {
     }
 }
 
+/// Starts two routers with `args` at the same instant (B75, B99) and reads
+/// what each came to: the racers, which one serves (`None`: neither), and
+/// what is wrong, if anything: neither served, both did, or the other did
+/// not exit 1 saying `refusal`.
+pub fn race_two(args: &[String], refusal: &str) -> ([Racer; 2], Option<usize>, Option<String>) {
+    let mut racers = start_together(ROUTER_BIN, [args, args]);
+    let came: Vec<Came> =
+        racers.iter_mut().map(|r| r.came_to("serving: ext_proc on", super::PATIENCE)).collect();
+    let Some(winner) = came.iter().position(|c| *c == Came::Serving) else {
+        return (racers, None, Some(format!("none served: {came:?}")));
+    };
+    let wrong = match &came[1 - winner] {
+        Came::Serving => Some("both served".to_string()),
+        Came::Exited(1, said) if said.contains(refusal) => None,
+        other => Some(format!("the second {other:?}")),
+    };
+    (racers, Some(winner), wrong)
+}
+
 /// Starts `program` twice, with `args[0]` and with `args[1]`, at the same
 /// instant: each child is forked and held just before its exec, and both
 /// are let go by one write, so that neither has a head start of more than
