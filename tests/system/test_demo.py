@@ -52,6 +52,17 @@ def demo_env(tmp_path, **extra):
     return env
 
 
+# Run as `python -c AS_A_JOB ARGV...`: every stop signal at its default, none
+# blocked, then exec ARGV in place.
+AS_A_JOB = """
+import os, signal, sys
+for stop in (signal.SIGHUP, signal.SIGINT, signal.SIGTERM, signal.SIGQUIT):
+    signal.signal(stop, signal.SIG_DFL)
+signal.pthread_sigmask(signal.SIG_SETMASK, [])
+os.execvp(sys.argv[1], sys.argv[1:])
+"""
+
+
 class Demo:
     """The demo's process, in a session of its own; its output (stdout and
     stderr merged: the banner, Envoy's access log) collected by a thread."""
@@ -63,12 +74,12 @@ class Demo:
         # inherited (`make test &` ignores SIGINT, nohup and some CI runners
         # SIGHUP), which a child would inherit and a shell could then not
         # trap: under nohup the job's SIGHUP left the demo following a
-        # successor for good.
-        def as_a_job():
-            for stop in (signal.SIGHUP, signal.SIGINT, signal.SIGTERM, signal.SIGQUIT):
-                signal.signal(stop, signal.SIG_DFL)
-            signal.pthread_sigmask(signal.SIG_SETMASK, [])
-
+        # successor for good. A launcher of its own resets them and execs the
+        # demo (same pid): not preexec_fn, which runs Python between fork and
+        # exec in a copy of this threaded process (the output readers), where
+        # the interpreter can abort (seen once as the demo "dying" of SIGABRT
+        # before its banner, under load).
+        argv = [sys.executable, "-c", AS_A_JOB, *argv]
         self.lines = []
         self.changed = threading.Condition()
         if tty is not None:
@@ -76,12 +87,11 @@ class Demo:
             # leader whose controlling terminal is `tty` (a pty's slave side);
             # the caller reads the master side.
             self.proc = subprocess.Popen(["setsid", "--ctty", *argv], cwd=cwd, env=env,
-                                         stdin=tty, stdout=tty, stderr=tty, preexec_fn=as_a_job)
+                                         stdin=tty, stdout=tty, stderr=tty)
             self.pgid = self.proc.pid
             return
         self.proc = subprocess.Popen(argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                     stderr=subprocess.STDOUT, text=True, errors="replace", start_new_session=True,
-                                     preexec_fn=as_a_job)
+                                     stderr=subprocess.STDOUT, text=True, errors="replace", start_new_session=True)
         self.pgid = self.proc.pid
         self.reader = threading.Thread(target=self._read, daemon=True)
         self.reader.start()
@@ -141,6 +151,8 @@ class Demo:
             status = self.proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
             pytest.fail(f"the demo did not exit within {timeout}s\n{self.report()}")
+        if -status in (signal.SIGABRT, signal.SIGSEGV, signal.SIGBUS, signal.SIGILL, signal.SIGFPE):
+            pytest.fail(f"the demo died of {signal.Signals(-status).name}\n{self.report()}")
         deadline = time.monotonic() + timeout
         while self.group():
             if time.monotonic() > deadline:
