@@ -25,14 +25,14 @@ use crate::envoy::extproc::{ExtProc, ExtProcSettings};
 use crate::envoy::fleet::ROUTER_KEEPALIVE_INTERVAL;
 use crate::envoy::health::Health;
 use crate::envoy::streams::StreamSlots;
-use crate::ops::history::{History, Sampler, Sources};
-use crate::ops::http::{self, BindError, HttpServer, Limits};
-use crate::ops::listen::BoundTo;
-use crate::ops::metrics::{CertificateRole, Metrics};
-use crate::ops::recent::RecentRequests;
-use crate::ops::socket_path::{self, Found, PathError};
-use crate::ops::start_lock::{Guarded, LockError, StartLock};
-use crate::ops::status::StatusPage;
+use crate::admin::history::{History, Sampler, Sources};
+use crate::admin::http::{self, BindError, HttpServer, Limits};
+use crate::lifecycle::listen::BoundTo;
+use crate::telemetry::metrics::{CertificateRole, Metrics};
+use crate::admin::recent::RecentRequests;
+use crate::lifecycle::socket_path::{self, Found, PathError};
+use crate::lifecycle::start_lock::{Guarded, LockError, StartLock};
+use crate::admin::status::StatusPage;
 use crate::parking::calls::CallGate;
 use crate::parking::clock::SystemClock;
 use crate::parking::flight::{FlightPolicy, FlightTable};
@@ -69,7 +69,7 @@ fn claim_ports(config: &Config) -> Result<StartLock, StartError> {
     }
     let lock = StartLock::take(guarded, START_LOCK_PATIENCE).map_err(StartError::StartLock)?;
     match &config.extproc {
-        ExtprocListen::Tcp(addr) => crate::ops::listen::ensure_free(*addr)
+        ExtprocListen::Tcp(addr) => crate::lifecycle::listen::ensure_free(*addr)
             .map_err(|source| StartError::ExtProcTaken { addr: *addr, source })?,
         ExtprocListen::Unix(socket) => {
             if socket_path::check_free(&socket.path).map_err(StartError::ExtProcSocket)? == Found::Stale {
@@ -79,7 +79,7 @@ fn claim_ports(config: &Config) -> Result<StartLock, StartError> {
     }
     for (what, addr) in http {
         if let Some(addr) = addr {
-            crate::ops::listen::ensure_free(addr)
+            crate::lifecycle::listen::ensure_free(addr)
                 .map_err(|source| StartError::Http { what, source: BindError { addr, source } })?;
         }
     }
@@ -352,7 +352,7 @@ impl Router {
                 None
             }
         };
-        let flags: Vec<String> = crate::ops::status::effective_flags(config)
+        let flags: Vec<String> = crate::admin::status::effective_flags(config)
             .iter()
             .map(|(flag, value)| format!("{flag}={value}"))
             .collect();
@@ -667,19 +667,19 @@ impl Router {
         });
         // gRPC core accepts whatever reaches its listeners; once their
         // queues stayed empty, its shutdown closes them with nothing in them.
-        let listeners = crate::ops::listen::find_listeners(&self.extproc_bound);
+        let listeners = crate::lifecycle::listen::find_listeners(&self.extproc_bound);
         // A Unix socket's successor has renamed its own socket onto the
         // public path: nothing new reaches this one's queue (B100).
         let steered = match self.extproc_bound {
             BoundTo::Inet(_) => {
-                listeners.first().map(|&fd| crate::ops::listen::steer_to_successor(fd, listeners.len()))
+                listeners.first().map(|&fd| crate::lifecycle::listen::steer_to_successor(fd, listeners.len()))
             }
             BoundTo::Unix(_) => listeners.first().map(|_| Ok(())),
         };
         match steered {
             Some(Ok(())) => {
                 for fd in listeners {
-                    if !crate::ops::listen::wait_emptied(fd, QUEUE_PATIENCE, || ()) {
+                    if !crate::lifecycle::listen::wait_emptied(fd, QUEUE_PATIENCE, || ()) {
                         log::warn!(
                             "handover: ext_proc's accept queue did not empty within {QUEUE_PATIENCE:?}"
                         );
@@ -687,7 +687,7 @@ impl Router {
                 }
                 // A connection gRPC accepted but has not yet answered would
                 // be closed unanswered by its shutdown.
-                if !crate::ops::listen::wait_answered(&self.extproc_bound, QUEUE_PATIENCE) {
+                if !crate::lifecycle::listen::wait_answered(&self.extproc_bound, QUEUE_PATIENCE) {
                     log::warn!(
                         "handover: gRPC had not answered every ext_proc connection within {QUEUE_PATIENCE:?}"
                     );
@@ -749,8 +749,8 @@ impl Router {
             }
         }
         if let BoundTo::Inet(addr) = self.extproc_bound {
-            if let Some(&fd) = crate::ops::listen::find_listeners(&self.extproc_bound).first() {
-                if let Err(e) = crate::ops::listen::lift_steering(fd) {
+            if let Some(&fd) = crate::lifecycle::listen::find_listeners(&self.extproc_bound).first() {
+                if let Err(e) = crate::lifecycle::listen::lift_steering(fd) {
                     log::warn!("handover: cannot lift the steering on {addr}: {e}");
                 }
             }
@@ -811,7 +811,7 @@ impl Router {
             if silent > 0 {
                 log::info!("drain: closing {silent} ext_proc streams that never sent a message");
             }
-            let idle = crate::ops::listen::connections_on(&self.extproc_bound);
+            let idle = crate::lifecycle::listen::connections_on(&self.extproc_bound);
             if open == 0 && idle > 0 {
                 log::info!(
                     "drain: every ext_proc stream finished; closing {idle} connections whose peer has not \
@@ -830,7 +830,7 @@ impl Router {
         // last stream ended after the GOAWAY; until then, or a bound, the
         // process stays.
         let flushing = Instant::now() + FLUSH_PATIENCE;
-        while crate::ops::listen::connections_on(&self.extproc_bound) > 0 && Instant::now() < flushing {
+        while crate::lifecycle::listen::connections_on(&self.extproc_bound) > 0 && Instant::now() < flushing {
             std::thread::sleep(Duration::from_millis(10));
         }
         for server in [self.http.take(), self.status.take()].into_iter().flatten() {

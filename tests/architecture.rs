@@ -28,10 +28,10 @@ const ALLOWED: &[(&str, &[&str])] = &[
 /// folder rule above is wider than what the layering allows.
 const NARROW: &[(&str, &[&str])] = &[
     // Parking knows only the vocabulary of a resume, never the client.
-    ("parking", &["ateapi::target", "ateapi::resume"]),
+    ("parking", &["actor::target", "actor::resume"]),
     // The configuration derives the retry and share policies and parses
     // log settings; it never reaches what runs.
-    ("cli", &["parking::backoff", "parking::share", "ops::logging"]),
+    ("cli", &["parking::backoff", "parking::share", "telemetry::logging"]),
 ];
 
 #[test]
@@ -113,7 +113,7 @@ fn the_reader_sees_real_edges() {
     assert!(edges("parking::flight").contains("parking::timer"), "{graph:#?}");
     assert!(edges("cli::config").contains("cli::flags"), "{graph:#?}");
     assert!(!edges("cli::flags").contains("cli::config"), "flags must not know the configuration");
-    assert!(!edges("parking::lot").contains("ops::metrics"), "test code is not an edge");
+    assert!(!edges("parking::lot").contains("telemetry::metrics"), "test code is not an edge");
     assert!(find_cycle(&BTreeMap::from([
         ("a".to_string(), BTreeSet::from(["b".to_string()])),
         ("b".to_string(), BTreeSet::from(["a".to_string()])),

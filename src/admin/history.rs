@@ -18,11 +18,11 @@ use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 
-use crate::ops::metrics::Metrics;
-use crate::ops::recent::{RecentRequests, VerdictKind};
+use crate::admin::recent::{RecentRequests, VerdictKind};
 use crate::parking::clock::Clock;
 use crate::parking::lot::ParkingLot;
 use crate::parking::timer::Scheduler;
+use crate::telemetry::metrics::Metrics;
 
 /// How often a sample is taken: the page's own refresh period, so that
 /// every refresh shows one new point.
@@ -194,7 +194,7 @@ pub fn quantiles(bounds: &[f64], cumulative: &[u64], longest: f64) -> Option<[f6
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ops::recent::{Answered, RecentVerdict};
+    use crate::admin::recent::{Answered, RecentVerdict};
     use crate::parking::clock::ManualClock;
     use crate::parking::lot::WaitOutcome;
     use crate::parking::timer::ManualScheduler;

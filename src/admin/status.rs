@@ -12,19 +12,19 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Map, Value};
 
+use crate::actor::resume::Code;
+use crate::admin::chart::{nice_ceiling, Chart, Line};
+use crate::admin::history::{History, Sample, SAMPLE_INTERVAL, WAIT_QUANTILES, WINDOW};
+use crate::admin::html::escape;
+use crate::admin::http::{Handler, Reply, Request};
+use crate::admin::recent::{RecentRequest, RecentRequests, VerdictKind};
 use crate::ateapi::client::AteapiClient;
-use crate::ateapi::resume::Code;
 use crate::cli::config::{AteapiTransport, Config, ExtprocListen};
 use crate::cli::{godur, size};
-use crate::ops::chart::{nice_ceiling, Chart, Line};
-use crate::ops::history::{History, Sample, SAMPLE_INTERVAL, WAIT_QUANTILES, WINDOW};
-use crate::ops::html::escape;
-use crate::ops::http::{Handler, Reply, Request};
-use crate::ops::metrics::Metrics;
-use crate::ops::recent::{RecentRequest, RecentRequests, VerdictKind};
 use crate::parking::flight::FlightSnapshot;
 use crate::parking::lot::AtespaceView;
 use crate::parking::resolver::Resolver;
+use crate::telemetry::metrics::Metrics;
 
 /// How many atespaces the page lists (B69).
 const TOP_ATESPACES: usize = 20;
@@ -279,7 +279,7 @@ fn json(s: &Snapshot) -> String {
         .iter()
         .map(|r| {
             json!({
-                "time": crate::ops::logging::rfc3339(r.at),
+                "time": crate::telemetry::logging::rfc3339(r.at),
                 "method": r.method,
                 "path": r.path,
                 "actor": r.actor,
@@ -617,7 +617,7 @@ fn html(s: &Snapshot) -> String {
     table_head(&mut h, "recent-requests", &columns);
     for r in &s.recent {
         h.push_str("<tr>");
-        cell(&mut h, "time", false, &escape(&crate::ops::logging::rfc3339(r.at)));
+        cell(&mut h, "time", false, &escape(&crate::telemetry::logging::rfc3339(r.at)));
         cell(&mut h, "method", false, &escape(&r.method));
         cell(&mut h, "path", false, &escape(&r.path));
         cell(&mut h, "actor", false, &escape(&r.actor));
@@ -738,8 +738,8 @@ const STYLE: &str = include_str!("status.css");
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ops::history::CAPACITY;
-    use crate::ops::recent::{RecentVerdict, RECENT_CAPACITY};
+    use crate::admin::history::CAPACITY;
+    use crate::admin::recent::{RecentVerdict, RECENT_CAPACITY};
 
     #[test]
     fn figures_read_well() {

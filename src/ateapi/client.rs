@@ -32,13 +32,13 @@ use grpcio::{
 };
 use parking_lot::{Mutex, RwLock};
 
-use crate::ateapi::resume::{AttemptResult, Code, ResumeError, Resumed};
-use crate::ateapi::target::ActorId;
+use crate::actor::resume::{AttemptResult, Code, ResumeError, Resumed};
+use crate::actor::target::ActorId;
 use crate::cli::config::AteapiTransport;
-use crate::ops::metrics::{CertificateRole, Metrics};
 use crate::parking::flight::{AttemptDone, Resumer};
 use crate::proto::ateapi::{ObjectRef, ResumeActorRequest, ResumeActorResponse};
 use crate::proto::ATEAPI_RESUME_ACTOR;
+use crate::telemetry::metrics::{CertificateRole, Metrics};
 pub use crate::tls::files::CredentialsError;
 use crate::tls::files::{named, read};
 use crate::tls::pem;

@@ -209,7 +209,7 @@ pub struct Config {
     pub envoy_idle_timeout: Duration,
     pub route_timeout: Duration,
     pub log_level: log::LevelFilter,
-    pub log_format: crate::ops::logging::Format,
+    pub log_format: crate::telemetry::logging::Format,
     /// How long past the budget a late verdict may still arrive; zero when
     /// late serve is disabled.
     pub late_serve_limit: Duration,
@@ -298,7 +298,7 @@ impl Config {
             ("--metrics-listen-addr", Some(metrics_addr)),
             ("--status-address/--status-port", status_addr),
         ])?;
-        let log_level = crate::ops::logging::parse_level(&args.log_level).ok_or_else(|| {
+        let log_level = crate::telemetry::logging::parse_level(&args.log_level).ok_or_else(|| {
             invalid(format!(
                 "--log-level must be error, warn, info, debug or trace, got {:?}",
                 args.log_level

@@ -7,7 +7,7 @@
 //! syntax every flag and log line uses, [`size`] the byte sizes (`512Mi`).
 //!
 //! May depend on: `parking::backoff` and `parking::share` (the retry and
-//! share policies it derives) and `ops::logging` (the log level and format
+//! share policies it derives) and `telemetry::logging` (the log level and format
 //! it parses); nothing that runs.
 
 pub mod command;

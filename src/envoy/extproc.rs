@@ -34,15 +34,13 @@ use protobuf::well_known_types::struct_::{Struct, Value};
 use protobuf::well_known_types::wrappers::BoolValue;
 use protobuf::MessageField;
 
-use crate::ateapi::resume::{BadWorkerIp, Resumed};
-use crate::ateapi::target::{self, ActorId, Target, ACTOR_HEADER};
+use crate::actor::resume::{BadWorkerIp, Resumed};
+use crate::actor::target::{self, ActorId, Target, ACTOR_HEADER};
+use crate::admin::recent::{Answered, RecentRequests, RecentVerdict};
 use crate::cli::config::CidrRange;
 use crate::envoy::ending::{Ending, StreamEndings, ENVOY_END_PATIENCE};
 use crate::envoy::streams::{StreamSlots, FIRST_MESSAGE_TIMEOUT};
 use crate::envoy::verdict::{self, Rejection, RouteOutcome, Verdict};
-use crate::ops::logging::Throttle;
-use crate::ops::metrics::{AtespaceShare, Metrics};
-use crate::ops::recent::{Answered, RecentRequests, RecentVerdict};
 use crate::parking::deadline::{self, CallerTimeout};
 use crate::parking::flight::{FlightEvent, FlightWait};
 use crate::parking::resolver::{Abandon, ResolveError, Resolver, ResumeLabel, ResumeOutcome};
@@ -56,6 +54,8 @@ use crate::proto::external_processor::{
 };
 use crate::proto::http_status::HttpStatus;
 use crate::proto::EXT_PROC_PROCESS;
+use crate::telemetry::logging::Throttle;
+use crate::telemetry::metrics::{AtespaceShare, Metrics};
 
 /// The dynamic-metadata namespace Envoy's ORIGINAL_DST cluster reads (B7).
 pub const ORIGINAL_DST_NAMESPACE: &str = "envoy.filters.listener.original_dst";
@@ -819,7 +819,7 @@ fn string_value(s: &str) -> Value {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ateapi::resume::Code;
+    use crate::actor::resume::Code;
     use crate::proto::external_processor::HttpHeaders;
     use protobuf::Message;
 
@@ -869,7 +869,7 @@ mod tests {
 
     fn headers(pairs: &[(&str, &str)]) -> HeaderMap {
         let raw: Vec<(&str, &[u8])> = pairs.iter().map(|(k, v)| (*k, v.as_bytes())).collect();
-        crate::ateapi::target::test_headers(&raw)
+        crate::actor::target::test_headers(&raw)
     }
 
     #[test]

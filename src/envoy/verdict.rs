@@ -8,8 +8,8 @@
 
 use std::net::IpAddr;
 
-use crate::ateapi::resume::{Code, ResumeError};
-use crate::ateapi::target::{ActorId, Target};
+use crate::actor::resume::{Code, ResumeError};
+use crate::actor::target::{ActorId, Target};
 use crate::parking::resolver::{ResolveError, ResumeOutcome};
 
 /// The answer to one request_headers message.
@@ -262,7 +262,7 @@ fn reject(status: u16, body: String, reason: &'static str, label: RouteOutcome) 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ateapi::resume::Resumed;
+    use crate::actor::resume::Resumed;
     use crate::parking::resolver::ResumeLabel;
 
     fn target() -> Target {

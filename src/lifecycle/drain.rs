@@ -323,7 +323,7 @@ fn write_marker(path: &Path) -> io::Result<()> {
     if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
         fs::create_dir_all(parent)?;
     }
-    fs::write(path, format!("{}\n", crate::ops::logging::rfc3339(SystemTime::now())))
+    fs::write(path, format!("{}\n", crate::telemetry::logging::rfc3339(SystemTime::now())))
 }
 
 #[cfg(test)]

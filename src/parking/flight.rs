@@ -39,8 +39,8 @@ use std::time::{Duration, Instant};
 use parking_lot::{Mutex, MutexGuard};
 use prometheus::IntCounter;
 
-use crate::ateapi::resume::{AttemptResult, Code, ResumeError, Resumed};
-use crate::ateapi::target::ActorId;
+use crate::actor::resume::{AttemptResult, Code, ResumeError, Resumed};
+use crate::actor::target::ActorId;
 use crate::parking::backoff::{Backoff, BackoffPolicy};
 use crate::parking::clock::Clock;
 use crate::parking::share::{AtespaceShares, ShareHold, SharePolicy};

@@ -459,8 +459,8 @@ impl Shares {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ops::metrics::Metrics;
     use crate::parking::clock::ManualClock;
+    use crate::telemetry::metrics::Metrics;
 
     fn lot(max: usize, per_atespace: usize, clock: Arc<dyn Clock>) -> Arc<ParkingLot> {
         ParkingLot::new(max, per_atespace, clock, Metrics::new().lot_instruments())

@@ -26,8 +26,8 @@ use std::task::{Context, Poll};
 
 use std::time::Instant;
 
-use crate::ateapi::resume::{ResumeError, Resumed};
-use crate::ateapi::target::ActorId;
+use crate::actor::resume::{ResumeError, Resumed};
+use crate::actor::target::ActorId;
 use crate::parking::clock::Clock;
 use crate::parking::flight::{
     Caller, Flight, FlightEvent, FlightOutcome, FlightRefusal, FlightTable, FlightWait, Role, Until,
@@ -470,9 +470,9 @@ fn wait_outcome(outcome: &FlightOutcome) -> WaitOutcome {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ateapi::resume::Code;
-    use crate::ops::metrics::Metrics;
+    use crate::actor::resume::Code;
     use crate::parking::flight::tests::{actor, err, harness, ok, Harness};
+    use crate::telemetry::metrics::Metrics;
     use futures::task::noop_waker;
     use parking_lot::Mutex;
     use std::time::Duration;

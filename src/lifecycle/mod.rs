@@ -1,0 +1,39 @@
+//! The process's lifecycle: how a router starts beside others, hands over
+//! to a successor and drains.
+//!
+//! - [`process`], [`systemd`], [`signals`]: the process wiring (panic
+//!   policy, open files), the notify protocol, and what each signal means
+//!   when;
+//! - `start_lock`: the lock under which a starting router checks its
+//!   ports and its socket's path and binds them;
+//! - `listen`, `socket_path`: listeners a successor can share, and
+//!   ext_proc's Unix socket path, checked and taken over by a rename;
+//! - [`handover`]: the SIGHUP hand-over: starting the successor, and
+//!   handing the running router's listeners to it;
+//! - [`drain`]: the drain sequence.
+//!
+//! May depend on: `cli` (the configuration), `telemetry`, `admin::http`
+//! (the listeners a hand-over stops) and `envoy::bootstrap` (the stat
+//! prefixes a drain reads). The assembled router is reached only through
+//! the seams defined here (`drain::Drained`), never by name.
+
+pub mod drain;
+pub mod handover;
+pub mod process;
+pub mod signals;
+pub mod systemd;
+
+// Internal: public with `testkit` only (declared one by one so that
+// rustfmt follows every file).
+#[cfg(feature = "testkit")]
+pub mod listen;
+#[cfg(not(feature = "testkit"))]
+pub(crate) mod listen;
+#[cfg(feature = "testkit")]
+pub mod socket_path;
+#[cfg(not(feature = "testkit"))]
+pub(crate) mod socket_path;
+#[cfg(feature = "testkit")]
+pub mod start_lock;
+#[cfg(not(feature = "testkit"))]
+pub(crate) mod start_lock;
