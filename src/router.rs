@@ -18,6 +18,10 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::{bounded, Receiver};
 use grpcio::{ChannelBuilder, EnvBuilder, Environment, Server, ServerBuilder, ServerCredentials};
 
+use crate::admin::history::{History, Sampler, Sources};
+use crate::admin::http::{self, BindError, HttpServer, Limits};
+use crate::admin::recent::RecentRequests;
+use crate::admin::status::StatusPage;
 use crate::ateapi::client::AteapiClient;
 use crate::cli::config::{AteapiTransport, Config, ExtprocListen};
 use crate::envoy::ending::StreamEndings;
@@ -25,20 +29,17 @@ use crate::envoy::extproc::{ExtProc, ExtProcSettings};
 use crate::envoy::fleet::ROUTER_KEEPALIVE_INTERVAL;
 use crate::envoy::health::Health;
 use crate::envoy::streams::StreamSlots;
-use crate::admin::history::{History, Sampler, Sources};
-use crate::admin::http::{self, BindError, HttpServer, Limits};
+use crate::lifecycle::drain::Drained;
 use crate::lifecycle::listen::BoundTo;
-use crate::telemetry::metrics::{CertificateRole, Metrics};
-use crate::admin::recent::RecentRequests;
 use crate::lifecycle::socket_path::{self, Found, PathError};
 use crate::lifecycle::start_lock::{Guarded, LockError, StartLock};
-use crate::admin::status::StatusPage;
 use crate::parking::calls::CallGate;
 use crate::parking::clock::SystemClock;
 use crate::parking::flight::{FlightPolicy, FlightTable};
 use crate::parking::lot::ParkingLot;
 use crate::parking::resolver::Resolver;
 use crate::parking::timer::TimerThread;
+use crate::telemetry::metrics::{CertificateRole, Metrics};
 use crate::tls::files::CredentialsError;
 use crate::tls::server::{ServerCredentialFiles, ServerFiles};
 
@@ -839,5 +840,15 @@ impl Router {
         self.credentials.take();
         self.timer.stop();
         (finished, cancelled)
+    }
+}
+
+impl Drained for Router {
+    fn set_ready(&self, ready: bool) {
+        Router::set_ready(self, ready)
+    }
+
+    fn stop<T>(self, timeout: Duration, interrupt: &Receiver<T>) -> (bool, usize) {
+        Router::stop(self, timeout, interrupt)
     }
 }

@@ -27,7 +27,17 @@ use std::time::{Duration, Instant, SystemTime};
 use crossbeam_channel::Receiver;
 
 use crate::cli::config::Config;
-use crate::router::Router;
+
+/// What a drain stops: the running router (`router::Router`), named by
+/// what the drain asks of it, so that the lifecycle stays below the
+/// assembly.
+pub trait Drained {
+    /// Flips `/readyz` and the gRPC health service.
+    fn set_ready(&self, ready: bool);
+    /// Stops ext_proc within `timeout`: whether every stream finished, and
+    /// how many were cut.
+    fn stop<T>(self, timeout: Duration, interrupt: &Receiver<T>) -> (bool, usize);
+}
 
 /// What the drain does, from the effective configuration.
 #[derive(Clone, Debug)]
@@ -142,7 +152,7 @@ pub fn remove_stale_marker(path: &Path) -> io::Result<bool> {
 
 /// Runs the drain. `interrupt` delivers further stop signals (SIGTERM or
 /// SIGINT, B94); the first one received skips every remaining wait.
-pub fn drain<T>(router: Router, plan: &DrainPlan, interrupt: &Receiver<T>) -> DrainReport {
+pub fn drain<T>(router: impl Drained, plan: &DrainPlan, interrupt: &Receiver<T>) -> DrainReport {
     drain_reporting(router, plan, interrupt, &|_| {})
 }
 
@@ -150,7 +160,7 @@ pub fn drain<T>(router: Router, plan: &DrainPlan, interrupt: &Receiver<T>) -> Dr
 /// drain can take at most (for systemd's stop timeout, B64; the bound of the
 /// whole drain is [`DrainPlan::bound`]).
 pub fn drain_reporting<T>(
-    router: Router,
+    router: impl Drained,
     plan: &DrainPlan,
     interrupt: &Receiver<T>,
     progress: &dyn Fn(Duration),
