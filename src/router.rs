@@ -31,6 +31,7 @@ use crate::envoy::health::Health;
 use crate::envoy::streams::StreamSlots;
 use crate::lifecycle::drain::Drained;
 use crate::lifecycle::listen::BoundTo;
+use crate::lifecycle::listeners;
 use crate::lifecycle::socket_path::{self, Found, PathError};
 use crate::lifecycle::start_lock::{Guarded, LockError, StartLock};
 use crate::parking::calls::CallGate;
@@ -92,8 +93,6 @@ const SILENT_CHECK: Duration = Duration::from_millis(50);
 /// How long only silent streams must be left before the drain closes them:
 /// Envoy's first message follows its stream's opening within milliseconds.
 const SILENT_GRACE: Duration = Duration::from_secs(1);
-/// How long a handover waits for ext_proc's accept queue to empty (B95).
-const QUEUE_PATIENCE: Duration = Duration::from_secs(2);
 /// Why [`Router::stop`] stopped waiting.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum StopEnded {
@@ -651,111 +650,33 @@ impl Router {
         self.streams.silent_now() == open
     }
 
-    /// Hands over to a successor that serves the same ports (B75): the HTTP
-    /// listeners stop first, so that probes and scrapes reach only the
-    /// successor, then as [`Router::stop`].
-    ///
-    /// No connection queued on this router's listeners is reset (B95):
-    /// each port's new connections are steered to the successor's socket
-    /// first, and a listener closes only once its accept queue stayed
-    /// empty; the HTTP listeners finish the connections they accepted.
+    /// Hands over to a successor that serves the same ports (B75), then
+    /// as [`Router::stop`]; `lifecycle::listeners` says how no queued
+    /// connection is reset (B95).
     pub fn hand_over<T>(mut self, timeout: Duration, interrupt: &Receiver<T>) -> (bool, usize) {
         let servers: Vec<HttpServer> = [self.http.take(), self.status.take()].into_iter().flatten().collect();
-        std::thread::scope(|scope| {
-            for server in servers {
-                scope.spawn(move || server.hand_over());
-            }
-        });
-        // gRPC core accepts whatever reaches its listeners; once their
-        // queues stayed empty, its shutdown closes them with nothing in them.
-        let listeners = crate::lifecycle::listen::find_listeners(&self.extproc_bound);
-        // A Unix socket's successor has renamed its own socket onto the
-        // public path: nothing new reaches this one's queue (B100).
-        let steered = match self.extproc_bound {
-            BoundTo::Inet(_) => {
-                listeners.first().map(|&fd| crate::lifecycle::listen::steer_to_successor(fd, listeners.len()))
-            }
-            BoundTo::Unix(_) => listeners.first().map(|_| Ok(())),
-        };
-        match steered {
-            Some(Ok(())) => {
-                for fd in listeners {
-                    if !crate::lifecycle::listen::wait_emptied(fd, QUEUE_PATIENCE, || ()) {
-                        log::warn!(
-                            "handover: ext_proc's accept queue did not empty within {QUEUE_PATIENCE:?}"
-                        );
-                    }
-                }
-                // A connection gRPC accepted but has not yet answered would
-                // be closed unanswered by its shutdown.
-                if !crate::lifecycle::listen::wait_answered(&self.extproc_bound, QUEUE_PATIENCE) {
-                    log::warn!(
-                        "handover: gRPC had not answered every ext_proc connection within {QUEUE_PATIENCE:?}"
-                    );
-                }
-            }
-            Some(Err(e)) => {
-                log::warn!("handover: cannot steer ext_proc's new connections to the successor: {e}")
-            }
-            None => {
-                log::warn!("handover: ext_proc's listener on {} not found; closing it as it is", self.extproc)
-            }
-        }
+        listeners::hand_over(servers, &self.extproc, &self.extproc_bound);
         log::info!("handover: stopping ext_proc (up to {})", crate::cli::godur::format(timeout));
         self.stop(timeout, interrupt)
     }
 
     /// Before this router starts a successor on a Unix socket: gives its
-    /// socket a second name, its private one, so that a successor that
-    /// renames its own onto the path and then fails does not leave the
-    /// path naming a dead socket (B100).
+    /// socket a second name (B100).
     pub fn keep_socket_name(&self) {
-        if let (ExtprocListen::Unix(socket), BoundTo::Unix(private), Some(own)) =
-            (&self.extproc, &self.extproc_bound, self.socket_inode)
-        {
-            if let Err(e) = socket_path::keep_second_name(&socket.path, private, own) {
-                log::warn!(
-                    "handover: cannot keep a second name for {} ({e}): should the successor fail after \
-                     taking the path, the path stays its",
-                    socket.path.display()
-                );
-            }
-        }
+        listeners::keep_socket_name(&self.extproc, &self.extproc_bound, self.socket_inode);
     }
 
     /// After a hand-over that failed: takes the socket's path back if the
     /// successor took it (B100).
     pub fn reclaim_socket_name(&self) {
-        if let (ExtprocListen::Unix(socket), BoundTo::Unix(private), Some(own)) =
-            (&self.extproc, &self.extproc_bound, self.socket_inode)
-        {
-            match socket_path::reclaim(&socket.path, private, own) {
-                Ok(true) => {
-                    log::warn!("handover: the successor had taken {}; taken back", socket.path.display())
-                }
-                Ok(false) => {}
-                Err(e) => log::error!("handover: cannot take {} back: {e}", socket.path.display()),
-            }
-        }
+        listeners::reclaim_socket_name(&self.extproc, &self.extproc_bound, self.socket_inode);
     }
 
     /// Before this router starts a successor: lifts the steering its own
-    /// predecessor left on its ports (B95), so that new connections are
-    /// hashed over the sockets again rather than sent to the successor
-    /// before it serves.
+    /// predecessor left on its ports (B95).
     pub fn lift_steering(&self) {
-        for server in [&self.http, &self.status].into_iter().flatten() {
-            if let Err(e) = server.lift_steering() {
-                log::warn!("handover: cannot lift the steering on {}: {e}", server.addr());
-            }
-        }
-        if let BoundTo::Inet(addr) = self.extproc_bound {
-            if let Some(&fd) = crate::lifecycle::listen::find_listeners(&self.extproc_bound).first() {
-                if let Err(e) = crate::lifecycle::listen::lift_steering(fd) {
-                    log::warn!("handover: cannot lift the steering on {addr}: {e}");
-                }
-            }
-        }
+        let servers: Vec<&HttpServer> = [&self.http, &self.status].into_iter().flatten().collect();
+        listeners::lift_steering(&servers, &self.extproc_bound);
     }
 
     /// Stops accepting streams, lets in-flight ones finish for up to

@@ -8,8 +8,9 @@
 //!   ports and its socket's path and binds them;
 //! - `listen`, `socket_path`: listeners a successor can share, and
 //!   ext_proc's Unix socket path, checked and taken over by a rename;
-//! - [`handover`]: the SIGHUP hand-over: starting the successor, and
-//!   handing the running router's listeners to it;
+//! - [`handover`], `listeners`: the SIGHUP hand-over: starting the
+//!   successor and waiting for its word; the running router's listeners
+//!   steered, emptied and handed to it;
 //! - [`drain`]: the drain sequence.
 //!
 //! May depend on: `cli` (the configuration), `telemetry`, `admin::http`
@@ -29,6 +30,10 @@ pub mod systemd;
 pub mod listen;
 #[cfg(not(feature = "testkit"))]
 pub(crate) mod listen;
+#[cfg(feature = "testkit")]
+pub mod listeners;
+#[cfg(not(feature = "testkit"))]
+pub(crate) mod listeners;
 #[cfg(feature = "testkit")]
 pub mod socket_path;
 #[cfg(not(feature = "testkit"))]
