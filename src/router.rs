@@ -326,6 +326,43 @@ impl Drop for CredentialWatcher {
     }
 }
 
+/// The components of a router, built and wired, nothing bound yet.
+struct Parts {
+    env: Arc<Environment>,
+    metrics: Metrics,
+    extproc_tls: Option<Arc<ServerCredentialFiles>>,
+    timer: Arc<TimerThread>,
+    ateapi: Arc<AteapiClient>,
+    resolver: Resolver,
+    ready: Arc<AtomicBool>,
+    health: Arc<Health>,
+    recent: Arc<RecentRequests>,
+    streams: Arc<StreamSlots>,
+    endings: Arc<StreamEndings>,
+    extproc: Arc<ExtProc>,
+}
+
+/// A router's listeners bound (ext_proc's socket under its private name
+/// until it starts), the HTTP listeners serving, gRPC not yet started.
+struct Bound {
+    env: Arc<Environment>,
+    metrics: Metrics,
+    extproc_tls: Option<Arc<ServerCredentialFiles>>,
+    timer: Arc<TimerThread>,
+    ateapi: Arc<AteapiClient>,
+    #[cfg(feature = "testkit")]
+    resolver: Resolver,
+    ready: Arc<AtomicBool>,
+    health: Arc<Health>,
+    streams: Arc<StreamSlots>,
+    endings: Arc<StreamEndings>,
+    grpc: Server,
+    extproc: ExtprocListen,
+    extproc_bound: BoundTo,
+    http: HttpServer,
+    status: Option<HttpServer>,
+}
+
 impl Router {
     /// Starts every component. Binds the ext_proc port, the metrics listener
     /// and the status page; fails without leaving anything running, and when
@@ -340,6 +377,9 @@ impl Router {
         Router::start_as(config, Role::Successor)
     }
 
+    /// Builds, binds and starts, in that order: nothing serves before
+    /// every listener is bound and the socket named, and a failure at any
+    /// step leaves nothing running.
     fn start_as(config: &Config, role: Role) -> Result<Router, StartError> {
         let transport = config.ateapi_transport.as_ref().ok_or(StartError::NoAteapiTransport)?;
         // Held until every listener is bound and the socket named (B75).
@@ -352,6 +392,14 @@ impl Router {
                 None
             }
         };
+        let parts = Router::build(config, transport)?;
+        let bound = Router::bind(parts, config)?;
+        Router::serve(bound, config, transport, lock)
+    }
+
+    /// Every component, from the configuration; the files they need
+    /// checked first.
+    fn build(config: &Config, transport: &AteapiTransport) -> Result<Parts, StartError> {
         let flags: Vec<String> = crate::admin::status::effective_flags(config)
             .iter()
             .map(|(flag, value)| format!("{flag}={value}"))
@@ -444,6 +492,38 @@ impl Router {
             },
         );
 
+        Ok(Parts {
+            env,
+            metrics,
+            extproc_tls,
+            timer,
+            ateapi,
+            resolver,
+            ready,
+            health,
+            recent,
+            streams,
+            endings,
+            extproc,
+        })
+    }
+
+    /// Binds ext_proc's server and the HTTP listeners.
+    fn bind(parts: Parts, config: &Config) -> Result<Bound, StartError> {
+        let Parts {
+            env,
+            metrics,
+            extproc_tls,
+            timer,
+            ateapi,
+            resolver,
+            ready,
+            health,
+            recent,
+            streams,
+            endings,
+            extproc,
+        } = parts;
         // SO_REUSEPORT, so that a successor can bind beside this router
         // (B75); claim_ports has refused a port some other router holds.
         let args = ChannelBuilder::new(Arc::clone(&env))
@@ -550,6 +630,51 @@ impl Router {
                 Some(server)
             }
         };
+        Ok(Bound {
+            env,
+            metrics,
+            extproc_tls,
+            timer,
+            ateapi,
+            #[cfg(feature = "testkit")]
+            resolver,
+            ready,
+            health,
+            streams,
+            endings,
+            grpc,
+            extproc,
+            extproc_bound,
+            http,
+            status,
+        })
+    }
+
+    /// Names the socket, lets go of the start lock, and serves.
+    fn serve(
+        bound: Bound,
+        config: &Config,
+        transport: &AteapiTransport,
+        lock: Option<StartLock>,
+    ) -> Result<Router, StartError> {
+        let Bound {
+            env,
+            metrics,
+            extproc_tls,
+            timer,
+            ateapi,
+            #[cfg(feature = "testkit")]
+            resolver,
+            ready,
+            health,
+            streams,
+            endings,
+            mut grpc,
+            extproc,
+            extproc_bound,
+            http,
+            status,
+        } = bound;
         let mut refreshes: Vec<Refresh> = Vec::new();
         if *transport != AteapiTransport::Insecure || config.ateapi_token_file.is_some() {
             let ateapi = Arc::clone(&ateapi);
