@@ -20,7 +20,6 @@ use grpcio::{ChannelBuilder, EnvBuilder, Environment, Server, ServerBuilder, Ser
 
 use crate::admin::history::{History, Sampler, Sources};
 use crate::admin::http::{self, BindError, HttpServer, Limits};
-use crate::admin::recent::RecentRequests;
 use crate::admin::status::StatusPage;
 use crate::ateapi::client::AteapiClient;
 use crate::cli::config::{AteapiTransport, Config, ExtprocListen};
@@ -41,6 +40,7 @@ use crate::parking::lot::ParkingLot;
 use crate::parking::resolver::Resolver;
 use crate::parking::timer::TimerThread;
 use crate::telemetry::metrics::{CertificateRole, Metrics};
+use crate::telemetry::recent::RecentRequests;
 use crate::tls::files::CredentialsError;
 use crate::tls::server::{ServerCredentialFiles, ServerFiles};
 
@@ -775,12 +775,18 @@ impl Router {
         self.streams.silent_now() == open
     }
 
-    /// Hands over to a successor that serves the same ports (B75), then
-    /// as [`Router::stop`]; `lifecycle::listeners` says how no queued
-    /// connection is reset (B95).
+    /// Hands over to a successor that serves the same ports (B75): the HTTP
+    /// listeners stop first, so that probes and scrapes reach only the
+    /// successor, then as [`Router::stop`]; `lifecycle::listeners` says how
+    /// no queued connection is reset (B95).
     pub fn hand_over<T>(mut self, timeout: Duration, interrupt: &Receiver<T>) -> (bool, usize) {
         let servers: Vec<HttpServer> = [self.http.take(), self.status.take()].into_iter().flatten().collect();
-        listeners::hand_over(servers, &self.extproc, &self.extproc_bound);
+        std::thread::scope(|scope| {
+            for server in servers {
+                scope.spawn(move || server.hand_over());
+            }
+        });
+        listeners::hand_over(&self.extproc, &self.extproc_bound);
         log::info!("handover: stopping ext_proc (up to {})", crate::cli::godur::format(timeout));
         self.stop(timeout, interrupt)
     }
@@ -800,8 +806,12 @@ impl Router {
     /// Before this router starts a successor: lifts the steering its own
     /// predecessor left on its ports (B95).
     pub fn lift_steering(&self) {
-        let servers: Vec<&HttpServer> = [&self.http, &self.status].into_iter().flatten().collect();
-        listeners::lift_steering(&servers, &self.extproc_bound);
+        for server in [&self.http, &self.status].into_iter().flatten() {
+            if let Err(e) = server.lift_steering() {
+                log::warn!("handover: cannot lift the steering on {}: {e}", server.addr());
+            }
+        }
+        listeners::lift_steering(&self.extproc_bound);
     }
 
     /// Stops accepting streams, lets in-flight ones finish for up to

@@ -17,7 +17,6 @@ use crate::admin::chart::{nice_ceiling, Chart, Line};
 use crate::admin::history::{History, Sample, SAMPLE_INTERVAL, WAIT_QUANTILES, WINDOW};
 use crate::admin::html::escape;
 use crate::admin::http::{Handler, Reply, Request};
-use crate::admin::recent::{RecentRequest, RecentRequests, VerdictKind};
 use crate::ateapi::client::AteapiClient;
 use crate::cli::config::{AteapiTransport, Config, ExtprocListen};
 use crate::cli::{godur, size};
@@ -25,6 +24,7 @@ use crate::parking::flight::FlightSnapshot;
 use crate::parking::lot::AtespaceView;
 use crate::parking::resolver::Resolver;
 use crate::telemetry::metrics::Metrics;
+use crate::telemetry::recent::{RecentRequest, RecentRequests, VerdictKind};
 
 /// How many atespaces the page lists (B69).
 const TOP_ATESPACES: usize = 20;
@@ -739,7 +739,7 @@ const STYLE: &str = include_str!("status.css");
 mod tests {
     use super::*;
     use crate::admin::history::CAPACITY;
-    use crate::admin::recent::{RecentVerdict, RECENT_CAPACITY};
+    use crate::telemetry::recent::{RecentVerdict, RECENT_CAPACITY};
 
     #[test]
     fn figures_read_well() {

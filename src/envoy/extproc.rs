@@ -36,7 +36,6 @@ use protobuf::MessageField;
 
 use crate::actor::resume::{BadWorkerIp, Resumed};
 use crate::actor::target::{self, ActorId, Target, ACTOR_HEADER};
-use crate::admin::recent::{Answered, RecentRequests, RecentVerdict};
 use crate::cli::config::CidrRange;
 use crate::envoy::ending::{Ending, StreamEndings, ENVOY_END_PATIENCE};
 use crate::envoy::streams::{StreamSlots, FIRST_MESSAGE_TIMEOUT};
@@ -56,6 +55,7 @@ use crate::proto::http_status::HttpStatus;
 use crate::proto::EXT_PROC_PROCESS;
 use crate::telemetry::logging::Throttle;
 use crate::telemetry::metrics::{AtespaceShare, Metrics};
+use crate::telemetry::recent::{Answered, RecentRequests, RecentVerdict};
 
 /// The dynamic-metadata namespace Envoy's ORIGINAL_DST cluster reads (B7).
 pub const ORIGINAL_DST_NAMESPACE: &str = "envoy.filters.listener.original_dst";

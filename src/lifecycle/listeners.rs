@@ -1,5 +1,5 @@
-//! The running router's side of a hand-over: its listeners given to the
-//! successor that serves the same ports (B75). No connection queued on
+//! The running router's side of a hand-over: ext_proc's listener given to
+//! the successor that serves the same port or path (B75). No connection queued on
 //! them is reset (B95): each port's new connections are steered to the
 //! successor's socket first, and a listener closes only once its accept
 //! queue stayed empty; a Unix socket keeps a second name while the
@@ -8,7 +8,6 @@
 
 use std::time::Duration;
 
-use crate::admin::http::HttpServer;
 use crate::cli::config::ExtprocListen;
 use crate::lifecycle::listen::{self, BoundTo};
 use crate::lifecycle::socket_path;
@@ -16,16 +15,9 @@ use crate::lifecycle::socket_path;
 /// How long a handover waits for ext_proc's accept queue to empty (B95).
 const QUEUE_PATIENCE: Duration = Duration::from_secs(2);
 
-/// Hands the listeners over: the HTTP listeners stop first, so that probes
-/// and scrapes reach only the successor, finishing the connections they
-/// accepted; then ext_proc's queue is emptied into gRPC, whose shutdown
-/// follows.
-pub fn hand_over(servers: Vec<HttpServer>, extproc: &ExtprocListen, bound: &BoundTo) {
-    std::thread::scope(|scope| {
-        for server in servers {
-            scope.spawn(move || server.hand_over());
-        }
-    });
+/// Hands ext_proc's listener over: its queue emptied into gRPC, whose
+/// shutdown follows.
+pub fn hand_over(extproc: &ExtprocListen, bound: &BoundTo) {
     // gRPC core accepts whatever reaches its listeners; once their
     // queues stayed empty, its shutdown closes them with nothing in them.
     let listeners = listen::find_listeners(bound);
@@ -88,14 +80,10 @@ pub fn reclaim_socket_name(extproc: &ExtprocListen, bound: &BoundTo, inode: Opti
 }
 
 /// Before a successor starts: lifts the steering this router's own
-/// predecessor left on its ports, so that new connections are hashed over
-/// the sockets again rather than sent to the successor before it serves.
-pub fn lift_steering(servers: &[&HttpServer], bound: &BoundTo) {
-    for server in servers {
-        if let Err(e) = server.lift_steering() {
-            log::warn!("handover: cannot lift the steering on {}: {e}", server.addr());
-        }
-    }
+/// predecessor left on ext_proc's port, so that new connections are hashed
+/// over the sockets again rather than sent to the successor before it
+/// serves.
+pub fn lift_steering(bound: &BoundTo) {
     if let BoundTo::Inet(addr) = bound {
         if let Some(&fd) = listen::find_listeners(bound).first() {
             if let Err(e) = listen::lift_steering(fd) {

@@ -13,10 +13,11 @@
 //!   steered, emptied and handed to it;
 //! - [`drain`]: the drain sequence.
 //!
-//! May depend on: `cli` (the configuration), `telemetry`, `admin::http`
-//! (the listeners a hand-over stops) and `envoy::bootstrap` (the stat
-//! prefixes a drain reads). The assembled router is reached only through
-//! the seams defined here (`drain::Drained`), never by name.
+//! May depend on: `cli` (the configuration), `telemetry` and
+//! `envoy::bootstrap` (the stat prefixes a drain reads). The assembled
+//! router is reached only through the seam defined here
+//! (`drain::Drained`), never by name; the admin listeners hand themselves
+//! over (`admin::http`), on the sockets `listen` shares.
 
 pub mod drain;
 pub mod handover;
