@@ -98,7 +98,7 @@ const SILENT_GRACE: Duration = Duration::from_secs(1);
 enum StopEnded {
     /// gRPC core's shutdown completed: every call and connection is gone.
     ShutDown,
-    /// No open stream held a request for [`SILENT_GRACE`] (B74, B101).
+    /// No open stream held a request for [`SILENT_GRACE`].
     NoRequestHeld,
     Interrupted,
     TimedOut,
@@ -115,25 +115,25 @@ const FLUSH_PATIENCE: Duration = Duration::from_secs(2);
 #[derive(Debug)]
 pub enum StartError {
     /// The configuration names no way to reach ateapi: one made for a
-    /// bootstrap only (B96).
+    /// bootstrap only.
     NoAteapiTransport,
     /// ateapi's credentials are unusable.
     Ateapi(CredentialsError),
-    /// The ext_proc listener's TLS files are unusable (B86).
+    /// The ext_proc listener's TLS files are unusable.
     ExtProcTls(CredentialsError),
     /// gRPC could not build the ext_proc server.
     ExtProcServer(grpcio::Error),
     /// The ext_proc port (or socket) could not be bound.
     ExtProcListen { addr: String, source: grpcio::Error },
-    /// The ext_proc port is held already (B75).
+    /// The ext_proc port is held already.
     ExtProcTaken { addr: SocketAddr, source: std::io::Error },
-    /// ext_proc's Unix socket path cannot be taken (B99).
+    /// ext_proc's Unix socket path cannot be taken.
     ExtProcSocket(PathError),
     /// Another router starting on the same port or path held it too long
-    /// (B75).
+    ///.
     StartLock(LockError),
     /// ext_proc's Unix socket could not be given its mode and group, or
-    /// renamed onto its public path (B100).
+    /// renamed onto its public path.
     ExtProcPublish { path: PathBuf, source: std::io::Error },
     /// An HTTP listener (`what`: metrics or status) could not be bound.
     Http { what: &'static str, source: BindError },
@@ -255,19 +255,19 @@ pub struct Router {
     status: Option<HttpServer>,
     timer: Arc<TimerThread>,
     streams: Arc<StreamSlots>,
-    /// Who ends a stream after its verdict: Envoy, once stopping (B104).
+    /// Who ends a stream after its verdict: Envoy, once stopping.
     endings: Arc<StreamEndings>,
     #[cfg(feature = "testkit")]
     resolver: Resolver,
     metrics: Metrics,
     ready: Arc<AtomicBool>,
-    /// What the gRPC health service answers (B84): flipped by a drain, not
+    /// What the gRPC health service answers: flipped by a drain, not
     /// by a hand-over.
     health: Arc<Health>,
     /// Where ext_proc listens, its port chosen.
     extproc: ExtprocListen,
     /// What gRPC's listeners are bound to: the address, or a Unix
-    /// socket's private name (B100).
+    /// socket's private name.
     extproc_bound: BoundTo,
     /// A Unix socket's file inode, which tells it from a successor's.
     socket_inode: Option<u64>,

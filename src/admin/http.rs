@@ -122,7 +122,7 @@ pub struct HttpServer {
     listener: RawFd,
     stop: Arc<AtomicBool>,
     /// Set with `stop` by a handover: the loop empties the accept queue
-    /// and finishes its connections before it ends (B95).
+    /// and finishes its connections before it ends.
     finish: Arc<AtomicBool>,
     wake: UnixStream,
     thread: Option<JoinHandle<()>>,

@@ -57,16 +57,16 @@ struct Snapshot {
     max_wait: Duration,
     /// Flights in progress (B93: the total, however many are listed).
     flights: usize,
-    /// The oldest [`LISTED`] flights, oldest first (B92).
+    /// The oldest [`LISTED`] flights, oldest first.
     oldest_flights: Vec<FlightView>,
-    /// How long the longest-running attempt has run, if one runs (B92).
+    /// How long the longest-running attempt has run, if one runs.
     oldest_attempt: Option<Duration>,
     shed: u64,
     /// The oldest [`LISTED`] flights with parked callers.
     parked_actors: Vec<FlightView>,
     /// How many flights have parked callers.
     parked_actors_total: usize,
-    /// The atespaces holding slots now, most first (B69), and how many do.
+    /// The atespaces holding slots now, most first, and how many do.
     atespaces: Vec<AtespaceView>,
     atespaces_total: usize,
     ateapi_address: String,
@@ -75,7 +75,7 @@ struct Snapshot {
     attempts: Vec<(&'static str, u64)>,
     /// Verdicts since startup, by [`VerdictKind`].
     verdicts: [u64; VerdictKind::ALL.len()],
-    /// The last ten minutes, oldest first, as seconds ago (B91).
+    /// The last ten minutes, oldest first, as seconds ago.
     history: Vec<(f64, Sample)>,
     flags: Vec<(&'static str, String)>,
     recent: Vec<RecentRequest>,

@@ -58,7 +58,7 @@ struct Live {
     /// `Bearer <token>`, when a token file is configured.
     authorization: Option<Arc<str>>,
     files: Files,
-    /// The client certificate's notAfter, Unix seconds (B106).
+    /// The client certificate's notAfter, Unix seconds.
     client_cert_expiry: Option<i64>,
 }
 
@@ -77,7 +77,7 @@ pub struct AteapiClient {
     address: String,
     transport: AteapiTransport,
     token_file: Option<PathBuf>,
-    /// How long one connection attempt may take (B82).
+    /// How long one connection attempt may take.
     connect_timeout: Duration,
     live: RwLock<Live>,
     metrics: Metrics,

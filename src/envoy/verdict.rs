@@ -16,8 +16,8 @@ use crate::parking::resolver::{ResolveError, ResumeOutcome};
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Verdict {
     /// Send the request to `worker` (`ip:port`, IPv6 bracketed), telling the
-    /// worker the target port (B7), and setting `ate-target-actor` when the
-    /// request does not already carry it alone (B6).
+    /// worker the target port, and setting `ate-target-actor` when the
+    /// request does not already carry it alone.
     Route { actor: ActorId, worker: String, target_port: u16, set_actor_header: bool },
     /// Answer the client directly.
     Reject(Rejection),

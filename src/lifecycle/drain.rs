@@ -45,13 +45,13 @@ pub struct DrainPlan {
     pub delay: Duration,
     /// Envoy's admin address (`host:port`), when Envoy is to be drained.
     pub envoy_admin: Option<String>,
-    /// Whether the router leaves a fleet (B85): no Envoy is drained.
+    /// Whether the router leaves a fleet: no Envoy is drained.
     pub fleet: bool,
     /// How long to wait for Envoy's downstream connections to close.
     pub envoy_window: Duration,
     /// How often to poll Envoy's stats.
     pub poll_every: Duration,
-    /// How long in-flight ext_proc streams may take (B40).
+    /// How long in-flight ext_proc streams may take.
     pub timeout: Duration,
     pub marker: Option<PathBuf>,
 }
@@ -101,7 +101,7 @@ impl DrainPlan {
 pub enum EnvoyDrain {
     /// No admin address configured.
     Disabled,
-    /// A fleet router drains no Envoy (B85).
+    /// A fleet router drains no Envoy.
     Fleet,
     /// Every non-admin downstream connection closed.
     Drained,

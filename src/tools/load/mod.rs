@@ -132,7 +132,7 @@ pub struct LoadSpec {
     pub distribution: Distribution,
     /// Print a progress line to stderr this often.
     pub progress: Option<Duration>,
-    /// A `grpc-timeout` header to send with every request (B68); over HTTP
+    /// A `grpc-timeout` header to send with every request; over HTTP
     /// an HTTP header of that name, which Envoy passes on to the router.
     pub grpc_timeout: Option<CallerDeadline>,
     /// How long a request waits for its verdict before it is cancelled and
