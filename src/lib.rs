@@ -15,10 +15,13 @@
 //!   verdicts, and the bootstrap generator;
 //! - `parking`: the flight table, the lot, the caller's wait, retries and
 //!   time;
-//! - `ateapi`: the control-plane client: which actor, the `ResumeActor`
-//!   call, its credentials and what its answers mean;
-//! - [`ops`]: what an operator touches: the HTTP endpoints, metrics, logs,
-//!   systemd, the drain and the hand-over;
+//! - `ateapi`: the control-plane client: the `ResumeActor` call, its
+//!   credentials and what its answers mean;
+//! - `actor`: which actor a request names, and what resuming it returns;
+//! - [`telemetry`]: logs, metrics and the build's identity;
+//! - `admin`: the HTTP endpoints and the status page;
+//! - [`lifecycle`]: the process: signals, systemd, the start lock, the
+//!   hand-over and the drain;
 //! - [`cli`]: the command line and the configuration derived from it;
 //! - `tls`: credential files, checked with OpenSSL, for the control
 //!   plane's channel and the ext_proc listener;
@@ -30,22 +33,31 @@
 //!
 //! The public API is what runs a router: parse a command line
 //! ([`cli::command`]) into a [`cli::config::Config`], start a
-//! [`router::Router`], drain it ([`ops::drain`]), print its Envoy bootstrap
+//! [`router::Router`], drain it ([`lifecycle::drain`]), print its Envoy bootstrap
 //! ([`envoy::bootstrap`]), and the process wiring around them
-//! ([`ops::logging`], [`ops::process`], [`ops::systemd`], [`ops::version`],
-//! [`ops::handover`]). Everything else is internal. The `testkit` feature
+//! ([`telemetry::logging`], [`lifecycle::process`], [`lifecycle::systemd`], [`telemetry::version`],
+//! [`lifecycle::handover`]). Everything else is internal. The `testkit` feature
 //! makes the internals public for the integration tests and benchmarks,
 //! and adds the tools behind `ateapi-sim` and `parkload`; it adds no
 //! behaviour to the router.
 
 pub mod cli;
 pub mod envoy;
-pub mod ops;
+pub mod lifecycle;
 pub mod router;
+pub mod telemetry;
 
 // Internal folders: public with `testkit` only. Their own modules are
 // `pub`, which leaves them crate-visible while the folder is not. Declared
 // one by one (no macro) so that rustfmt follows every file.
+#[cfg(feature = "testkit")]
+pub mod actor;
+#[cfg(not(feature = "testkit"))]
+pub(crate) mod actor;
+#[cfg(feature = "testkit")]
+pub mod admin;
+#[cfg(not(feature = "testkit"))]
+pub(crate) mod admin;
 #[cfg(feature = "testkit")]
 pub mod ateapi;
 #[cfg(not(feature = "testkit"))]

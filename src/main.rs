@@ -6,12 +6,13 @@ use atenet_router::cli::command::{parse_command, Command, HELP};
 use atenet_router::cli::config::Config;
 use atenet_router::cli::godur;
 use atenet_router::envoy::bootstrap;
-use atenet_router::ops::drain::{self, DrainPlan};
-use atenet_router::ops::handover::{self, NotServing, Successor};
-use atenet_router::ops::signals::Signals;
-use atenet_router::ops::systemd::Notifier;
-use atenet_router::ops::{logging, process, version};
+use atenet_router::lifecycle::drain::{self, DrainPlan};
+use atenet_router::lifecycle::handover::{self, NotServing, Successor};
+use atenet_router::lifecycle::process;
+use atenet_router::lifecycle::signals::Signals;
+use atenet_router::lifecycle::systemd::Notifier;
 use atenet_router::router::Router;
+use atenet_router::telemetry::{logging, version};
 use log::{debug, error, info, warn};
 
 /// Exit status for a configuration the router refuses: systemd does not

@@ -18,6 +18,9 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::{bounded, Receiver};
 use grpcio::{ChannelBuilder, EnvBuilder, Environment, Server, ServerBuilder, ServerCredentials};
 
+use crate::admin::history::{History, Sampler, Sources};
+use crate::admin::http::{self, BindError, HttpServer, Limits};
+use crate::admin::status::StatusPage;
 use crate::ateapi::client::AteapiClient;
 use crate::cli::config::{AteapiTransport, Config, ExtprocListen};
 use crate::envoy::ending::StreamEndings;
@@ -25,20 +28,19 @@ use crate::envoy::extproc::{ExtProc, ExtProcSettings};
 use crate::envoy::fleet::ROUTER_KEEPALIVE_INTERVAL;
 use crate::envoy::health::Health;
 use crate::envoy::streams::StreamSlots;
-use crate::ops::history::{History, Sampler, Sources};
-use crate::ops::http::{self, BindError, HttpServer, Limits};
-use crate::ops::listen::BoundTo;
-use crate::ops::metrics::{CertificateRole, Metrics};
-use crate::ops::recent::RecentRequests;
-use crate::ops::socket_path::{self, Found, PathError};
-use crate::ops::start_lock::{Guarded, LockError, StartLock};
-use crate::ops::status::StatusPage;
+use crate::lifecycle::drain::Drained;
+use crate::lifecycle::listen::BoundTo;
+use crate::lifecycle::listeners;
+use crate::lifecycle::socket_path::{self, Found, PathError};
+use crate::lifecycle::start_lock::{Guarded, LockError, StartLock};
 use crate::parking::calls::CallGate;
 use crate::parking::clock::SystemClock;
 use crate::parking::flight::{FlightPolicy, FlightTable};
 use crate::parking::lot::ParkingLot;
 use crate::parking::resolver::Resolver;
 use crate::parking::timer::TimerThread;
+use crate::telemetry::metrics::{CertificateRole, Metrics};
+use crate::telemetry::recent::RecentRequests;
 use crate::tls::files::CredentialsError;
 use crate::tls::server::{ServerCredentialFiles, ServerFiles};
 
@@ -69,7 +71,7 @@ fn claim_ports(config: &Config) -> Result<StartLock, StartError> {
     }
     let lock = StartLock::take(guarded, START_LOCK_PATIENCE).map_err(StartError::StartLock)?;
     match &config.extproc {
-        ExtprocListen::Tcp(addr) => crate::ops::listen::ensure_free(*addr)
+        ExtprocListen::Tcp(addr) => crate::lifecycle::listen::ensure_free(*addr)
             .map_err(|source| StartError::ExtProcTaken { addr: *addr, source })?,
         ExtprocListen::Unix(socket) => {
             if socket_path::check_free(&socket.path).map_err(StartError::ExtProcSocket)? == Found::Stale {
@@ -79,7 +81,7 @@ fn claim_ports(config: &Config) -> Result<StartLock, StartError> {
     }
     for (what, addr) in http {
         if let Some(addr) = addr {
-            crate::ops::listen::ensure_free(addr)
+            crate::lifecycle::listen::ensure_free(addr)
                 .map_err(|source| StartError::Http { what, source: BindError { addr, source } })?;
         }
     }
@@ -91,14 +93,12 @@ const SILENT_CHECK: Duration = Duration::from_millis(50);
 /// How long only silent streams must be left before the drain closes them:
 /// Envoy's first message follows its stream's opening within milliseconds.
 const SILENT_GRACE: Duration = Duration::from_secs(1);
-/// How long a handover waits for ext_proc's accept queue to empty (B95).
-const QUEUE_PATIENCE: Duration = Duration::from_secs(2);
 /// Why [`Router::stop`] stopped waiting.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum StopEnded {
     /// gRPC core's shutdown completed: every call and connection is gone.
     ShutDown,
-    /// No open stream held a request for [`SILENT_GRACE`] (B74, B101).
+    /// No open stream held a request for [`SILENT_GRACE`].
     NoRequestHeld,
     Interrupted,
     TimedOut,
@@ -115,25 +115,25 @@ const FLUSH_PATIENCE: Duration = Duration::from_secs(2);
 #[derive(Debug)]
 pub enum StartError {
     /// The configuration names no way to reach ateapi: one made for a
-    /// bootstrap only (B96).
+    /// bootstrap only.
     NoAteapiTransport,
     /// ateapi's credentials are unusable.
     Ateapi(CredentialsError),
-    /// The ext_proc listener's TLS files are unusable (B86).
+    /// The ext_proc listener's TLS files are unusable.
     ExtProcTls(CredentialsError),
     /// gRPC could not build the ext_proc server.
     ExtProcServer(grpcio::Error),
     /// The ext_proc port (or socket) could not be bound.
     ExtProcListen { addr: String, source: grpcio::Error },
-    /// The ext_proc port is held already (B75).
+    /// The ext_proc port is held already.
     ExtProcTaken { addr: SocketAddr, source: std::io::Error },
-    /// ext_proc's Unix socket path cannot be taken (B99).
+    /// ext_proc's Unix socket path cannot be taken.
     ExtProcSocket(PathError),
     /// Another router starting on the same port or path held it too long
-    /// (B75).
+    ///.
     StartLock(LockError),
     /// ext_proc's Unix socket could not be given its mode and group, or
-    /// renamed onto its public path (B100).
+    /// renamed onto its public path.
     ExtProcPublish { path: PathBuf, source: std::io::Error },
     /// An HTTP listener (`what`: metrics or status) could not be bound.
     Http { what: &'static str, source: BindError },
@@ -255,19 +255,19 @@ pub struct Router {
     status: Option<HttpServer>,
     timer: Arc<TimerThread>,
     streams: Arc<StreamSlots>,
-    /// Who ends a stream after its verdict: Envoy, once stopping (B104).
+    /// Who ends a stream after its verdict: Envoy, once stopping.
     endings: Arc<StreamEndings>,
     #[cfg(feature = "testkit")]
     resolver: Resolver,
     metrics: Metrics,
     ready: Arc<AtomicBool>,
-    /// What the gRPC health service answers (B84): flipped by a drain, not
+    /// What the gRPC health service answers: flipped by a drain, not
     /// by a hand-over.
     health: Arc<Health>,
     /// Where ext_proc listens, its port chosen.
     extproc: ExtprocListen,
     /// What gRPC's listeners are bound to: the address, or a Unix
-    /// socket's private name (B100).
+    /// socket's private name.
     extproc_bound: BoundTo,
     /// A Unix socket's file inode, which tells it from a successor's.
     socket_inode: Option<u64>,
@@ -326,6 +326,43 @@ impl Drop for CredentialWatcher {
     }
 }
 
+/// The components of a router, built and wired, nothing bound yet.
+struct Parts {
+    env: Arc<Environment>,
+    metrics: Metrics,
+    extproc_tls: Option<Arc<ServerCredentialFiles>>,
+    timer: Arc<TimerThread>,
+    ateapi: Arc<AteapiClient>,
+    resolver: Resolver,
+    ready: Arc<AtomicBool>,
+    health: Arc<Health>,
+    recent: Arc<RecentRequests>,
+    streams: Arc<StreamSlots>,
+    endings: Arc<StreamEndings>,
+    extproc: Arc<ExtProc>,
+}
+
+/// A router's listeners bound (ext_proc's socket under its private name
+/// until it starts), the HTTP listeners serving, gRPC not yet started.
+struct Bound {
+    env: Arc<Environment>,
+    metrics: Metrics,
+    extproc_tls: Option<Arc<ServerCredentialFiles>>,
+    timer: Arc<TimerThread>,
+    ateapi: Arc<AteapiClient>,
+    #[cfg(feature = "testkit")]
+    resolver: Resolver,
+    ready: Arc<AtomicBool>,
+    health: Arc<Health>,
+    streams: Arc<StreamSlots>,
+    endings: Arc<StreamEndings>,
+    grpc: Server,
+    extproc: ExtprocListen,
+    extproc_bound: BoundTo,
+    http: HttpServer,
+    status: Option<HttpServer>,
+}
+
 impl Router {
     /// Starts every component. Binds the ext_proc port, the metrics listener
     /// and the status page; fails without leaving anything running, and when
@@ -340,6 +377,9 @@ impl Router {
         Router::start_as(config, Role::Successor)
     }
 
+    /// Builds, binds and starts, in that order: nothing serves before
+    /// every listener is bound and the socket named, and a failure at any
+    /// step leaves nothing running.
     fn start_as(config: &Config, role: Role) -> Result<Router, StartError> {
         let transport = config.ateapi_transport.as_ref().ok_or(StartError::NoAteapiTransport)?;
         // Held until every listener is bound and the socket named (B75).
@@ -352,7 +392,15 @@ impl Router {
                 None
             }
         };
-        let flags: Vec<String> = crate::ops::status::effective_flags(config)
+        let parts = Router::build(config, transport)?;
+        let bound = Router::bind(parts, config)?;
+        Router::serve(bound, config, transport, lock)
+    }
+
+    /// Every component, from the configuration; the files they need
+    /// checked first.
+    fn build(config: &Config, transport: &AteapiTransport) -> Result<Parts, StartError> {
+        let flags: Vec<String> = crate::admin::status::effective_flags(config)
             .iter()
             .map(|(flag, value)| format!("{flag}={value}"))
             .collect();
@@ -444,6 +492,38 @@ impl Router {
             },
         );
 
+        Ok(Parts {
+            env,
+            metrics,
+            extproc_tls,
+            timer,
+            ateapi,
+            resolver,
+            ready,
+            health,
+            recent,
+            streams,
+            endings,
+            extproc,
+        })
+    }
+
+    /// Binds ext_proc's server and the HTTP listeners.
+    fn bind(parts: Parts, config: &Config) -> Result<Bound, StartError> {
+        let Parts {
+            env,
+            metrics,
+            extproc_tls,
+            timer,
+            ateapi,
+            resolver,
+            ready,
+            health,
+            recent,
+            streams,
+            endings,
+            extproc,
+        } = parts;
         // SO_REUSEPORT, so that a successor can bind beside this router
         // (B75); claim_ports has refused a port some other router holds.
         let args = ChannelBuilder::new(Arc::clone(&env))
@@ -550,6 +630,51 @@ impl Router {
                 Some(server)
             }
         };
+        Ok(Bound {
+            env,
+            metrics,
+            extproc_tls,
+            timer,
+            ateapi,
+            #[cfg(feature = "testkit")]
+            resolver,
+            ready,
+            health,
+            streams,
+            endings,
+            grpc,
+            extproc,
+            extproc_bound,
+            http,
+            status,
+        })
+    }
+
+    /// Names the socket, lets go of the start lock, and serves.
+    fn serve(
+        bound: Bound,
+        config: &Config,
+        transport: &AteapiTransport,
+        lock: Option<StartLock>,
+    ) -> Result<Router, StartError> {
+        let Bound {
+            env,
+            metrics,
+            extproc_tls,
+            timer,
+            ateapi,
+            #[cfg(feature = "testkit")]
+            resolver,
+            ready,
+            health,
+            streams,
+            endings,
+            mut grpc,
+            extproc,
+            extproc_bound,
+            http,
+            status,
+        } = bound;
         let mut refreshes: Vec<Refresh> = Vec::new();
         if *transport != AteapiTransport::Insecure || config.ateapi_token_file.is_some() {
             let ateapi = Arc::clone(&ateapi);
@@ -652,12 +777,8 @@ impl Router {
 
     /// Hands over to a successor that serves the same ports (B75): the HTTP
     /// listeners stop first, so that probes and scrapes reach only the
-    /// successor, then as [`Router::stop`].
-    ///
-    /// No connection queued on this router's listeners is reset (B95):
-    /// each port's new connections are steered to the successor's socket
-    /// first, and a listener closes only once its accept queue stayed
-    /// empty; the HTTP listeners finish the connections they accepted.
+    /// successor, then as [`Router::stop`]; `lifecycle::listeners` says how
+    /// no queued connection is reset (B95).
     pub fn hand_over<T>(mut self, timeout: Duration, interrupt: &Receiver<T>) -> (bool, usize) {
         let servers: Vec<HttpServer> = [self.http.take(), self.status.take()].into_iter().flatten().collect();
         std::thread::scope(|scope| {
@@ -665,96 +786,32 @@ impl Router {
                 scope.spawn(move || server.hand_over());
             }
         });
-        // gRPC core accepts whatever reaches its listeners; once their
-        // queues stayed empty, its shutdown closes them with nothing in them.
-        let listeners = crate::ops::listen::find_listeners(&self.extproc_bound);
-        // A Unix socket's successor has renamed its own socket onto the
-        // public path: nothing new reaches this one's queue (B100).
-        let steered = match self.extproc_bound {
-            BoundTo::Inet(_) => {
-                listeners.first().map(|&fd| crate::ops::listen::steer_to_successor(fd, listeners.len()))
-            }
-            BoundTo::Unix(_) => listeners.first().map(|_| Ok(())),
-        };
-        match steered {
-            Some(Ok(())) => {
-                for fd in listeners {
-                    if !crate::ops::listen::wait_emptied(fd, QUEUE_PATIENCE, || ()) {
-                        log::warn!(
-                            "handover: ext_proc's accept queue did not empty within {QUEUE_PATIENCE:?}"
-                        );
-                    }
-                }
-                // A connection gRPC accepted but has not yet answered would
-                // be closed unanswered by its shutdown.
-                if !crate::ops::listen::wait_answered(&self.extproc_bound, QUEUE_PATIENCE) {
-                    log::warn!(
-                        "handover: gRPC had not answered every ext_proc connection within {QUEUE_PATIENCE:?}"
-                    );
-                }
-            }
-            Some(Err(e)) => {
-                log::warn!("handover: cannot steer ext_proc's new connections to the successor: {e}")
-            }
-            None => {
-                log::warn!("handover: ext_proc's listener on {} not found; closing it as it is", self.extproc)
-            }
-        }
+        listeners::hand_over(&self.extproc, &self.extproc_bound);
         log::info!("handover: stopping ext_proc (up to {})", crate::cli::godur::format(timeout));
         self.stop(timeout, interrupt)
     }
 
     /// Before this router starts a successor on a Unix socket: gives its
-    /// socket a second name, its private one, so that a successor that
-    /// renames its own onto the path and then fails does not leave the
-    /// path naming a dead socket (B100).
+    /// socket a second name (B100).
     pub fn keep_socket_name(&self) {
-        if let (ExtprocListen::Unix(socket), BoundTo::Unix(private), Some(own)) =
-            (&self.extproc, &self.extproc_bound, self.socket_inode)
-        {
-            if let Err(e) = socket_path::keep_second_name(&socket.path, private, own) {
-                log::warn!(
-                    "handover: cannot keep a second name for {} ({e}): should the successor fail after \
-                     taking the path, the path stays its",
-                    socket.path.display()
-                );
-            }
-        }
+        listeners::keep_socket_name(&self.extproc, &self.extproc_bound, self.socket_inode);
     }
 
     /// After a hand-over that failed: takes the socket's path back if the
     /// successor took it (B100).
     pub fn reclaim_socket_name(&self) {
-        if let (ExtprocListen::Unix(socket), BoundTo::Unix(private), Some(own)) =
-            (&self.extproc, &self.extproc_bound, self.socket_inode)
-        {
-            match socket_path::reclaim(&socket.path, private, own) {
-                Ok(true) => {
-                    log::warn!("handover: the successor had taken {}; taken back", socket.path.display())
-                }
-                Ok(false) => {}
-                Err(e) => log::error!("handover: cannot take {} back: {e}", socket.path.display()),
-            }
-        }
+        listeners::reclaim_socket_name(&self.extproc, &self.extproc_bound, self.socket_inode);
     }
 
     /// Before this router starts a successor: lifts the steering its own
-    /// predecessor left on its ports (B95), so that new connections are
-    /// hashed over the sockets again rather than sent to the successor
-    /// before it serves.
+    /// predecessor left on its ports (B95).
     pub fn lift_steering(&self) {
         for server in [&self.http, &self.status].into_iter().flatten() {
             if let Err(e) = server.lift_steering() {
                 log::warn!("handover: cannot lift the steering on {}: {e}", server.addr());
             }
         }
-        if let BoundTo::Inet(addr) = self.extproc_bound {
-            if let Some(&fd) = crate::ops::listen::find_listeners(&self.extproc_bound).first() {
-                if let Err(e) = crate::ops::listen::lift_steering(fd) {
-                    log::warn!("handover: cannot lift the steering on {addr}: {e}");
-                }
-            }
-        }
+        listeners::lift_steering(&self.extproc_bound);
     }
 
     /// Stops accepting streams, lets in-flight ones finish for up to
@@ -811,7 +868,7 @@ impl Router {
             if silent > 0 {
                 log::info!("drain: closing {silent} ext_proc streams that never sent a message");
             }
-            let idle = crate::ops::listen::connections_on(&self.extproc_bound);
+            let idle = crate::lifecycle::listen::connections_on(&self.extproc_bound);
             if open == 0 && idle > 0 {
                 log::info!(
                     "drain: every ext_proc stream finished; closing {idle} connections whose peer has not \
@@ -830,7 +887,7 @@ impl Router {
         // last stream ended after the GOAWAY; until then, or a bound, the
         // process stays.
         let flushing = Instant::now() + FLUSH_PATIENCE;
-        while crate::ops::listen::connections_on(&self.extproc_bound) > 0 && Instant::now() < flushing {
+        while crate::lifecycle::listen::connections_on(&self.extproc_bound) > 0 && Instant::now() < flushing {
             std::thread::sleep(Duration::from_millis(10));
         }
         for server in [self.http.take(), self.status.take()].into_iter().flatten() {
@@ -839,5 +896,15 @@ impl Router {
         self.credentials.take();
         self.timer.stop();
         (finished, cancelled)
+    }
+}
+
+impl Drained for Router {
+    fn set_ready(&self, ready: bool) {
+        Router::set_ready(self, ready)
+    }
+
+    fn stop<T>(self, timeout: Duration, interrupt: &Receiver<T>) -> (bool, usize) {
+        Router::stop(self, timeout, interrupt)
     }
 }

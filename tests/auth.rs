@@ -405,7 +405,7 @@ fn b54_the_token_never_appears_in_logs_metrics_or_the_status_page() {
     sim.script("demo/a", vec![Answer::ok("10.0.0.1", true)]);
     sim.script(
         "demo/down",
-        vec![Answer::error(atenet_router::ateapi::resume::Code::Unauthenticated, "bad token")],
+        vec![Answer::error(atenet_router::actor::resume::Code::Unauthenticated, "bad token")],
     );
     const TOKEN: &str = "s3cr3t-t0ken-Zq9";
     let token = pki.path("token");

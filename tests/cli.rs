@@ -159,7 +159,7 @@ fn the_flags_page_and_help_list_the_same_flags_and_defaults() {
 fn the_status_page_shows_every_flag() {
     let config = atenet_router::cli::config::parse_serve_args(&["--ateapi-insecure"]).unwrap();
     let mut shown: Vec<&str> =
-        atenet_router::ops::status::effective_flags(&config).iter().map(|(f, _)| *f).collect();
+        atenet_router::admin::status::effective_flags(&config).iter().map(|(f, _)| *f).collect();
     let mut listed: Vec<String> =
         help_flags(ROUTER, &["serve", "--help"]).into_iter().map(|(f, _)| f).collect();
     shown.sort();

@@ -11,7 +11,7 @@ use crate::common;
 
 use std::time::{Duration, Instant};
 
-use atenet_router::ateapi::resume::Code;
+use atenet_router::actor::resume::Code;
 use atenet_router::proto::external_processor::ProcessingResponse;
 use atenet_router::tools::sim::Answer;
 use common::*;

@@ -8,8 +8,8 @@ use crate::common;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use atenet_router::ateapi::resume::Code;
-use atenet_router::ops::drain::{drain, DrainPlan, EnvoyDrain};
+use atenet_router::actor::resume::Code;
+use atenet_router::lifecycle::drain::{drain, DrainPlan, EnvoyDrain};
 use atenet_router::tools::sim::{Answer, Sim};
 use common::admin::FakeAdmin;
 use common::process::{eventually_within, router_args, signal, spawn_router, wait_exit};

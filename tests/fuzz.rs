@@ -8,12 +8,12 @@
 
 use std::collections::HashMap;
 
-use atenet_router::ateapi::target::{self, ActorId};
+use atenet_router::actor::target::{self, ActorId};
 use atenet_router::cli::config::parse_serve_args;
 use atenet_router::cli::{godur, size};
 use atenet_router::envoy::bootstrap;
 use atenet_router::envoy::extproc::{classify, Classified};
-use atenet_router::ops::drain;
+use atenet_router::lifecycle::drain;
 use atenet_router::parking::deadline;
 use atenet_router::proto::base::{HeaderMap, HeaderValue};
 use atenet_router::proto::external_processor::ProcessingRequest;

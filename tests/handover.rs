@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use atenet_router::ateapi::resume::Code;
+use atenet_router::actor::resume::Code;
 use atenet_router::proto::external_processor::ProcessingResponse;
 use atenet_router::tools::sim::{Answer, Sim};
 use common::process::{

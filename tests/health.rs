@@ -9,7 +9,7 @@ use crate::common;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use atenet_router::ateapi::resume::Code;
+use atenet_router::actor::resume::Code;
 use atenet_router::proto::health::health_check_response::ServingStatus;
 use atenet_router::proto::health::{HealthCheckRequest, HealthCheckResponse};
 use atenet_router::proto::HEALTH_CHECK;

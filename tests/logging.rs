@@ -6,7 +6,7 @@ use crate::common;
 
 use std::time::{Duration, Instant};
 
-use atenet_router::ateapi::resume::Code;
+use atenet_router::actor::resume::Code;
 use atenet_router::tools::sim::{Answer, Sim};
 use common::process::{router_args, spawn_router, terminate, RouterProcess};
 use common::{immediate, Envoy, PATIENCE};

@@ -7,7 +7,7 @@ use crate::common;
 
 use std::time::{Duration, Instant};
 
-use atenet_router::ateapi::resume::Code;
+use atenet_router::actor::resume::Code;
 use atenet_router::tools::sim::Answer;
 use common::*;
 use futures::executor::block_on;

@@ -6,7 +6,7 @@ use crate::common;
 
 use std::time::Duration;
 
-use atenet_router::ateapi::resume::Code;
+use atenet_router::actor::resume::Code;
 use atenet_router::proto::external_processor::{HttpBody, HttpHeaders, HttpTrailers, ProcessingRequest};
 use atenet_router::tools::sim::Answer;
 use common::*;

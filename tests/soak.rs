@@ -33,7 +33,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use atenet_router::ateapi::resume::Code;
+use atenet_router::actor::resume::Code;
 use atenet_router::parking::timer::{sleep_until, Scheduler, TimerThread};
 use atenet_router::proto::EXT_PROC_PROCESS;
 use atenet_router::tools::load::{request_for, verdict_key};

@@ -8,7 +8,7 @@ use crate::common;
 use std::process::Command;
 use std::time::Instant;
 
-use atenet_router::ateapi::resume::Code;
+use atenet_router::actor::resume::Code;
 use atenet_router::tools::sim::Answer;
 use common::*;
 use futures::executor::block_on;

@@ -12,7 +12,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use atenet_router::ateapi::resume::Code;
+use atenet_router::actor::resume::Code;
 use atenet_router::tools::sim::Answer;
 use common::process::{eventually_within, router_args, spawn_router, RouterProcess};
 use common::{empty_sim, http_get, verdict_within, Metrics, PATIENCE};

@@ -8,7 +8,7 @@
 
 use std::time::{Duration, Instant};
 
-use atenet_router::ateapi::resume::Code;
+use atenet_router::actor::resume::Code;
 use atenet_router::tools::load::{self, Distribution, Envoy, Stop};
 use atenet_router::tools::sim::{Answer, SimConfig};
 

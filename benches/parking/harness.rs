@@ -8,7 +8,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use atenet_router::ateapi::target::ActorId;
+use atenet_router::actor::target::ActorId;
 use atenet_router::envoy::extproc::{response_for, ClientProtocol};
 use atenet_router::envoy::verdict::Verdict;
 use atenet_router::proto::ateapi::{ObjectRef, ResumeActorRequest};

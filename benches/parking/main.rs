@@ -77,7 +77,7 @@ fn main() {
         harness::cpu_model()
     );
     let now = std::time::SystemTime::now();
-    let date = atenet_router::ops::logging::rfc3339(now);
+    let date = atenet_router::telemetry::logging::rfc3339(now);
     let mut report = Report::default();
     report.line(&format!("machine: {machine}; {date}"));
     for (name, scenario) in SCENARIOS {

@@ -6,7 +6,7 @@
 
 use std::time::Duration;
 
-use atenet_router::ateapi::resume::Code;
+use atenet_router::actor::resume::Code;
 use atenet_router::tools::load::{self, Envoy, Stop};
 use atenet_router::tools::sim::{Answer, SimConfig};
 

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use atenet_router::ateapi::resume::Code;
+use atenet_router::actor::resume::Code;
 use atenet_router::parking::timer::{sleep_until, Scheduler, TimerThread};
 use atenet_router::tools::load::{self, Distribution, Envoy, Stop};
 use atenet_router::tools::sim::{Answer, Sim, SimConfig};

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use atenet_router::ateapi::resume::Code;
+use atenet_router::actor::resume::Code;
 use atenet_router::tools::load::{self, CallerDeadline, Envoy, LoadReport, Stop};
 use atenet_router::tools::sim::{Answer, Sim, SimConfig};
 

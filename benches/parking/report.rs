@@ -5,7 +5,7 @@
 
 use std::fmt::Write;
 
-use atenet_router::ops::logging::json_string;
+use atenet_router::telemetry::logging::json_string;
 
 /// How a target bounds its value.
 #[derive(Clone, Copy, Debug)]

@@ -32,13 +32,13 @@ use grpcio::{
 };
 use parking_lot::{Mutex, RwLock};
 
-use crate::ateapi::resume::{AttemptResult, Code, ResumeError, Resumed};
-use crate::ateapi::target::ActorId;
+use crate::actor::resume::{AttemptResult, Code, ResumeError, Resumed};
+use crate::actor::target::ActorId;
 use crate::cli::config::AteapiTransport;
-use crate::ops::metrics::{CertificateRole, Metrics};
 use crate::parking::flight::{AttemptDone, Resumer};
 use crate::proto::ateapi::{ObjectRef, ResumeActorRequest, ResumeActorResponse};
 use crate::proto::ATEAPI_RESUME_ACTOR;
+use crate::telemetry::metrics::{CertificateRole, Metrics};
 pub use crate::tls::files::CredentialsError;
 use crate::tls::files::{named, read};
 use crate::tls::pem;
@@ -58,7 +58,7 @@ struct Live {
     /// `Bearer <token>`, when a token file is configured.
     authorization: Option<Arc<str>>,
     files: Files,
-    /// The client certificate's notAfter, Unix seconds (B106).
+    /// The client certificate's notAfter, Unix seconds.
     client_cert_expiry: Option<i64>,
 }
 
@@ -77,7 +77,7 @@ pub struct AteapiClient {
     address: String,
     transport: AteapiTransport,
     token_file: Option<PathBuf>,
-    /// How long one connection attempt may take (B82).
+    /// How long one connection attempt may take.
     connect_timeout: Duration,
     live: RwLock<Live>,
     metrics: Metrics,

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use argh::FromArgs;
 use atenet_router::cli::godur;
-use atenet_router::ops::process;
+use atenet_router::lifecycle::process;
 use atenet_router::tools::sim::{Ipv4Net, Sim, SimConfig, SimTls, WorkerIps};
 use signal_hook::consts::{SIGINT, SIGTERM, SIGUSR1};
 use signal_hook::iterator::Signals;

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use argh::FromArgs;
 use atenet_router::cli::godur;
-use atenet_router::ops::process;
+use atenet_router::lifecycle::process;
 use atenet_router::tools::load::http::HttpTarget;
 use atenet_router::tools::load::{
     self, CallerDeadline, Distribution, LoadSpec, Stop, Target, MAX_HTTP_IN_FLIGHT,

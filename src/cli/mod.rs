@@ -4,10 +4,12 @@
 //! [`flags::ServeArgs`] and knows nothing else; [`config`] validates those
 //! values and derives every setting the router runs with; [`command`]
 //! joins the two into what `main` does; [`fleet`] reads `--routers`. [`godur`] is the duration
-//! syntax every flag and log line uses, [`size`] the byte sizes (`512Mi`).
+//! syntax every flag and log line uses, [`size`] the byte sizes (`512Mi`),
+//! [`values`] the parsers of single values (ports, addresses, CIDRs, a
+//! group) that `config` applies.
 //!
 //! May depend on: `parking::backoff` and `parking::share` (the retry and
-//! share policies it derives) and `ops::logging` (the log level and format
+//! share policies it derives) and `telemetry::logging` (the log level and format
 //! it parses); nothing that runs.
 
 pub mod command;
@@ -16,3 +18,4 @@ pub mod flags;
 pub mod fleet;
 pub mod godur;
 pub mod size;
+pub mod values;

@@ -36,10 +36,10 @@ pub struct StreamEndings {
 
 /// How a stream whose verdict is ready ends.
 pub enum Ending {
-    /// The verdict and the status at once (B77); dropping this says the
+    /// The verdict and the status at once; dropping this says the
     /// status is out.
     Close(Closing),
-    /// The verdict, then the status once Envoy ended the stream (B104).
+    /// The verdict, then the status once Envoy ended the stream.
     LetEnvoyEnd,
 }
 

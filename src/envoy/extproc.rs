@@ -34,15 +34,12 @@ use protobuf::well_known_types::struct_::{Struct, Value};
 use protobuf::well_known_types::wrappers::BoolValue;
 use protobuf::MessageField;
 
-use crate::ateapi::resume::{BadWorkerIp, Resumed};
-use crate::ateapi::target::{self, ActorId, Target, ACTOR_HEADER};
+use crate::actor::resume::{BadWorkerIp, Resumed};
+use crate::actor::target::{self, ActorId, Target, ACTOR_HEADER};
 use crate::cli::config::CidrRange;
 use crate::envoy::ending::{Ending, StreamEndings, ENVOY_END_PATIENCE};
 use crate::envoy::streams::{StreamSlots, FIRST_MESSAGE_TIMEOUT};
 use crate::envoy::verdict::{self, Rejection, RouteOutcome, Verdict};
-use crate::ops::logging::Throttle;
-use crate::ops::metrics::{AtespaceShare, Metrics};
-use crate::ops::recent::{Answered, RecentRequests, RecentVerdict};
 use crate::parking::deadline::{self, CallerTimeout};
 use crate::parking::flight::{FlightEvent, FlightWait};
 use crate::parking::resolver::{Abandon, ResolveError, Resolver, ResumeLabel, ResumeOutcome};
@@ -56,6 +53,9 @@ use crate::proto::external_processor::{
 };
 use crate::proto::http_status::HttpStatus;
 use crate::proto::EXT_PROC_PROCESS;
+use crate::telemetry::logging::Throttle;
+use crate::telemetry::metrics::{AtespaceShare, Metrics};
+use crate::telemetry::recent::{Answered, RecentRequests, RecentVerdict};
 
 /// The dynamic-metadata namespace Envoy's ORIGINAL_DST cluster reads (B7).
 pub const ORIGINAL_DST_NAMESPACE: &str = "envoy.filters.listener.original_dst";
@@ -65,17 +65,17 @@ pub struct ExtProc {
     resolver: Resolver,
     metrics: Metrics,
     worker_port: u16,
-    /// The networks workers are in; empty: any (B83).
+    /// The networks workers are in; empty: any.
     worker_networks: Vec<CidrRange>,
     /// Sent once per stream as `override_message_timeout` when its flight
     /// goes into overtime; zero disables.
     late_serve_limit: Duration,
-    /// Envoy's `message_timeout`: how long it waits for a verdict (B81).
+    /// Envoy's `message_timeout`: how long it waits for a verdict.
     message_timeout: Duration,
     /// Cleared when a drain starts.
     ready: Arc<AtomicBool>,
     recent: Arc<RecentRequests>,
-    /// Whether callers' deadline headers are honoured (B68).
+    /// Whether callers' deadline headers are honoured.
     caller_deadlines: bool,
     streams: Arc<StreamSlots>,
     endings: Arc<StreamEndings>,
@@ -91,19 +91,19 @@ pub const ERROR_LOG_INTERVAL: Duration = Duration::from_secs(10);
 /// Settings of the ext_proc service.
 pub struct ExtProcSettings {
     pub worker_port: u16,
-    /// `--worker-networks` (B83).
+    /// `--worker-networks`.
     pub worker_networks: Vec<CidrRange>,
     pub late_serve_limit: Duration,
-    /// Envoy's `message_timeout` (B81).
+    /// Envoy's `message_timeout`.
     pub message_timeout: Duration,
     pub ready: Arc<AtomicBool>,
     pub recent: Arc<RecentRequests>,
     pub caller_deadlines: bool,
-    /// The open streams and their cap (B74).
+    /// The open streams and their cap.
     pub streams: Arc<StreamSlots>,
-    /// Who ends a stream after its verdict (B77, B104).
+    /// Who ends a stream after its verdict.
     pub endings: Arc<StreamEndings>,
-    /// Closes silent streams (B74).
+    /// Closes silent streams.
     pub scheduler: Arc<dyn Scheduler>,
 }
 
@@ -516,14 +516,14 @@ fn verdict_then_status(
 /// What a message asks for, decided without waiting or side effects.
 #[derive(Debug)]
 pub enum Classified {
-    /// The empty reply of the message's own kind (B9).
+    /// The empty reply of the message's own kind.
     Reply(ProcessingResponse),
     /// No known request kind: nothing to answer.
     Ignore,
     /// request_headers for an actor, what its headers say about its
-    /// caller's patience (B68), and the protocol its client reads (B73).
+    /// caller's patience, and the protocol its client reads.
     Route(Target, RequestLine, CallerTimeout, ClientProtocol),
-    /// request_headers naming no valid actor: the 404 (B4).
+    /// request_headers naming no valid actor: the 404.
     InvalidTarget(RequestLine, ClientProtocol),
 }
 
@@ -569,10 +569,10 @@ pub fn classify(request: ProcessingRequest) -> Classified {
 
 /// What [`ExtProc::prepare`] made of a message.
 enum Prepared {
-    /// The empty reply of another phase (B9); the stream goes on.
+    /// The empty reply of another phase; the stream goes on.
     Reply(ProcessingResponse),
     Ignore,
-    /// The request_headers verdict, known at once (B4); the stream ends.
+    /// The request_headers verdict, known at once; the stream ends.
     Verdict(ProcessingResponse),
     Route(Pending),
 }
@@ -582,7 +582,7 @@ struct Pending {
     target: Target,
     line: RequestLine,
     received: Instant,
-    /// The caller's own deadline (B68).
+    /// The caller's own deadline.
     deadline: Option<Instant>,
     protocol: ClientProtocol,
 }
@@ -591,7 +591,7 @@ struct Pending {
 enum Woken {
     Gone,
     Overtime,
-    /// Envoy's ceiling is near (B81).
+    /// Envoy's ceiling is near.
     Ceiling,
 }
 
@@ -819,7 +819,7 @@ fn string_value(s: &str) -> Value {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ateapi::resume::Code;
+    use crate::actor::resume::Code;
     use crate::proto::external_processor::HttpHeaders;
     use protobuf::Message;
 
@@ -869,7 +869,7 @@ mod tests {
 
     fn headers(pairs: &[(&str, &str)]) -> HeaderMap {
         let raw: Vec<(&str, &[u8])> = pairs.iter().map(|(k, v)| (*k, v.as_bytes())).collect();
-        crate::ateapi::target::test_headers(&raw)
+        crate::actor::target::test_headers(&raw)
     }
 
     #[test]

@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::ops::metrics::Metrics;
+use crate::telemetry::metrics::Metrics;
 
 /// How long a new stream may stay silent before it is closed.
 pub const FIRST_MESSAGE_TIMEOUT: Duration = Duration::from_secs(5);

@@ -8,16 +8,16 @@
 
 use std::net::IpAddr;
 
-use crate::ateapi::resume::{Code, ResumeError};
-use crate::ateapi::target::{ActorId, Target};
+use crate::actor::resume::{Code, ResumeError};
+use crate::actor::target::{ActorId, Target};
 use crate::parking::resolver::{ResolveError, ResumeOutcome};
 
 /// The answer to one request_headers message.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Verdict {
     /// Send the request to `worker` (`ip:port`, IPv6 bracketed), telling the
-    /// worker the target port (B7), and setting `ate-target-actor` when the
-    /// request does not already carry it alone (B6).
+    /// worker the target port, and setting `ate-target-actor` when the
+    /// request does not already carry it alone.
     Route { actor: ActorId, worker: String, target_port: u16, set_actor_header: bool },
     /// Answer the client directly.
     Reject(Rejection),
@@ -262,7 +262,7 @@ fn reject(status: u16, body: String, reason: &'static str, label: RouteOutcome) 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ateapi::resume::Resumed;
+    use crate::actor::resume::Resumed;
     use crate::parking::resolver::ResumeLabel;
 
     fn target() -> Target {

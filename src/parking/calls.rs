@@ -26,8 +26,8 @@ use std::sync::Arc;
 use parking_lot::{Mutex, MutexGuard};
 use prometheus::IntGauge;
 
-use crate::ateapi::resume::{Code, ResumeError};
-use crate::ateapi::target::ActorId;
+use crate::actor::resume::{Code, ResumeError};
+use crate::actor::target::ActorId;
 use crate::parking::flight::{AttemptDone, Resumer};
 use crate::parking::timer::{Scheduler, TimerId};
 
@@ -280,7 +280,7 @@ mod tests {
     use prometheus::IntCounter;
 
     use super::*;
-    use crate::ateapi::resume::AttemptResult;
+    use crate::actor::resume::AttemptResult;
     use crate::parking::backoff::BackoffPolicy;
     use crate::parking::clock::ManualClock;
     use crate::parking::flight::tests::{done, err, ok, poll, ScriptedResumer};

@@ -6,7 +6,7 @@
 
 use std::time::Duration;
 
-use crate::ateapi::target;
+use crate::actor::target;
 use crate::proto::base::HeaderMap;
 
 /// The gRPC deadline header.
@@ -72,7 +72,7 @@ mod tests {
 
     fn headers(pairs: &[(&str, &str)]) -> HeaderMap {
         let raw: Vec<(&str, &[u8])> = pairs.iter().map(|(k, v)| (*k, v.as_bytes())).collect();
-        crate::ateapi::target::test_headers(&raw)
+        crate::actor::target::test_headers(&raw)
     }
 
     #[test]

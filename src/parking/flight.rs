@@ -39,8 +39,8 @@ use std::time::{Duration, Instant};
 use parking_lot::{Mutex, MutexGuard};
 use prometheus::IntCounter;
 
-use crate::ateapi::resume::{AttemptResult, Code, ResumeError, Resumed};
-use crate::ateapi::target::ActorId;
+use crate::actor::resume::{AttemptResult, Code, ResumeError, Resumed};
+use crate::actor::target::ActorId;
 use crate::parking::backoff::{Backoff, BackoffPolicy};
 use crate::parking::clock::Clock;
 use crate::parking::share::{AtespaceShares, ShareHold, SharePolicy};
@@ -96,23 +96,23 @@ impl AttemptDone {
 /// How flights behave; derived once from the configuration.
 #[derive(Clone, Copy, Debug)]
 pub struct FlightPolicy {
-    /// How long a flight may keep starting attempts (B18).
+    /// How long a flight may keep starting attempts.
     pub budget: Duration,
     pub backoff: BackoffPolicy,
-    /// Whether the capacity and availability codes are retried (B16).
+    /// Whether the capacity and availability codes are retried.
     pub parking_enabled: bool,
-    /// Flights (and so ResumeActor calls) in progress at most (B58).
+    /// Flights (and so ResumeActor calls) in progress at most.
     pub max_flights: usize,
-    /// Flights one atespace may have in progress at once (B79).
+    /// Flights one atespace may have in progress at once.
     pub atespace_share: SharePolicy,
 }
 
 /// Why no flight could be made for an actor that had none.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum FlightRefusal {
-    /// [`FlightPolicy::max_flights`] are in progress (B58).
+    /// [`FlightPolicy::max_flights`] are in progress.
     TableFull,
-    /// The actor's atespace has its share of them in progress (B79).
+    /// The actor's atespace has its share of them in progress.
     AtespaceFull,
 }
 
@@ -141,7 +141,7 @@ pub enum FlightEvent {
     /// The flight had its first retryable failure: the park transition.
     Parked,
     /// The budget passed with an attempt still running: the caller will be
-    /// served late, if at all (B19).
+    /// served late, if at all.
     Overtime,
     /// The flight finished.
     Done(Arc<FlightOutcome>),
@@ -177,14 +177,14 @@ enum Phase {
     First,
     /// Past the park transition: an attempt runs or the retry timer is set.
     /// `last` is the latest retryable error, which budget exhaustion wraps
-    /// (B12).
+    ///.
     Retrying { attempt_running: bool, last: ResumeError },
     /// The budget passed with an attempt still running; it is awaited
-    /// (B19). `last` is the retryable error before it, if any.
+    ///. `last` is the retryable error before it, if any.
     Overtime { last: Option<ResumeError> },
     /// Finished: the outcome every caller reads.
     Done(Arc<FlightOutcome>),
-    /// A retry was due with no caller left (B78): ended without an
+    /// A retry was due with no caller left: ended without an
     /// outcome, since nobody is there to read one.
     Abandoned,
 }
@@ -221,9 +221,9 @@ pub struct Flight {
 
 struct FlightState {
     phase: Phase,
-    /// Callers holding a [`Caller`] on this flight (B78).
+    /// Callers holding a [`Caller`] on this flight.
     callers: usize,
-    /// This flight's place in its atespace's share (B79), given back when
+    /// This flight's place in its atespace's share, given back when
     /// it leaves the table.
     share: Option<ShareHold>,
     attempts: u32,
@@ -232,7 +232,7 @@ struct FlightState {
     waiters: Waiters,
     /// Callers holding a lot slot on this flight (for the status page).
     parked_callers: usize,
-    /// When the running attempt started; `None` between attempts (B92).
+    /// When the running attempt started; `None` between attempts.
     attempt_started: Option<Instant>,
     /// The deadline check that tells callers about overtime, cancelled when
     /// the flight ends early: most flights end in a millisecond, and their
@@ -313,7 +313,7 @@ pub struct FlightSnapshot {
     pub actor: ActorId,
     pub age: Duration,
     pub budget_left: Duration,
-    /// How long the running attempt has run; `None` between attempts (B92).
+    /// How long the running attempt has run; `None` between attempts.
     pub attempt_age: Option<Duration>,
     pub attempts: u32,
     pub parked_callers: usize,
@@ -370,15 +370,15 @@ type Shard = Mutex<HashMap<ActorId, Arc<Flight>>>;
 
 struct Inner {
     shards: Box<[Shard]>,
-    /// Flights in the table; never above `policy.max_flights` (B58).
+    /// Flights in the table; never above `policy.max_flights`.
     active: AtomicUsize,
     clock: Arc<dyn Clock>,
     scheduler: Arc<dyn Scheduler>,
     resumer: Arc<dyn Resumer>,
     policy: FlightPolicy,
-    /// Each atespace's flights in the table (B79).
+    /// Each atespace's flights in the table.
     shares: Arc<AtespaceShares>,
-    /// `atenet_router_flights_abandoned_total` (B78).
+    /// `atenet_router_flights_abandoned_total`.
     abandoned: IntCounter,
 }
 

@@ -62,18 +62,18 @@ impl WaitOutcome {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum LotDecision {
     /// Served without a slot: on the first attempt, or finished just before
-    /// taking one (B24).
+    /// taking one.
     Fast,
     /// Took a slot.
     Admitted,
-    /// Shed: the lot was full (B26).
+    /// Shed: the lot was full.
     Shed,
     /// Went away before a decision was needed.
     Left,
     /// Refused at once: the time to serve a park exceeds what is left of
-    /// the caller's deadline (B68).
+    /// the caller's deadline.
     EarlyRejected,
-    /// Shed: its atespace held its share of the lot (B69).
+    /// Shed: its atespace held its share of the lot.
     AtespaceFull,
 }
 
@@ -119,7 +119,7 @@ pub struct LotInstruments {
     pub waits: [Histogram; 6],
     /// The longest wait recorded since the status page last took it, in
     /// microseconds: a histogram's buckets only bound a wait, and the page's
-    /// percentiles must not read past the longest one (B91).
+    /// percentiles must not read past the longest one.
     pub longest_wait_micros: Arc<AtomicU64>,
 }
 
@@ -157,9 +157,9 @@ struct ServedParks {
 /// Why a caller got no slot.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Refusal {
-    /// The lot is full (B26).
+    /// The lot is full.
     LotFull,
-    /// The caller's atespace holds its share (B69).
+    /// The caller's atespace holds its share.
     AtespaceFull,
 }
 
@@ -459,8 +459,8 @@ impl Shares {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ops::metrics::Metrics;
     use crate::parking::clock::ManualClock;
+    use crate::telemetry::metrics::Metrics;
 
     fn lot(max: usize, per_atespace: usize, clock: Arc<dyn Clock>) -> Arc<ParkingLot> {
         ParkingLot::new(max, per_atespace, clock, Metrics::new().lot_instruments())

@@ -26,8 +26,8 @@ use std::task::{Context, Poll};
 
 use std::time::Instant;
 
-use crate::ateapi::resume::{ResumeError, Resumed};
-use crate::ateapi::target::ActorId;
+use crate::actor::resume::{ResumeError, Resumed};
+use crate::actor::target::ActorId;
 use crate::parking::clock::Clock;
 use crate::parking::flight::{
     Caller, Flight, FlightEvent, FlightOutcome, FlightRefusal, FlightTable, FlightWait, Role, Until,
@@ -70,26 +70,26 @@ impl ResumeLabel {
 pub enum ResolveError {
     /// A terminal resume error.
     Failed(ResumeError),
-    /// The flight's budget ended on a retryable error (B12).
+    /// The flight's budget ended on a retryable error.
     BudgetExhausted(ResumeError),
-    /// The lot was full at this caller's park transition (B26).
+    /// The lot was full at this caller's park transition.
     LotFull,
     /// The actor had no flight and `--flight-max` flights were in progress
-    /// (B58).
+    ///.
     FlightsFull,
     /// The actor had no flight and its atespace had its share of flights in
-    /// progress (B79).
+    /// progress.
     AtespaceFlightsFull,
     /// The caller's atespace held its share of the requests the router
-    /// holds (B80).
+    /// holds.
     AtespaceRequestsFull,
-    /// The caller's atespace held its share of the lot (B69).
+    /// The caller's atespace held its share of the lot.
     AtespaceFull,
     /// At the park transition, the time to serve a park exceeded what was
-    /// left of the caller's deadline (B68); wraps the flight's retryable
+    /// left of the caller's deadline; wraps the flight's retryable
     /// error.
     DeadlineTooShort(ResumeError),
-    /// The caller's own deadline passed while it was parked (B68).
+    /// The caller's own deadline passed while it was parked.
     CallerDeadline,
 }
 
@@ -131,12 +131,12 @@ pub enum Abandon {
 #[derive(Clone)]
 pub struct Resolver {
     flights: FlightTable,
-    /// Each atespace's share of the requests held (B80).
+    /// Each atespace's share of the requests held.
     held: Arc<AtespaceShares>,
-    /// `None` when parking is disabled (B22): no lot, no parking metrics.
+    /// `None` when parking is disabled: no lot, no parking metrics.
     lot: Option<Arc<ParkingLot>>,
     clock: Arc<dyn Clock>,
-    /// Runs parked callers' own deadlines (B68).
+    /// Runs parked callers' own deadlines.
     scheduler: Arc<dyn Scheduler>,
 }
 
@@ -210,15 +210,15 @@ impl Resolver {
 /// stream's task.
 pub struct Resolve {
     stage: Stage,
-    /// The caller's hold on its flight (B78), until it has its answer;
-    /// `None` when refused one (B58, B79, B80).
+    /// The caller's hold on its flight, until it has its answer;
+    /// `None` when refused one.
     flight: Option<Caller>,
-    /// The caller's unit of its atespace's share (B80), until it has its
+    /// The caller's unit of its atespace's share, until it has its
     /// answer.
     held: Option<ShareHold>,
     role: Role,
     account: Account,
-    /// The caller's own deadline (B68).
+    /// The caller's own deadline.
     deadline: Option<Instant>,
     resolver: Resolver,
 }
@@ -230,7 +230,7 @@ enum Stage {
     /// Phase 1: waiting for the park transition or the end.
     First { wait: FlightWait },
     /// Phase 2: holding a slot (or, with parking disabled, none) until the
-    /// end, or until the caller's own deadline (B68).
+    /// end, or until the caller's own deadline.
     Parked { wait: FlightWait, deadline: Option<Sleep> },
     /// The outcome was returned.
     Finished,
@@ -352,7 +352,7 @@ impl Resolve {
 
 /// One caller's accounting (B25-B27, B32, B33, B55).
 struct Account {
-    /// `None` with parking disabled (B22): nothing to account.
+    /// `None` with parking disabled: nothing to account.
     lot: Option<Arc<ParkingLot>>,
     state: AccountState,
     /// Why the caller left, should it leave before its flight ends.
@@ -470,9 +470,9 @@ fn wait_outcome(outcome: &FlightOutcome) -> WaitOutcome {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ateapi::resume::Code;
-    use crate::ops::metrics::Metrics;
+    use crate::actor::resume::Code;
     use crate::parking::flight::tests::{actor, err, harness, ok, Harness};
+    use crate::telemetry::metrics::Metrics;
     use futures::task::noop_waker;
     use parking_lot::Mutex;
     use std::time::Duration;

@@ -29,7 +29,7 @@ use std::sync::Arc;
 
 use parking_lot::Mutex;
 
-use crate::ateapi::target::ActorId;
+use crate::actor::target::ActorId;
 
 const SHARDS: usize = 16;
 

@@ -56,9 +56,9 @@ pub enum PemError {
     /// would fail. Says which certificate.
     KeyMismatch(String),
     /// The first certificate's notAfter has passed: its date, as OpenSSL
-    /// prints it (B106).
+    /// prints it.
     Expired(String),
-    /// The first certificate's notBefore is still to come: its date (B106).
+    /// The first certificate's notBefore is still to come: its date.
     NotYetValid(String),
 }
 

@@ -67,7 +67,7 @@ struct Current {
 pub struct ServerCredentialFiles {
     files: ServerFiles,
     current: Mutex<Current>,
-    /// The notAfter of the certificate in use (B106).
+    /// The notAfter of the certificate in use.
     expiry: IntGauge,
 }
 

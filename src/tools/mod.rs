@@ -7,8 +7,8 @@
 //!   or a client over HTTP.
 //!
 //! May depend on: `proto`, the router's time and duration helpers
-//! (`parking::timer`, `cli::godur`, `ops::logging`'s JSON strings) and the
-//! shared vocabulary (`ateapi::resume::Code`, `parking::deadline`). The
+//! (`parking::timer`, `cli::godur`, `telemetry::logging`'s JSON strings) and the
+//! shared vocabulary (`actor::resume::Code`, `parking::deadline`). The
 //! router never depends on them.
 
 pub mod load;

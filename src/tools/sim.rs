@@ -31,14 +31,14 @@ use grpcio::{
 use parking_lot::{Condvar, Mutex};
 use protobuf::MessageField;
 
-use crate::ateapi::resume::Code;
-use crate::ops::logging::json_string;
+use crate::actor::resume::Code;
 use crate::parking::timer::{sleep_until, Scheduler, TimerThread};
 use crate::proto::ateapi::{
     Actor, ActorState, ActorStatus, ResourceMetadata, ResumeActorRequest, ResumeActorResponse,
     WorkerAssignment,
 };
 use crate::proto::ATEAPI_RESUME_ACTOR;
+use crate::telemetry::logging::json_string;
 
 /// The pool model's parameters.
 #[derive(Clone, Debug)]

@@ -36,7 +36,7 @@ SCRIPT = "".join(f"{a} ResourceExhausted 0s - false no free workers available\n"
                  f"{a} OK 0s 10.0.0.9 true -\n" for a in WARM)
 # What the page may weigh however many actors park (B93): its lists are
 # bounded, 50 + 50 + 20 rows, 100 recent requests, 300 samples: at its
-# largest (the longest names, a full ring; src/ops/status.rs's B93 test)
+# largest (the longest names, a full ring; src/admin/status.rs's B93 test)
 # 108 KB of JSON and 159 KB of HTML.
 MAX_JSON = 128 * 1024
 MAX_HTML = 192 * 1024

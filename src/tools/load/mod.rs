@@ -44,11 +44,11 @@ use grpcio::{
 use hdrhistogram::Histogram;
 use parking_lot::{Condvar, Mutex};
 
-use crate::ops::logging::json_string;
 use crate::parking::timer::{sleep_until, Scheduler, TimerThread};
 use crate::proto::base::{HeaderMap, HeaderValue};
 use crate::proto::external_processor::{HttpHeaders, ProcessingRequest, ProcessingResponse};
 use crate::proto::EXT_PROC_PROCESS;
+use crate::telemetry::logging::json_string;
 
 /// An open-loop request sent later than this after its scheduled time is
 /// late: every slot was taken when it was due, or the generator itself fell
@@ -132,7 +132,7 @@ pub struct LoadSpec {
     pub distribution: Distribution,
     /// Print a progress line to stderr this often.
     pub progress: Option<Duration>,
-    /// A `grpc-timeout` header to send with every request (B68); over HTTP
+    /// A `grpc-timeout` header to send with every request; over HTTP
     /// an HTTP header of that name, which Envoy passes on to the router.
     pub grpc_timeout: Option<CallerDeadline>,
     /// How long a request waits for its verdict before it is cancelled and

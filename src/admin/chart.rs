@@ -9,7 +9,7 @@
 
 use std::fmt::Write;
 
-use crate::ops::html::escape;
+use crate::admin::html::escape;
 
 /// The plot's own coordinates: one unit per second of a 10-minute window
 /// across, 100 units up.

@@ -22,7 +22,7 @@ use prometheus::{
     Opts, Registry, TextEncoder,
 };
 
-use crate::ateapi::resume::Code;
+use crate::actor::resume::Code;
 use crate::envoy::verdict::RouteOutcome;
 use crate::parking::calls::CallGauges;
 use crate::parking::lot::{LotDecision, LotInstruments, WaitOutcome};
@@ -172,7 +172,9 @@ impl Metrics {
             &["version", "revision"],
         )
         .expect("a valid metric");
-        build_info.with_label_values(&[crate::ops::version::VERSION, crate::ops::version::REVISION]).set(1);
+        build_info
+            .with_label_values(&[crate::telemetry::version::VERSION, crate::telemetry::version::REVISION])
+            .set(1);
         let timer_lateness = Histogram::with_opts(
             HistogramOpts::new(
                 "atenet_router_timer_lateness_seconds",

@@ -38,8 +38,8 @@ use std::time::{Duration, Instant};
 
 use tiny_http::{HTTPVersion, Header, Method, Response};
 
-use crate::ops::logging::Throttle;
-use crate::ops::metrics::Metrics;
+use crate::telemetry::logging::Throttle;
+use crate::telemetry::metrics::Metrics;
 
 /// What a handler answers: status, content type, body.
 pub struct Reply {
@@ -122,7 +122,7 @@ pub struct HttpServer {
     listener: RawFd,
     stop: Arc<AtomicBool>,
     /// Set with `stop` by a handover: the loop empties the accept queue
-    /// and finishes its connections before it ends (B95).
+    /// and finishes its connections before it ends.
     finish: Arc<AtomicBool>,
     wake: UnixStream,
     thread: Option<JoinHandle<()>>,
@@ -137,7 +137,7 @@ impl HttpServer {
         handler: Handler,
     ) -> Result<HttpServer, BindError> {
         let bind_error = |source| BindError { addr, source };
-        let listener = crate::ops::listen::shared(addr).map_err(bind_error)?;
+        let listener = crate::lifecycle::listen::shared(addr).map_err(bind_error)?;
         listener.set_nonblocking(true).map_err(bind_error)?;
         let addr = listener.local_addr().map_err(bind_error)?;
         let (wake, woken) = UnixStream::pair().map_err(bind_error)?;
@@ -184,7 +184,7 @@ impl HttpServer {
 
     /// Lifts the steering a predecessor left on this port (B95).
     pub fn lift_steering(&self) -> io::Result<()> {
-        crate::ops::listen::lift_steering(self.listener)
+        crate::lifecycle::listen::lift_steering(self.listener)
     }
 
     fn shutdown(&mut self) {
@@ -315,11 +315,12 @@ impl EventLoop {
     /// until the queue stays empty, then closes the listener (B95).
     fn hand_over(&mut self, listener: TcpListener) {
         let fd = listener.as_raw_fd();
-        if let Err(e) = crate::ops::listen::steer_to_successor(fd, 1) {
+        if let Err(e) = crate::lifecycle::listen::steer_to_successor(fd, 1) {
             log::warn!("http: cannot steer new connections to the successor: {e}");
         }
         self.listener = Some(listener);
-        let emptied = crate::ops::listen::wait_emptied(fd, QUEUE_PATIENCE, || self.accept(Instant::now()));
+        let emptied =
+            crate::lifecycle::listen::wait_emptied(fd, QUEUE_PATIENCE, || self.accept(Instant::now()));
         if !emptied {
             log::warn!("http: the accept queue did not empty within {QUEUE_PATIENCE:?}; closing it");
         }

@@ -12,19 +12,19 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Map, Value};
 
+use crate::actor::resume::Code;
+use crate::admin::chart::{nice_ceiling, Chart, Line};
+use crate::admin::history::{History, Sample, SAMPLE_INTERVAL, WAIT_QUANTILES, WINDOW};
+use crate::admin::html::escape;
+use crate::admin::http::{Handler, Reply, Request};
 use crate::ateapi::client::AteapiClient;
-use crate::ateapi::resume::Code;
 use crate::cli::config::{AteapiTransport, Config, ExtprocListen};
 use crate::cli::{godur, size};
-use crate::ops::chart::{nice_ceiling, Chart, Line};
-use crate::ops::history::{History, Sample, SAMPLE_INTERVAL, WAIT_QUANTILES, WINDOW};
-use crate::ops::html::escape;
-use crate::ops::http::{Handler, Reply, Request};
-use crate::ops::metrics::Metrics;
-use crate::ops::recent::{RecentRequest, RecentRequests, VerdictKind};
 use crate::parking::flight::FlightSnapshot;
 use crate::parking::lot::AtespaceView;
 use crate::parking::resolver::Resolver;
+use crate::telemetry::metrics::Metrics;
+use crate::telemetry::recent::{RecentRequest, RecentRequests, VerdictKind};
 
 /// How many atespaces the page lists (B69).
 const TOP_ATESPACES: usize = 20;
@@ -57,16 +57,16 @@ struct Snapshot {
     max_wait: Duration,
     /// Flights in progress (B93: the total, however many are listed).
     flights: usize,
-    /// The oldest [`LISTED`] flights, oldest first (B92).
+    /// The oldest [`LISTED`] flights, oldest first.
     oldest_flights: Vec<FlightView>,
-    /// How long the longest-running attempt has run, if one runs (B92).
+    /// How long the longest-running attempt has run, if one runs.
     oldest_attempt: Option<Duration>,
     shed: u64,
     /// The oldest [`LISTED`] flights with parked callers.
     parked_actors: Vec<FlightView>,
     /// How many flights have parked callers.
     parked_actors_total: usize,
-    /// The atespaces holding slots now, most first (B69), and how many do.
+    /// The atespaces holding slots now, most first, and how many do.
     atespaces: Vec<AtespaceView>,
     atespaces_total: usize,
     ateapi_address: String,
@@ -75,7 +75,7 @@ struct Snapshot {
     attempts: Vec<(&'static str, u64)>,
     /// Verdicts since startup, by [`VerdictKind`].
     verdicts: [u64; VerdictKind::ALL.len()],
-    /// The last ten minutes, oldest first, as seconds ago (B91).
+    /// The last ten minutes, oldest first, as seconds ago.
     history: Vec<(f64, Sample)>,
     flags: Vec<(&'static str, String)>,
     recent: Vec<RecentRequest>,
@@ -279,7 +279,7 @@ fn json(s: &Snapshot) -> String {
         .iter()
         .map(|r| {
             json!({
-                "time": crate::ops::logging::rfc3339(r.at),
+                "time": crate::telemetry::logging::rfc3339(r.at),
                 "method": r.method,
                 "path": r.path,
                 "actor": r.actor,
@@ -499,139 +499,156 @@ const PARKED_COLUMNS: &[(&str, bool)] = &[
     ("budget left", true),
 ];
 
+/// The page's skeleton: each `{{slot}}` is filled in by [`fill`]. Its
+/// line breaks, and the indentation after them, are no part of the page.
+const PAGE: &str = include_str!("status.html");
+
 /// The page as HTML: self-contained, refreshing itself every 2 seconds.
 fn html(s: &Snapshot) -> String {
     let mut h = String::new();
-    let _ = write!(
-        h,
-        "<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\">\
-         <meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\
-         <meta http-equiv=\"refresh\" content=\"2\"><title>atenet Router Status</title><style>{STYLE}</style></head>\
-         <body><h1>atenet Router Status</h1><p class=\"sub\">up {} &middot; refreshes every 2 s &middot; \
-         <a href=\"?format=json\">JSON</a></p><div class=\"row charts\">",
-        godur::format(s.uptime)
-    );
-    for chart in charts(s) {
-        h.push_str(&chart.card());
+    let mut rest = PAGE;
+    while let Some(at) = rest.find("{{") {
+        push_joined(&mut h, &rest[..at]);
+        let slot = &rest[at + 2..];
+        let end = slot.find("}}").unwrap_or(slot.len());
+        fill(&mut h, &slot[..end], s);
+        rest = slot.get(end + 2..).unwrap_or("");
     }
-    let _ = write!(
-        h,
-        "</div><div class=\"row\"><section class=\"card\" id=\"parking\"><h2>Request Parking</h2><dl>\
-         <dt>enabled</dt><dd id=\"parking-enabled\">{}</dd>\
-         <dt>parked</dt><dd><span id=\"parking-active\">{}</span> / <span id=\"parking-max\">{}</span></dd>\
-         <dt>max wait</dt><dd id=\"parking-max-wait\">{}</dd>\
-         <dt>flights</dt><dd id=\"flights\">{}</dd>\
-         <dt>actors parked</dt><dd id=\"parked-actors-total\">{}</dd>\
-         <dt>oldest attempt</dt><dd id=\"oldest-attempt\">{}</dd>\
-         <dt>shed (lot full)</dt><dd>{}</dd></dl></section>",
-        if s.parking_enabled { "yes" } else { "no" },
-        count(s.active),
-        count(s.max_parked),
-        escape(&godur::format(s.max_wait)),
-        count(s.flights),
-        count(s.parked_actors_total),
-        s.oldest_attempt.map_or_else(|| "none running".into(), |a| format!("{:.1}s", a.as_secs_f64())),
-        s.shed
-    );
-    let _ = write!(
-        h,
-        "<section class=\"card\" id=\"ateapi\"><h2>ateapi connectivity</h2><dl>\
-         <dt>address</dt><dd>{}</dd><dt>channel</dt><dd id=\"ateapi-state\">{}</dd></dl><table>\
-         <thead><tr><th>ResumeActor result</th><th class=\"n\">attempts</th></tr></thead><tbody>",
-        escape(&s.ateapi_address),
-        s.connectivity
-    );
-    for (code, n) in &s.attempts {
-        let _ = write!(h, "<tr><td>{}</td><td class=\"n\">{n}</td></tr>", escape(code));
-    }
-    h.push_str("</tbody></table></section><section class=\"card\" id=\"atespaces-card\"><h2>Atespaces holding slots</h2>");
-    if s.atespaces.is_empty() {
-        h.push_str("<p class=\"quiet\">No atespace holds a slot.</p>");
-    } else {
-        let columns =
-            [("atespace", false), ("slots", true), ("oldest wait", true), ("shed by its cap (1 min)", true)];
-        table_head(&mut h, "atespaces", &columns);
-        for a in &s.atespaces {
-            h.push_str("<tr>");
-            cell(&mut h, "atespace", false, &escape(&a.atespace));
-            cell(&mut h, "slots", true, &count(a.slots));
-            cell(&mut h, "oldest wait", true, &format!("{:.1}s", a.oldest_wait.as_secs_f64()));
-            cell(&mut h, "shed by its cap (1 min)", true, &a.sheds_last_minute.to_string());
-            h.push_str("</tr>");
-        }
-        h.push_str("</tbody></table>");
-        more(&mut h, "atespaces-more", "the top", s.atespaces.len(), s.atespaces_total);
-    }
-    h.push_str(
-        "</section></div><section class=\"card\" id=\"flights-card\"><h2>Flights: actors being resumed</h2>",
-    );
-    if s.oldest_flights.is_empty() {
-        h.push_str("<p class=\"quiet\">No flight is in progress.</p>");
-    } else {
-        table_head(&mut h, "flight-list", FLIGHT_COLUMNS);
-        for f in &s.oldest_flights {
-            h.push_str("<tr>");
-            cell(&mut h, "actor", false, &escape(&f.actor));
-            cell(&mut h, "age", true, &format!("{:.1}s", f.age.as_secs_f64()));
-            let attempt = f
-                .attempt
-                .map_or_else(|| "retry pending".into(), |a| format!("running {:.1}s", a.as_secs_f64()));
-            cell(&mut h, "attempt", false, &attempt);
-            cell(&mut h, "attempts", true, &f.attempts.to_string());
-            cell(&mut h, "last code", false, f.last_code);
-            cell(&mut h, "parked", true, &count(f.parked));
-            cell(&mut h, "budget left", true, &format!("{:.1}s", f.budget_left.as_secs_f64()));
-            h.push_str("</tr>");
-        }
-        h.push_str("</tbody></table>");
-        more(&mut h, "flights-more", "the oldest", s.oldest_flights.len(), s.flights);
-    }
-    h.push_str("</section><section class=\"card\" id=\"parked-card\"><h2>Actors with parked requests</h2>");
-    if s.parked_actors.is_empty() {
-        h.push_str("<p class=\"quiet\">No actor has parked requests.</p>");
-    } else {
-        table_head(&mut h, "parked-actors", PARKED_COLUMNS);
-        for a in &s.parked_actors {
-            h.push_str("<tr>");
-            cell(&mut h, "actor", false, &escape(&a.actor));
-            cell(&mut h, "waiting", true, &count(a.parked));
-            cell(&mut h, "oldest", true, &format!("{:.1}s", a.age.as_secs_f64()));
-            cell(&mut h, "attempts", true, &a.attempts.to_string());
-            cell(&mut h, "last code", false, a.last_code);
-            cell(&mut h, "budget left", true, &format!("{:.1}s", a.budget_left.as_secs_f64()));
-            h.push_str("</tr>");
-        }
-        h.push_str("</tbody></table>");
-        more(&mut h, "parked-actors-more", "the oldest", s.parked_actors.len(), s.parked_actors_total);
-    }
-    h.push_str("</section><section class=\"card\" id=\"recent\"><h2>Recent requests</h2>");
-    let columns = [
-        ("time", false),
-        ("method", false),
-        ("path", false),
-        ("actor", false),
-        ("verdict", false),
-        ("target", false),
-        ("duration", true),
-    ];
-    table_head(&mut h, "recent-requests", &columns);
-    for r in &s.recent {
-        h.push_str("<tr>");
-        cell(&mut h, "time", false, &escape(&crate::ops::logging::rfc3339(r.at)));
-        cell(&mut h, "method", false, &escape(&r.method));
-        cell(&mut h, "path", false, &escape(&r.path));
-        cell(&mut h, "actor", false, &escape(&r.actor));
-        cell(&mut h, "verdict", false, &escape(&r.verdict.to_string()));
-        cell(&mut h, "target", false, &escape(&r.target));
-        cell(&mut h, "duration", true, &format!("{:.1}ms", r.duration.as_secs_f64() * 1000.0));
-        h.push_str("</tr>");
-    }
-    h.push_str("</tbody></table></section><section class=\"card\" id=\"flags\"><h2>Effective flags</h2><table class=\"flags\">");
-    for (flag, value) in &s.flags {
-        let _ = write!(h, "<tr><td><code>{flag}</code></td><td>{}</td></tr>", escape(value));
-    }
-    h.push_str("</table></section></body></html>\n");
+    push_joined(&mut h, rest);
+    h.push('\n');
     h
+}
+
+/// `text` without its line breaks and the indentation that follows them.
+fn push_joined(h: &mut String, text: &str) {
+    for (i, line) in text.split('\n').enumerate() {
+        h.push_str(if i == 0 { line } else { line.trim_start() });
+    }
+}
+
+/// One slot of [`PAGE`].
+fn fill(h: &mut String, slot: &str, s: &Snapshot) {
+    match slot {
+        "style" => h.push_str(STYLE),
+        "uptime" => h.push_str(&godur::format(s.uptime)),
+        "charts" => {
+            for chart in charts(s) {
+                h.push_str(&chart.card());
+            }
+        }
+        "parking-enabled" => h.push_str(if s.parking_enabled { "yes" } else { "no" }),
+        "parked" => h.push_str(&count(s.active)),
+        "parking-max" => h.push_str(&count(s.max_parked)),
+        "max-wait" => h.push_str(&escape(&godur::format(s.max_wait))),
+        "flights" => h.push_str(&count(s.flights)),
+        "actors-parked" => h.push_str(&count(s.parked_actors_total)),
+        "oldest-attempt" => h.push_str(
+            &s.oldest_attempt.map_or_else(|| "none running".into(), |a| format!("{:.1}s", a.as_secs_f64())),
+        ),
+        "shed" => h.push_str(&s.shed.to_string()),
+        "ateapi-address" => h.push_str(&escape(&s.ateapi_address)),
+        "ateapi-state" => h.push_str(s.connectivity),
+        "attempts" => {
+            for (code, n) in &s.attempts {
+                let _ = write!(h, "<tr><td>{}</td><td class=\"n\">{n}</td></tr>", escape(code));
+            }
+        }
+        "atespaces" => {
+            if s.atespaces.is_empty() {
+                h.push_str("<p class=\"quiet\">No atespace holds a slot.</p>");
+            } else {
+                let columns = [
+                    ("atespace", false),
+                    ("slots", true),
+                    ("oldest wait", true),
+                    ("shed by its cap (1 min)", true),
+                ];
+                table_head(h, "atespaces", &columns);
+                for a in &s.atespaces {
+                    h.push_str("<tr>");
+                    cell(h, "atespace", false, &escape(&a.atespace));
+                    cell(h, "slots", true, &count(a.slots));
+                    cell(h, "oldest wait", true, &format!("{:.1}s", a.oldest_wait.as_secs_f64()));
+                    cell(h, "shed by its cap (1 min)", true, &a.sheds_last_minute.to_string());
+                    h.push_str("</tr>");
+                }
+                h.push_str("</tbody></table>");
+                more(h, "atespaces-more", "the top", s.atespaces.len(), s.atespaces_total);
+            }
+        }
+        "flight-list" => {
+            if s.oldest_flights.is_empty() {
+                h.push_str("<p class=\"quiet\">No flight is in progress.</p>");
+            } else {
+                table_head(h, "flight-list", FLIGHT_COLUMNS);
+                for f in &s.oldest_flights {
+                    h.push_str("<tr>");
+                    cell(h, "actor", false, &escape(&f.actor));
+                    cell(h, "age", true, &format!("{:.1}s", f.age.as_secs_f64()));
+                    let attempt = f.attempt.map_or_else(
+                        || "retry pending".into(),
+                        |a| format!("running {:.1}s", a.as_secs_f64()),
+                    );
+                    cell(h, "attempt", false, &attempt);
+                    cell(h, "attempts", true, &f.attempts.to_string());
+                    cell(h, "last code", false, f.last_code);
+                    cell(h, "parked", true, &count(f.parked));
+                    cell(h, "budget left", true, &format!("{:.1}s", f.budget_left.as_secs_f64()));
+                    h.push_str("</tr>");
+                }
+                h.push_str("</tbody></table>");
+                more(h, "flights-more", "the oldest", s.oldest_flights.len(), s.flights);
+            }
+        }
+        "parked-actors" => {
+            if s.parked_actors.is_empty() {
+                h.push_str("<p class=\"quiet\">No actor has parked requests.</p>");
+            } else {
+                table_head(h, "parked-actors", PARKED_COLUMNS);
+                for a in &s.parked_actors {
+                    h.push_str("<tr>");
+                    cell(h, "actor", false, &escape(&a.actor));
+                    cell(h, "waiting", true, &count(a.parked));
+                    cell(h, "oldest", true, &format!("{:.1}s", a.age.as_secs_f64()));
+                    cell(h, "attempts", true, &a.attempts.to_string());
+                    cell(h, "last code", false, a.last_code);
+                    cell(h, "budget left", true, &format!("{:.1}s", a.budget_left.as_secs_f64()));
+                    h.push_str("</tr>");
+                }
+                h.push_str("</tbody></table>");
+                more(h, "parked-actors-more", "the oldest", s.parked_actors.len(), s.parked_actors_total);
+            }
+        }
+        "recent" => {
+            let columns = [
+                ("time", false),
+                ("method", false),
+                ("path", false),
+                ("actor", false),
+                ("verdict", false),
+                ("target", false),
+                ("duration", true),
+            ];
+            table_head(h, "recent-requests", &columns);
+            for r in &s.recent {
+                h.push_str("<tr>");
+                cell(h, "time", false, &escape(&crate::telemetry::logging::rfc3339(r.at)));
+                cell(h, "method", false, &escape(&r.method));
+                cell(h, "path", false, &escape(&r.path));
+                cell(h, "actor", false, &escape(&r.actor));
+                cell(h, "verdict", false, &escape(&r.verdict.to_string()));
+                cell(h, "target", false, &escape(&r.target));
+                cell(h, "duration", true, &format!("{:.1}ms", r.duration.as_secs_f64() * 1000.0));
+                h.push_str("</tr>");
+            }
+        }
+        "flags" => {
+            for (flag, value) in &s.flags {
+                let _ = write!(h, "<tr><td><code>{flag}</code></td><td>{}</td></tr>", escape(value));
+            }
+        }
+        _ => {}
+    }
 }
 
 /// The effective configuration as `(flag, value)` pairs, for the page and
@@ -738,8 +755,8 @@ const STYLE: &str = include_str!("status.css");
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ops::history::CAPACITY;
-    use crate::ops::recent::{RecentVerdict, RECENT_CAPACITY};
+    use crate::admin::history::CAPACITY;
+    use crate::telemetry::recent::{RecentVerdict, RECENT_CAPACITY};
 
     #[test]
     fn figures_read_well() {

@@ -78,7 +78,7 @@ pub struct Target {
     pub actor: ActorId,
     pub port: u16,
     /// The canonical id is already the request's one `ate-target-actor`
-    /// header, so a route needs no header mutation (B6).
+    /// header, so a route needs no header mutation.
     pub carries_actor_header: bool,
 }
 

@@ -18,11 +18,11 @@ use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 
-use crate::ops::metrics::Metrics;
-use crate::ops::recent::{RecentRequests, VerdictKind};
 use crate::parking::clock::Clock;
 use crate::parking::lot::ParkingLot;
 use crate::parking::timer::Scheduler;
+use crate::telemetry::metrics::Metrics;
+use crate::telemetry::recent::{RecentRequests, VerdictKind};
 
 /// How often a sample is taken: the page's own refresh period, so that
 /// every refresh shows one new point.
@@ -194,10 +194,10 @@ pub fn quantiles(bounds: &[f64], cumulative: &[u64], longest: f64) -> Option<[f6
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ops::recent::{Answered, RecentVerdict};
     use crate::parking::clock::ManualClock;
     use crate::parking::lot::WaitOutcome;
     use crate::parking::timer::ManualScheduler;
+    use crate::telemetry::recent::{Answered, RecentVerdict};
 
     fn answered(verdict: RecentVerdict) -> Answered<'static> {
         Answered {

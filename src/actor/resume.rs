@@ -99,7 +99,7 @@ impl fmt::Display for Code {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ResumeError {
     pub code: Code,
-    /// The gRPC status message; the only detail ever shown to clients (B13).
+    /// The gRPC status message; the only detail ever shown to clients.
     pub message: String,
 }
 
@@ -121,7 +121,7 @@ pub struct Resumed {
     /// True when a resume actually ran; false when the actor was already
     /// running (B21's `none`).
     pub resumed: bool,
-    /// The first of `status.worker_assignment.worker_pod_ips`, parsed (B8):
+    /// The first of `status.worker_assignment.worker_pod_ips`, parsed:
     /// all a verdict needs, and cheap for every joiner to copy.
     pub worker: Result<IpAddr, BadWorkerIp>,
 }

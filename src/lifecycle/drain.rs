@@ -27,7 +27,17 @@ use std::time::{Duration, Instant, SystemTime};
 use crossbeam_channel::Receiver;
 
 use crate::cli::config::Config;
-use crate::router::Router;
+
+/// What a drain stops: the running router (`router::Router`), named by
+/// what the drain asks of it, so that the lifecycle stays below the
+/// assembly.
+pub trait Drained {
+    /// Flips `/readyz` and the gRPC health service.
+    fn set_ready(&self, ready: bool);
+    /// Stops ext_proc within `timeout`: whether every stream finished, and
+    /// how many were cut.
+    fn stop<T>(self, timeout: Duration, interrupt: &Receiver<T>) -> (bool, usize);
+}
 
 /// What the drain does, from the effective configuration.
 #[derive(Clone, Debug)]
@@ -35,13 +45,13 @@ pub struct DrainPlan {
     pub delay: Duration,
     /// Envoy's admin address (`host:port`), when Envoy is to be drained.
     pub envoy_admin: Option<String>,
-    /// Whether the router leaves a fleet (B85): no Envoy is drained.
+    /// Whether the router leaves a fleet: no Envoy is drained.
     pub fleet: bool,
     /// How long to wait for Envoy's downstream connections to close.
     pub envoy_window: Duration,
     /// How often to poll Envoy's stats.
     pub poll_every: Duration,
-    /// How long in-flight ext_proc streams may take (B40).
+    /// How long in-flight ext_proc streams may take.
     pub timeout: Duration,
     pub marker: Option<PathBuf>,
 }
@@ -91,7 +101,7 @@ impl DrainPlan {
 pub enum EnvoyDrain {
     /// No admin address configured.
     Disabled,
-    /// A fleet router drains no Envoy (B85).
+    /// A fleet router drains no Envoy.
     Fleet,
     /// Every non-admin downstream connection closed.
     Drained,
@@ -142,7 +152,7 @@ pub fn remove_stale_marker(path: &Path) -> io::Result<bool> {
 
 /// Runs the drain. `interrupt` delivers further stop signals (SIGTERM or
 /// SIGINT, B94); the first one received skips every remaining wait.
-pub fn drain<T>(router: Router, plan: &DrainPlan, interrupt: &Receiver<T>) -> DrainReport {
+pub fn drain<T>(router: impl Drained, plan: &DrainPlan, interrupt: &Receiver<T>) -> DrainReport {
     drain_reporting(router, plan, interrupt, &|_| {})
 }
 
@@ -150,7 +160,7 @@ pub fn drain<T>(router: Router, plan: &DrainPlan, interrupt: &Receiver<T>) -> Dr
 /// drain can take at most (for systemd's stop timeout, B64; the bound of the
 /// whole drain is [`DrainPlan::bound`]).
 pub fn drain_reporting<T>(
-    router: Router,
+    router: impl Drained,
     plan: &DrainPlan,
     interrupt: &Receiver<T>,
     progress: &dyn Fn(Duration),
@@ -323,7 +333,7 @@ fn write_marker(path: &Path) -> io::Result<()> {
     if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
         fs::create_dir_all(parent)?;
     }
-    fs::write(path, format!("{}\n", crate::ops::logging::rfc3339(SystemTime::now())))
+    fs::write(path, format!("{}\n", crate::telemetry::logging::rfc3339(SystemTime::now())))
 }
 
 #[cfg(test)]

@@ -1,0 +1,168 @@
+//! Value parsers for the flags: durations, ports, addresses, CIDR lists,
+//! a group's id; each error names its flag. What the values must satisfy
+//! together, and what is derived from them, is the configuration's
+//! (`config`); these know no rule of the router.
+
+use std::fmt;
+use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
+use std::time::Duration;
+
+use crate::cli::godur;
+
+/// A flag value (or combination) the router refuses; the message names
+/// the flag and says why.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ConfigError {
+    message: String,
+}
+
+impl ConfigError {
+    pub fn new(message: impl Into<String>) -> ConfigError {
+        ConfigError { message: message.into() }
+    }
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "invalid router configuration: {}", self.message)
+    }
+}
+
+impl std::error::Error for ConfigError {}
+
+pub fn invalid(message: impl Into<String>) -> ConfigError {
+    ConfigError::new(message)
+}
+
+/// An address range, `ip/prefix`, as Envoy's `CidrRange` takes it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CidrRange {
+    pub ip: IpAddr,
+    pub prefix: u8,
+}
+
+impl CidrRange {
+    /// Whether `ip` is in the range; an IPv4-mapped IPv6 address counts as
+    /// its IPv4 address.
+    pub fn contains(&self, ip: IpAddr) -> bool {
+        match (self.ip.to_canonical(), ip.to_canonical()) {
+            (IpAddr::V4(net), IpAddr::V4(ip)) => {
+                let mask = u32::MAX.checked_shl(32 - u32::from(self.prefix)).unwrap_or(0);
+                u32::from(net) & mask == u32::from(ip) & mask
+            }
+            (IpAddr::V6(net), IpAddr::V6(ip)) => {
+                let mask = u128::MAX.checked_shl(128 - u32::from(self.prefix)).unwrap_or(0);
+                u128::from(net) & mask == u128::from(ip) & mask
+            }
+            _ => false,
+        }
+    }
+}
+
+/// Comma-separated CIDRs, each `ip/prefix` with a prefix that fits the
+/// address (32 for IPv4, 128 for IPv6), for `flag`.
+pub fn cidr_list(flag: &str, text: &str) -> Result<Vec<CidrRange>, ConfigError> {
+    text.split(',')
+        .map(str::trim)
+        .filter(|range| !range.is_empty())
+        .map(|range| {
+            let bad = || {
+                invalid(format!(
+                    "{flag} must be CIDRs such as 10.0.0.0/8 or fc00::/7, separated by commas, got {range:?}"
+                ))
+            };
+            let (ip, prefix) = range.split_once('/').ok_or_else(bad)?;
+            let ip: IpAddr = ip.parse().map_err(|_| bad())?;
+            let prefix: u8 = prefix.parse().map_err(|_| bad())?;
+            let max = if ip.is_ipv4() { 32 } else { 128 };
+            if prefix > max {
+                return Err(bad());
+            }
+            Ok(CidrRange { ip, prefix })
+        })
+        .collect()
+}
+
+pub fn non_empty(s: &str) -> Option<String> {
+    let s = s.trim();
+    (!s.is_empty()).then(|| s.to_string())
+}
+
+pub fn duration(flag: &str, value: &str) -> Result<godur::SignedDuration, ConfigError> {
+    godur::parse(value.trim()).map_err(|e| invalid(format!("{flag}: {e}")))
+}
+
+pub fn non_negative(flag: &str, value: &str) -> Result<Duration, ConfigError> {
+    let d = duration(flag, value)?;
+    if d.negative {
+        return Err(invalid(format!("{flag} must not be negative, got {value}")));
+    }
+    Ok(d.magnitude)
+}
+
+pub fn port(flag: &str, value: i64) -> Result<u16, ConfigError> {
+    u16::try_from(value)
+        .ok()
+        .filter(|&p| p != 0)
+        .ok_or_else(|| invalid(format!("{flag} must be a port in 1..=65535, got {value}")))
+}
+
+/// A port to listen on: 0 asks the kernel for a free one (used by tests and
+/// `make run`-style sandboxes; the real port is logged at startup).
+pub fn listen_port(flag: &str, value: i64) -> Result<u16, ConfigError> {
+    u16::try_from(value).map_err(|_| invalid(format!("{flag} must be a port in 0..=65535, got {value}")))
+}
+
+pub fn socket_addr(flag: &str, host: &str, port: u16) -> Result<SocketAddr, ConfigError> {
+    let host = host.trim().trim_start_matches('[').trim_end_matches(']');
+    if host.is_empty() {
+        return Err(invalid(format!("{flag} must not be empty")));
+    }
+    if let Ok(ip) = host.parse() {
+        return Ok(SocketAddr::new(ip, port));
+    }
+    (host, port)
+        .to_socket_addrs()
+        .ok()
+        .and_then(|mut addrs| addrs.next())
+        .ok_or_else(|| invalid(format!("{flag}: cannot resolve {host:?}")))
+}
+
+/// `[host]:port` as Go's net.Listen takes it; an empty host means every
+/// interface.
+pub fn listen_addr(flag: &str, value: &str) -> Result<SocketAddr, ConfigError> {
+    let value = value.trim();
+    let (host, port_text) = value
+        .rsplit_once(':')
+        .ok_or_else(|| invalid(format!("{flag} must be [host]:port, got {value:?}")))?;
+    let port_number = port_text
+        .parse::<i64>()
+        .map_err(|_| invalid(format!("{flag} must be [host]:port, got {value:?}")))?;
+    let port = listen_port(flag, port_number)?;
+    if host.is_empty() {
+        return Ok(SocketAddr::from(([0, 0, 0, 0], port)));
+    }
+    socket_addr(flag, host, port)
+}
+
+/// A group's id from its number or its name (the group database, as
+/// `getgrnam(3)` reads it).
+pub fn group_id(group: &str) -> Result<u32, ConfigError> {
+    if let Ok(gid) = group.parse::<u32>() {
+        return Ok(gid);
+    }
+    let unknown = || invalid(format!("--extproc-socket-group: no group {group:?}"));
+    let name = std::ffi::CString::new(group).map_err(|_| unknown())?;
+    let mut buf = vec![0u8; 16 * 1024];
+    // SAFETY: all-zero is a valid `group`; getgrnam_r writes into it and
+    // into `buf`, whose length it is told, and sets `found` to it or null.
+    let mut entry: libc::group = unsafe { std::mem::zeroed() };
+    let mut found: *mut libc::group = std::ptr::null_mut();
+    let r = unsafe {
+        libc::getgrnam_r(name.as_ptr(), &mut entry, buf.as_mut_ptr().cast(), buf.len(), &mut found)
+    };
+    if r != 0 || found.is_null() {
+        return Err(unknown());
+    }
+    Ok(entry.gr_gid)
+}
