@@ -396,6 +396,7 @@ impl Router {
             parking_enabled: config.parking.enabled,
             max_flights: config.flight_max,
             atespace_share: config.flight_max_per_atespace,
+            dispatch: crate::parking::groups::Dispatch::SaturationGroup,
         };
         let calls = CallGate::new(
             ateapi.clone(),

@@ -40,6 +40,27 @@ impl Backoff {
     pub fn next_random_delay(&mut self) -> Duration {
         self.next_delay(fastrand::f64())
     }
+
+    /// As [`Backoff::next_delay`], but the base stops growing at
+    /// `cap_intervals` intervals (a saturation group's delay, B110); the
+    /// jitter still applies on top.
+    pub fn next_delay_capped(&mut self, unit_sample: f64, cap_intervals: u32) -> Duration {
+        let cap = scaled(self.policy.interval, f64::from(cap_intervals.max(1)));
+        self.next_base = self.next_base.min(cap);
+        let delay = self.next_delay(unit_sample);
+        self.next_base = self.next_base.min(cap);
+        delay
+    }
+
+    /// [`Backoff::next_delay_capped`] with a fresh random sample.
+    pub fn next_random_delay_capped(&mut self, cap_intervals: u32) -> Duration {
+        self.next_delay_capped(fastrand::f64(), cap_intervals)
+    }
+
+    /// Starts the schedule again from one interval.
+    pub fn reset(&mut self) {
+        self.next_base = self.policy.interval;
+    }
 }
 
 /// Keeps the arithmetic finite: no budget comes near a day, so a delay this
