@@ -14,6 +14,7 @@ use crate::cli::flags::ServeArgs;
 use crate::cli::godur;
 use crate::cli::size;
 use crate::parking::backoff::BackoffPolicy;
+use crate::parking::groups::Dispatch;
 use crate::parking::share::SharePolicy;
 
 /// The resume budget when parking is disabled: long enough to ride out
@@ -141,6 +142,8 @@ pub struct Parking {
     /// The flag value after normalisation, shown on the status page.
     pub configured_budget: Duration,
     pub backoff: BackoffPolicy,
+    /// Whether saturated flights wait in groups or retry alone (B114).
+    pub dispatch: Dispatch,
 }
 
 /// What the flags are validated for (B96): `serve` reaches ateapi and
@@ -525,6 +528,12 @@ fn parking(args: &ServeArgs) -> Result<Parking, ConfigError> {
             )))
         }
     };
+    let dispatch = Dispatch::parse(&args.parked_request_dispatch).ok_or_else(|| {
+        invalid(format!(
+            "--parked-request-dispatch must be saturation-group or per-flight, got {:?}",
+            args.parked_request_dispatch
+        ))
+    })?;
     Ok(Parking {
         enabled,
         max,
@@ -532,6 +541,7 @@ fn parking(args: &ServeArgs) -> Result<Parking, ConfigError> {
         budget,
         configured_budget,
         backoff: BackoffPolicy { interval, factor, jitter },
+        dispatch,
     })
 }
 
@@ -1293,6 +1303,7 @@ mod tests {
     fn b37_rejections_name_the_flag() {
         let cases: &[(&[&str], &str)] = &[
             (&["--parked-request-retry-factor", "0.5"], "--parked-request-retry-factor"),
+            (&["--parked-request-dispatch", "fifo"], "--parked-request-dispatch"),
             (&["--worker-networks", "10.0.0.0"], "--worker-networks"),
             (&["--worker-networks", "10.0.0.0/33"], "--worker-networks"),
             (&["--worker-networks", "fd00::/129"], "--worker-networks"),

@@ -512,6 +512,13 @@ impl FlightTable {
         views
     }
 
+    /// The saturation groups with flights waiting, and the flights waiting
+    /// in them (B112): the gauges, read at scrape time.
+    pub fn saturation(&self) -> (usize, usize) {
+        let groups = self.inner.groups.lock();
+        groups.values().filter(|g| g.waiting() > 0).fold((0, 0), |(n, w), g| (n + 1, w + g.waiting()))
+    }
+
     /// Views of the saturation groups, the most waiting first (B112).
     pub fn groups(&self) -> Vec<GroupSnapshot> {
         let now = self.inner.clock.now();

@@ -157,7 +157,7 @@ impl PoolMemory {
     }
 
     #[cfg(test)]
-    pub fn len(&self) -> usize {
+    fn remembered(&self) -> usize {
         self.pools.len()
     }
 }
@@ -333,7 +333,7 @@ mod tests {
         pools.remember(&a("a"), "p1");
         pools.remember(&a("b"), "p2");
         pools.remember(&a("c"), "p1");
-        assert_eq!(pools.len(), 2);
+        assert_eq!(pools.remembered(), 2);
         assert_eq!(pools.pool(&a("a")), None, "the oldest is forgotten");
         assert_eq!(pools.pool(&a("c")).as_deref(), Some("p1"));
         pools.remember(&a("d"), "");
