@@ -13,8 +13,7 @@ use std::time::Duration;
 use crate::cli::flags::ServeArgs;
 use crate::cli::godur;
 use crate::cli::size;
-use crate::parking::backoff::BackoffPolicy;
-use crate::parking::groups::Dispatch;
+use crate::parking::backoff::{BackoffPolicy, Dispatch};
 use crate::parking::share::SharePolicy;
 
 /// The resume budget when parking is disabled: long enough to ride out

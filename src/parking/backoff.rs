@@ -1,4 +1,5 @@
-//! Retry delays for a parked flight (B17).
+//! Retry delays for a parked flight (B17), and whether saturated flights
+//! retry alone or in groups (B114).
 //!
 //! After the k-th retryable failure the flight waits `d_k * (1 + U[0, jitter))`
 //! with `d_1 = interval` and `d_{k+1} = d_k * factor`. There is deliberately no
@@ -60,6 +61,31 @@ impl Backoff {
     /// Starts the schedule again from one interval.
     pub fn reset(&mut self) {
         self.next_base = self.policy.interval;
+    }
+}
+
+/// How parked flights retry (`--parked-request-dispatch`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Dispatch {
+    /// Flights waiting on a full pool or an unavailable control plane wait
+    /// in saturation groups (B109); the default.
+    SaturationGroup,
+    /// Every flight retries on its own backoff (B17), as before B109.
+    PerFlight,
+}
+
+impl Dispatch {
+    /// The flag's value for this mode.
+    pub fn name(self) -> &'static str {
+        match self {
+            Dispatch::SaturationGroup => "saturation-group",
+            Dispatch::PerFlight => "per-flight",
+        }
+    }
+
+    /// The mode a flag value names.
+    pub fn parse(value: &str) -> Option<Dispatch> {
+        [Dispatch::SaturationGroup, Dispatch::PerFlight].into_iter().find(|d| d.name() == value)
     }
 }
 

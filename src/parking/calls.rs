@@ -327,7 +327,7 @@ mod tests {
             parking_enabled: true,
             max_flights: 100_000,
             atespace_share: SharePolicy::capped(100_000, 100_000),
-            dispatch: crate::parking::groups::Dispatch::SaturationGroup,
+            dispatch: crate::parking::backoff::Dispatch::SaturationGroup,
         };
         let table = FlightTable::new(
             policy,

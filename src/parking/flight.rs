@@ -41,11 +41,9 @@ use prometheus::IntCounter;
 
 use crate::ateapi::resume::{AttemptResult, Code, ResumeError, Resumed};
 use crate::ateapi::target::ActorId;
-use crate::parking::backoff::{Backoff, BackoffPolicy};
+use crate::parking::backoff::{Backoff, BackoffPolicy, Dispatch};
 use crate::parking::clock::Clock;
-use crate::parking::groups::{
-    Dispatch, DispatchOrder, Group, GroupKey, GroupSnapshot, PoolMemory, POOL_MEMORY_BOUND,
-};
+use crate::parking::groups::{DispatchOrder, Group, GroupKey, GroupSnapshot, PoolMemory, POOL_MEMORY_BOUND};
 use crate::parking::share::{AtespaceShares, ShareHold, SharePolicy};
 use crate::parking::timer::{Scheduler, TimerId};
 

@@ -23,31 +23,6 @@ use crate::ateapi::target::ActorId;
 use crate::parking::backoff::{Backoff, BackoffPolicy};
 use crate::parking::timer::TimerId;
 
-/// How parked flights retry (`--parked-request-dispatch`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Dispatch {
-    /// Flights waiting on a full pool or an unavailable control plane wait
-    /// in saturation groups (B109); the default.
-    SaturationGroup,
-    /// Every flight retries on its own backoff (B17), as before B109.
-    PerFlight,
-}
-
-impl Dispatch {
-    /// The flag's value for this mode.
-    pub fn name(self) -> &'static str {
-        match self {
-            Dispatch::SaturationGroup => "saturation-group",
-            Dispatch::PerFlight => "per-flight",
-        }
-    }
-
-    /// The mode a flag value names.
-    pub fn parse(value: &str) -> Option<Dispatch> {
-        [Dispatch::SaturationGroup, Dispatch::PerFlight].into_iter().find(|d| d.name() == value)
-    }
-}
-
 /// What a group waits for (B109).
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum GroupKey {
