@@ -444,6 +444,7 @@ impl Router {
             parking_enabled: config.parking.enabled,
             max_flights: config.flight_max,
             atespace_share: config.flight_max_per_atespace,
+            dispatch: config.parking.dispatch,
         };
         let calls = CallGate::new(
             ateapi.clone(),
@@ -594,6 +595,7 @@ impl Router {
             move || {
                 metrics.set_flights_active(flights.len());
                 metrics.set_oldest_attempt(flights.oldest_attempt());
+                metrics.set_saturation(flights.saturation());
             }
         };
         let http = HttpServer::start(

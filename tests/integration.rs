@@ -27,6 +27,7 @@ mod logging;
 mod parking;
 mod parkload;
 mod routing;
+mod saturation;
 mod soak;
 mod status;
 mod systemd;

@@ -10,7 +10,8 @@
 //!
 //! `cargo bench --profile release --features testkit --bench parking [-- --only NAME]`;
 //! scenarios: fast-path, park-capacity, amplification, timer, recovery,
-//! cost-growth, deadlines, fair-shares, envoy-path (through a real Envoy,
+//! cost-growth, deadlines, fair-shares, saturation (a saturated pool's
+//! queue against per-flight retries), envoy-path (through a real Envoy,
 //! every component a process of its own), fleet (ResumeActor calls per
 //! waiting actor-second, 3 routers against 1, through real Envoys); and,
 //! only when named,
@@ -31,6 +32,7 @@ mod memory;
 mod parking;
 mod policy;
 mod report;
+mod saturation;
 
 use report::Report;
 
@@ -38,7 +40,7 @@ use report::Report;
 type Scenario = (&'static str, fn(&mut Report));
 
 /// Every scenario, in the order a full run takes them.
-const SCENARIOS: [Scenario; 10] = [
+const SCENARIOS: [Scenario; 11] = [
     ("fast-path", fast_path::fast_path),
     ("park-capacity", parking::park_capacity),
     ("amplification", parking::amplification),
@@ -47,6 +49,7 @@ const SCENARIOS: [Scenario; 10] = [
     ("cost-growth", fast_path::cost_growth),
     ("deadlines", policy::deadlines),
     ("fair-shares", policy::fair_shares),
+    ("saturation", saturation::saturation),
     ("envoy-path", envoy_path::envoy_path),
     ("fleet", fleet::fleet),
 ];

@@ -124,12 +124,20 @@ pub struct Resumed {
     /// The first of `status.worker_assignment.worker_pod_ips`, parsed:
     /// all a verdict needs, and cheap for every joiner to copy.
     pub worker: Result<IpAddr, BadWorkerIp>,
+    /// `status.worker_assignment.worker_pool`, empty when not given: the
+    /// pool whose saturation group the actor joins later (B109).
+    pub worker_pool: String,
 }
 
 impl Resumed {
     /// A success whose worker is the first of `worker_pod_ips` (B8).
     pub fn from_pod_ips(resumed: bool, ips: &[String]) -> Resumed {
-        Resumed { resumed, worker: worker_ip(ips) }
+        Resumed { resumed, worker: worker_ip(ips), worker_pool: String::new() }
+    }
+
+    /// The same success, on worker pool `pool`.
+    pub fn on_pool(self, pool: &str) -> Resumed {
+        Resumed { worker_pool: pool.to_owned(), ..self }
     }
 }
 

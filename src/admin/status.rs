@@ -21,6 +21,7 @@ use crate::ateapi::client::AteapiClient;
 use crate::cli::config::{AteapiTransport, Config, ExtprocListen};
 use crate::cli::{godur, size};
 use crate::parking::flight::FlightSnapshot;
+use crate::parking::groups::GroupSnapshot;
 use crate::parking::lot::AtespaceView;
 use crate::parking::resolver::Resolver;
 use crate::telemetry::metrics::Metrics;
@@ -69,6 +70,10 @@ struct Snapshot {
     /// The atespaces holding slots now, most first, and how many do.
     atespaces: Vec<AtespaceView>,
     atespaces_total: usize,
+    /// The saturation groups with the most flights waiting (B112), and
+    /// how many groups there are.
+    groups: Vec<GroupSnapshot>,
+    groups_total: usize,
     ateapi_address: String,
     connectivity: &'static str,
     /// ResumeActor attempts by code, for the codes seen, by name.
@@ -158,6 +163,9 @@ impl StatusPage {
         attempts.sort();
         let (atespaces, atespaces_total) =
             self.resolver.lot().map_or_else(|| (Vec::new(), 0), |lot| lot.atespaces(TOP_ATESPACES));
+        let mut groups = self.resolver.flights().groups();
+        let groups_total = groups.len();
+        groups.truncate(TOP_ATESPACES);
         let now = Instant::now();
         let history = self
             .history
@@ -181,6 +189,8 @@ impl StatusPage {
             parked_actors_total,
             atespaces,
             atespaces_total,
+            groups,
+            groups_total,
             ateapi_address: self.config.ateapi_address.clone(),
             connectivity: self.ateapi.connectivity(),
             attempts,
@@ -252,6 +262,19 @@ fn json(s: &Snapshot) -> String {
             })
         })
         .collect();
+    let groups: Vec<Value> = s
+        .groups
+        .iter()
+        .map(|g| {
+            json!({
+                "key": g.key,
+                "waiting": g.waiting,
+                "oldest_wait_seconds": secs(g.oldest_wait),
+                "last_answer": g.last_answer.name(),
+                "probe_open": g.probe_open,
+            })
+        })
+        .collect();
     let verdicts: Map<String, Value> = VerdictKind::ALL
         .iter()
         .zip(s.verdicts)
@@ -302,6 +325,8 @@ fn json(s: &Snapshot) -> String {
         "atespaces": atespaces,
         "atespaces_total": s.atespaces_total,
         "atespaces_more": s.atespaces_total - s.atespaces.len(),
+        "saturation_groups": groups,
+        "saturation_groups_total": s.groups_total,
         "flights": s.flights,
         "oldest_flights": s.oldest_flights.iter().map(json_flight).collect::<Vec<_>>(),
         "oldest_flights_more": s.flights - s.oldest_flights.len(),
@@ -600,6 +625,31 @@ fn fill(h: &mut String, slot: &str, s: &Snapshot) {
                 more(h, "flights-more", "the oldest", s.oldest_flights.len(), s.flights);
             }
         }
+        "groups" => {
+            if s.groups.is_empty() {
+                h.push_str("<p class=\"quiet\">No flight waits for a full pool or the control plane.</p>");
+            } else {
+                let columns = [
+                    ("group", false),
+                    ("waiting", true),
+                    ("oldest wait", true),
+                    ("last answer", false),
+                    ("probe", false),
+                ];
+                table_head(h, "saturation-groups", &columns);
+                for g in &s.groups {
+                    h.push_str("<tr>");
+                    cell(h, "group", false, &escape(&g.key));
+                    cell(h, "waiting", true, &count(g.waiting));
+                    cell(h, "oldest wait", true, &format!("{:.1}s", g.oldest_wait.as_secs_f64()));
+                    cell(h, "last answer", false, g.last_answer.name());
+                    cell(h, "probe", false, if g.probe_open { "open" } else { "waiting" });
+                    h.push_str("</tr>");
+                }
+                h.push_str("</tbody></table>");
+                more(h, "saturation-groups-more", "the largest", s.groups.len(), s.groups_total);
+            }
+        }
         "parked-actors" => {
             if s.parked_actors.is_empty() {
                 h.push_str("<p class=\"quiet\">No actor has parked requests.</p>");
@@ -697,6 +747,7 @@ pub fn effective_flags(config: &Config) -> Vec<(&'static str, String)> {
         ("--parked-request-retry-interval", godur::format(parking.backoff.interval)),
         ("--parked-request-retry-factor", parking.backoff.factor.to_string()),
         ("--parked-request-retry-jitter", parking.backoff.jitter.to_string()),
+        ("--parked-request-dispatch", parking.dispatch.name().to_string()),
         ("--extproc-max-requests", config.extproc_max_requests.to_string()),
         ("--extproc-max-streams", config.extproc_max_streams.to_string()),
         ("--flight-max", config.flight_max.to_string()),
@@ -836,6 +887,16 @@ mod tests {
                 })
                 .collect(),
             atespaces_total: 1_000,
+            groups: (0..TOP_ATESPACES)
+                .map(|i| GroupSnapshot {
+                    key: format!("pool:{:p<128}", name(i)),
+                    waiting: 20_000,
+                    oldest_wait: Duration::from_millis(123_456),
+                    last_answer: Code::FailedPrecondition,
+                    probe_open: true,
+                })
+                .collect(),
+            groups_total: 1_000,
             ateapi_address: format!("{:z<253}:443", "ateapi."),
             connectivity: "TRANSIENT_FAILURE",
             attempts: Code::ALL.iter().map(|c| (c.name(), 123_456_789)).collect(),

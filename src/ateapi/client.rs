@@ -485,18 +485,24 @@ enum Answer {
     Malformed(&'static str),
 }
 
+/// A pool name as the router keeps it (B109): at most 128 characters, so
+/// that a control plane's long names cost bounded memory per actor.
+fn clean_pool(pool: &str) -> &str {
+    pool.char_indices().nth(128).map_or(pool, |(at, _)| &pool[..at])
+}
+
 /// Maps a call's result to the router's terms.
 fn attempt_result(result: Result<ResumeActorResponse, Answer>) -> AttemptResult {
     match result {
         Ok(response) => {
-            let ips = response
+            let assignment = response
                 .actor
                 .as_ref()
                 .and_then(|a| a.status.as_ref())
-                .and_then(|s| s.worker_assignment.as_ref())
-                .map(|w| w.worker_pod_ips.as_slice())
-                .unwrap_or_default();
-            Ok(Resumed::from_pod_ips(response.resumed, ips))
+                .and_then(|s| s.worker_assignment.as_ref());
+            let ips = assignment.map(|w| w.worker_pod_ips.as_slice()).unwrap_or_default();
+            let pool = assignment.map(|w| w.worker_pool.as_str()).unwrap_or_default();
+            Ok(Resumed::from_pod_ips(response.resumed, ips).on_pool(clean_pool(pool)))
         }
         // gRPC core's own refusal of an answer over one of the router's
         // limits is a failure of the router's client, not a control-plane

@@ -18,7 +18,7 @@ use crate::cli::values::{
     socket_addr,
 };
 pub use crate::cli::values::{CidrRange, ConfigError};
-use crate::parking::backoff::BackoffPolicy;
+use crate::parking::backoff::{BackoffPolicy, Dispatch};
 use crate::parking::share::SharePolicy;
 
 /// The resume budget when parking is disabled: long enough to ride out
@@ -121,6 +121,8 @@ pub struct Parking {
     /// The flag value after normalisation, shown on the status page.
     pub configured_budget: Duration,
     pub backoff: BackoffPolicy,
+    /// Whether saturated flights wait in groups or retry alone (B114).
+    pub dispatch: Dispatch,
 }
 
 /// What the flags are validated for (B96): `serve` reaches ateapi and
@@ -505,6 +507,12 @@ fn parking(args: &ServeArgs) -> Result<Parking, ConfigError> {
             )))
         }
     };
+    let dispatch = Dispatch::parse(&args.parked_request_dispatch).ok_or_else(|| {
+        invalid(format!(
+            "--parked-request-dispatch must be saturation-group or per-flight, got {:?}",
+            args.parked_request_dispatch
+        ))
+    })?;
     Ok(Parking {
         enabled,
         max,
@@ -512,6 +520,7 @@ fn parking(args: &ServeArgs) -> Result<Parking, ConfigError> {
         budget,
         configured_budget,
         backoff: BackoffPolicy { interval, factor, jitter },
+        dispatch,
     })
 }
 
@@ -1140,6 +1149,7 @@ mod tests {
     fn b37_rejections_name_the_flag() {
         let cases: &[(&[&str], &str)] = &[
             (&["--parked-request-retry-factor", "0.5"], "--parked-request-retry-factor"),
+            (&["--parked-request-dispatch", "fifo"], "--parked-request-dispatch"),
             (&["--worker-networks", "10.0.0.0"], "--worker-networks"),
             (&["--worker-networks", "10.0.0.0/33"], "--worker-networks"),
             (&["--worker-networks", "fd00::/129"], "--worker-networks"),

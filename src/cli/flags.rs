@@ -89,6 +89,9 @@ pub struct ServeArgs {
     /// random fraction in [0, 1) added to each retry delay (default: 0.1)
     #[argh(option, default = "0.1")]
     pub parked_request_retry_jitter: f64,
+    /// how parked requests retry a full pool or an unavailable control plane: saturation-group (one flight of a pool at a time, in budget order) or per-flight (default: saturation-group)
+    #[argh(option, default = "String::from(\"saturation-group\")")]
+    pub parked_request_dispatch: String,
     /// circuit breaker of the ext_proc cluster in Envoy (default: 0 = max(2 x lot, 1024))
     #[argh(option, default = "0")]
     pub extproc_max_requests: i64,

@@ -1,4 +1,5 @@
-//! Retry delays for a parked flight (B17).
+//! Retry delays for a parked flight (B17), and whether saturated flights
+//! retry alone or in groups (B114).
 //!
 //! After the k-th retryable failure the flight waits `d_k * (1 + U[0, jitter))`
 //! with `d_1 = interval` and `d_{k+1} = d_k * factor`. There is deliberately no
@@ -39,6 +40,52 @@ impl Backoff {
     /// The delay before the next attempt with a fresh random sample.
     pub fn next_random_delay(&mut self) -> Duration {
         self.next_delay(fastrand::f64())
+    }
+
+    /// As [`Backoff::next_delay`], but the base stops growing at
+    /// `cap_intervals` intervals (a saturation group's delay, B110); the
+    /// jitter still applies on top.
+    pub fn next_delay_capped(&mut self, unit_sample: f64, cap_intervals: u32) -> Duration {
+        let cap = scaled(self.policy.interval, f64::from(cap_intervals.max(1)));
+        self.next_base = self.next_base.min(cap);
+        let delay = self.next_delay(unit_sample);
+        self.next_base = self.next_base.min(cap);
+        delay
+    }
+
+    /// [`Backoff::next_delay_capped`] with a fresh random sample.
+    pub fn next_random_delay_capped(&mut self, cap_intervals: u32) -> Duration {
+        self.next_delay_capped(fastrand::f64(), cap_intervals)
+    }
+
+    /// Starts the schedule again from one interval.
+    pub fn reset(&mut self) {
+        self.next_base = self.policy.interval;
+    }
+}
+
+/// How parked flights retry (`--parked-request-dispatch`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Dispatch {
+    /// Flights waiting on a full pool or an unavailable control plane wait
+    /// in saturation groups (B109); the default.
+    SaturationGroup,
+    /// Every flight retries on its own backoff (B17), as before B109.
+    PerFlight,
+}
+
+impl Dispatch {
+    /// The flag's value for this mode.
+    pub fn name(self) -> &'static str {
+        match self {
+            Dispatch::SaturationGroup => "saturation-group",
+            Dispatch::PerFlight => "per-flight",
+        }
+    }
+
+    /// The mode a flag value names.
+    pub fn parse(value: &str) -> Option<Dispatch> {
+        [Dispatch::SaturationGroup, Dispatch::PerFlight].into_iter().find(|d| d.name() == value)
     }
 }
 

@@ -327,6 +327,7 @@ mod tests {
             parking_enabled: true,
             max_flights: 100_000,
             atespace_share: SharePolicy::capped(100_000, 100_000),
+            dispatch: crate::parking::backoff::Dispatch::SaturationGroup,
         };
         let table = FlightTable::new(
             policy,

@@ -31,7 +31,7 @@ use std::collections::HashMap;
 use std::future::Future;
 use std::hash::{Hash, Hasher};
 use std::pin::Pin;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
@@ -41,8 +41,9 @@ use prometheus::IntCounter;
 
 use crate::actor::resume::{AttemptResult, Code, ResumeError, Resumed};
 use crate::actor::target::ActorId;
-use crate::parking::backoff::{Backoff, BackoffPolicy};
+use crate::parking::backoff::{Backoff, BackoffPolicy, Dispatch};
 use crate::parking::clock::Clock;
+use crate::parking::groups::{DispatchOrder, Group, GroupKey, GroupSnapshot, PoolMemory, POOL_MEMORY_BOUND};
 use crate::parking::share::{AtespaceShares, ShareHold, SharePolicy};
 use crate::parking::timer::{Scheduler, TimerId};
 
@@ -105,6 +106,8 @@ pub struct FlightPolicy {
     pub max_flights: usize,
     /// Flights one atespace may have in progress at once.
     pub atespace_share: SharePolicy,
+    /// Whether saturated flights wait in groups or retry alone (B109).
+    pub dispatch: Dispatch,
 }
 
 /// Why no flight could be made for an actor that had none.
@@ -214,6 +217,8 @@ impl Phase {
 /// One in-progress resume of one actor.
 pub struct Flight {
     actor: ActorId,
+    /// The flight's creation number, its group order's tie-break (B111).
+    arrival: u64,
     started: Instant,
     deadline: Instant,
     state: Mutex<FlightState>,
@@ -238,6 +243,11 @@ struct FlightState {
     /// the flight ends early: most flights end in a millisecond, and their
     /// checks should not keep the timer busy for a whole budget.
     deadline_timer: Option<TimerId>,
+    /// The saturation group the flight waits in, and its place there
+    /// (B109); `None` while it runs or retries alone.
+    grouped: Option<(GroupKey, DispatchOrder)>,
+    /// The group whose probe the running attempt is (B110).
+    probe_of: Option<GroupKey>,
 }
 
 /// Wakers of the callers waiting on a flight, by registration key.
@@ -380,6 +390,13 @@ struct Inner {
     shares: Arc<AtespaceShares>,
     /// `atenet_router_flights_abandoned_total`.
     abandoned: IntCounter,
+    /// The saturation groups (B109). Taken after a flight's lock, never
+    /// before one: a group's next flight is taken out under this lock and
+    /// started after it is released.
+    groups: Mutex<HashMap<GroupKey, Group<Arc<Flight>>>>,
+    /// The pool each recently resumed actor runs on (B109).
+    pools: Mutex<PoolMemory>,
+    arrivals: AtomicU64,
 }
 
 const SHARDS: usize = 64;
@@ -397,7 +414,19 @@ impl FlightTable {
         let shards = (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect();
         let active = AtomicUsize::new(0);
         let shares = AtespaceShares::new(policy.atespace_share);
-        let inner = Inner { shards, active, clock, scheduler, resumer, policy, shares, abandoned };
+        let inner = Inner {
+            shards,
+            active,
+            clock,
+            scheduler,
+            resumer,
+            policy,
+            shares,
+            abandoned,
+            groups: Mutex::new(HashMap::new()),
+            pools: Mutex::new(PoolMemory::new(POOL_MEMORY_BOUND)),
+            arrivals: AtomicU64::new(0),
+        };
         FlightTable { inner: Arc::new(inner) }
     }
 
@@ -428,6 +457,7 @@ impl FlightTable {
             let now = self.inner.clock.now();
             let flight = Arc::new(Flight {
                 actor: actor.clone(),
+                arrival: self.inner.arrivals.fetch_add(1, Ordering::Relaxed),
                 started: now,
                 deadline: now + self.inner.policy.budget,
                 state: Mutex::new(FlightState {
@@ -441,6 +471,8 @@ impl FlightTable {
                     parked_callers: 0,
                     attempt_started: None,
                     deadline_timer: None,
+                    grouped: None,
+                    probe_of: None,
                 }),
             });
             shard.insert(actor.clone(), Arc::clone(&flight));
@@ -478,6 +510,33 @@ impl FlightTable {
         views
     }
 
+    /// The saturation groups with flights waiting, and the flights waiting
+    /// in them (B112): the gauges, read at scrape time.
+    pub fn saturation(&self) -> (usize, usize) {
+        let groups = self.inner.groups.lock();
+        groups.values().filter(|g| g.waiting() > 0).fold((0, 0), |(n, w), g| (n + 1, w + g.waiting()))
+    }
+
+    /// Views of the saturation groups, the most waiting first (B112).
+    pub fn groups(&self) -> Vec<GroupSnapshot> {
+        let now = self.inner.clock.now();
+        let groups = self.inner.groups.lock();
+        let mut views: Vec<GroupSnapshot> = groups
+            .iter()
+            .map(|(key, group)| GroupSnapshot {
+                key: key.to_string(),
+                waiting: group.waiting(),
+                oldest_wait: group
+                    .oldest_since()
+                    .map_or(Duration::ZERO, |at| now.saturating_duration_since(at)),
+                last_answer: group.last_answer,
+                probe_open: group.probe_open,
+            })
+            .collect();
+        views.sort_by(|a, b| b.waiting.cmp(&a.waiting).then_with(|| a.key.cmp(&b.key)));
+        views
+    }
+
     /// How long the longest-running attempt has run, if one runs (B92):
     /// `atenet_router_oldest_attempt_seconds`, read at scrape time.
     pub fn oldest_attempt(&self) -> Option<Duration> {
@@ -507,20 +566,34 @@ impl Inner {
     }
 
     fn on_attempt(inner: &Arc<Inner>, flight: &Arc<Flight>, result: AttemptResult) {
+        let probe_of = flight.state.lock().probe_of.take();
         let error = match result {
-            Ok(resumed) => return inner.finish(flight, Code::Ok, FlightOutcome::Resumed(resumed)),
+            Ok(resumed) => {
+                inner.pools.lock().remember(&flight.actor, &resumed.worker_pool);
+                inner.finish(flight, Code::Ok, FlightOutcome::Resumed(resumed));
+                // A worker freed, and more may follow: the group's next
+                // flight goes at once (B110).
+                return inner.group_answered(probe_of, Code::Ok, true);
+            }
             Err(error) => error,
         };
-        if !error.code.is_retryable(inner.policy.parking_enabled) {
-            return inner.finish(flight, error.code, FlightOutcome::Failed(error));
+        let code = error.code;
+        if !code.is_retryable(inner.policy.parking_enabled) {
+            inner.finish(flight, code, FlightOutcome::Failed(error));
+            return inner.group_answered(probe_of, code, true);
         }
         let now = inner.clock.now();
         if now >= flight.deadline {
             // No retry can start (B19): the flight ends here, and no caller
             // sees a park transition first, so none can take a slot (or be
             // shed) for a flight that has already ended (B24).
-            return inner.finish(flight, error.code, FlightOutcome::BudgetExhausted(error));
+            inner.finish(flight, code, FlightOutcome::BudgetExhausted(error));
+            return inner.group_answered(probe_of, code, true);
         }
+        let group = match inner.policy.dispatch {
+            Dispatch::SaturationGroup => GroupKey::for_answer(code, &flight.actor, &inner.pools.lock()),
+            Dispatch::PerFlight => None,
+        };
         let (wake, next) = {
             // Whether anyone still waits, and the retry that follows, are
             // decided under the shard's lock, so that a caller joining now
@@ -528,24 +601,157 @@ impl Inner {
             let shard = inner.shard(&flight.actor).lock();
             let mut state = flight.state.lock();
             if state.callers == 0 {
-                state.last_code = Some(error.code);
-                return inner.abandon(shard, flight, state);
+                state.last_code = Some(code);
+                inner.abandon(shard, flight, state);
+                return inner.group_answered(probe_of, code, true);
             }
             drop(shard);
-            state.last_code = Some(error.code);
+            state.last_code = Some(code);
             state.attempt_started = None;
             let first_park = !state.phase.parked();
             state.phase = Phase::Retrying { attempt_running: false, last: error };
             let wake = if first_park { state.waiters.take_all() } else { Vec::new() };
-            (wake, now + state.backoff.next_random_delay())
+            let next = match &group {
+                // Waits in its group, entered under the flight's lock so
+                // that its end (which takes it out) cannot come first; its
+                // deadline check ends it at its budget (B113).
+                Some(key) => {
+                    inner.enter_group(flight, &mut state, key, now);
+                    None
+                }
+                None => Some(now + state.backoff.next_random_delay()),
+            };
+            (wake, next)
         };
         // Waiters re-register when they are polled again, if they still wait.
         wake.into_iter().for_each(Waker::wake);
+        let from_probe = probe_of.is_some() && probe_of == group;
+        if !from_probe {
+            // The probe's answer was about its actor, not the group's pool.
+            inner.group_answered(probe_of, code, true);
+        }
+        if let Some(key) = group {
+            return inner.group_answered(Some(key), code, from_probe);
+        }
+        let Some(next) = next else { return };
         // A retry due at or after the deadline would never start (B19), so
         // wake at the deadline instead and end there.
         let (at, retry) = if next < flight.deadline { (next, true) } else { (flight.deadline, false) };
         let (inner2, flight2) = (Arc::clone(inner), Arc::clone(flight));
         inner.scheduler.schedule(at, Box::new(move || Inner::on_timer(&inner2, &flight2, retry)));
+    }
+
+    /// Puts a flight into group `key` (B109, B111); the flight's lock is
+    /// the caller's.
+    fn enter_group(&self, flight: &Arc<Flight>, state: &mut FlightState, key: &GroupKey, now: Instant) {
+        let order = DispatchOrder { budget_end: flight.deadline, arrival: flight.arrival };
+        let atespace: Arc<str> = Arc::from(flight.actor.atespace());
+        let mut groups = self.groups.lock();
+        let group =
+            groups.entry(key.clone()).or_insert_with(|| Group::new(self.policy.backoff, Code::Ok, now));
+        group.insert(&atespace, order, Arc::clone(flight), now);
+        state.grouped = Some((key.clone(), order));
+    }
+
+    /// Takes an ended flight out of its group, if it waits in one.
+    fn leave_group(&self, grouped: Option<(GroupKey, DispatchOrder)>, actor: &ActorId) {
+        let Some((key, order)) = grouped else { return };
+        let mut groups = self.groups.lock();
+        if let Some(group) = groups.get_mut(&key) {
+            group.remove(actor.atespace(), &order);
+            if group.idle() {
+                if let Some(timer) = groups.remove(&key).and_then(|g| g.timer) {
+                    self.scheduler.cancel(timer);
+                }
+            }
+        }
+    }
+
+    /// Group `key` heard `code`, from its probe or from a flight's first
+    /// attempt: decides when it sends its next flight (B110). While its
+    /// answers are retryable, one retry interval after the answer, growing
+    /// while it stays saturated; after the probe's success at once.
+    fn group_answered(self: &Arc<Self>, key: Option<GroupKey>, code: Code, from_probe: bool) {
+        let Some(key) = key else { return };
+        let now = self.clock.now();
+        let release_now = {
+            let mut groups = self.groups.lock();
+            let Some(group) = groups.get_mut(&key) else { return };
+            if from_probe {
+                group.probe_open = false;
+            }
+            group.last_answer = code;
+            group.last_answer_at = now;
+            if group.idle() {
+                if let Some(timer) = groups.remove(&key).and_then(|g| g.timer) {
+                    self.scheduler.cancel(timer);
+                }
+                return;
+            }
+            match code {
+                Code::Ok => {
+                    group.reset_delay();
+                    if let Some(timer) = group.timer.take() {
+                        self.scheduler.cancel(timer);
+                    }
+                    true
+                }
+                // The probe will answer, or the next is due already: a first
+                // attempt's answer moves no timer, so that arrivals cannot
+                // postpone the group forever.
+                _ if group.probe_open || group.timer.is_some() => false,
+                _ => {
+                    let at = now + group.next_delay();
+                    let (inner, key) = (Arc::clone(self), key.clone());
+                    group.timer = Some(self.scheduler.schedule(at, Box::new(move || inner.release(&key))));
+                    false
+                }
+            }
+        };
+        if release_now {
+            self.release(&key);
+        }
+    }
+
+    /// Sends group `key`'s next flight, unless its probe is open (B110):
+    /// the first by [`DispatchOrder`], atespaces in turns (B111). A flight
+    /// that can no longer run (its budget passed) is skipped.
+    fn release(self: &Arc<Self>, key: &GroupKey) {
+        loop {
+            let next = {
+                let mut groups = self.groups.lock();
+                let Some(group) = groups.get_mut(key) else { return };
+                group.timer = None;
+                if group.probe_open {
+                    return;
+                }
+                match group.pop_next() {
+                    Some(flight) => {
+                        group.probe_open = true;
+                        flight
+                    }
+                    None => {
+                        groups.remove(key);
+                        return;
+                    }
+                }
+            };
+            {
+                let mut state = next.state.lock();
+                state.grouped = None;
+                let runnable = self.clock.now() < next.deadline && state.callers > 0;
+                if let (true, Phase::Retrying { attempt_running: false, last }) = (runnable, &state.phase) {
+                    let last = last.clone();
+                    state.phase = Phase::Retrying { attempt_running: true, last };
+                    state.probe_of = Some(key.clone());
+                    drop(state);
+                    return Inner::start_attempt(self, &next);
+                }
+            }
+            if let Some(group) = self.groups.lock().get_mut(key) {
+                group.probe_open = false;
+            }
+        }
     }
 
     /// At the budget deadline: an attempt still running will be awaited, so
@@ -557,6 +763,13 @@ impl Inner {
             let last = match &state.phase {
                 Phase::First => None,
                 Phase::Retrying { attempt_running: true, last } => Some(last.clone()),
+                // Still waiting in its group at its budget's end: ends now,
+                // without another call (B113).
+                Phase::Retrying { attempt_running: false, last } if state.grouped.is_some() => {
+                    let last = last.clone();
+                    drop(state);
+                    return self.finish(flight, last.code, FlightOutcome::BudgetExhausted(last));
+                }
                 _ => return,
             };
             state.phase = Phase::Overtime { last };
@@ -624,9 +837,11 @@ impl Inner {
         }
         let (wake, timer, share) =
             (state.waiters.take_all(), state.deadline_timer.take(), state.share.take());
+        let grouped = state.grouped.take();
         drop(state);
         drop(shard);
         drop(share);
+        self.leave_group(grouped, &flight.actor);
         if let Some(timer) = timer {
             self.scheduler.cancel(timer);
         }
@@ -730,12 +945,34 @@ pub(crate) mod tests {
         harness_with_share(budget_ms, interval_ms, parking_enabled, SharePolicy::capped(100, 3))
     }
 
-    /// A harness of `share.whole` flights shared out by `share` (B79).
+    /// A harness of `share.whole` flights shared out by `share` (B79),
+    /// each retrying on its own (B17).
     pub(crate) fn harness_with_share(
         budget_ms: u64,
         interval_ms: u64,
         parking_enabled: bool,
         share: SharePolicy,
+    ) -> Harness {
+        harness_dispatching(budget_ms, interval_ms, parking_enabled, share, Dispatch::PerFlight)
+    }
+
+    /// A harness whose saturated flights wait in groups (B109).
+    pub(crate) fn grouped_harness(budget_ms: u64, interval_ms: u64) -> Harness {
+        harness_dispatching(
+            budget_ms,
+            interval_ms,
+            true,
+            SharePolicy::capped(100, 100),
+            Dispatch::SaturationGroup,
+        )
+    }
+
+    fn harness_dispatching(
+        budget_ms: u64,
+        interval_ms: u64,
+        parking_enabled: bool,
+        share: SharePolicy,
+        dispatch: Dispatch,
     ) -> Harness {
         let clock = ManualClock::new();
         let scheduler = ManualScheduler::new(clock.clone());
@@ -747,6 +984,7 @@ pub(crate) mod tests {
             parking_enabled,
             max_flights: share.whole,
             atespace_share: share,
+            dispatch,
         };
         let table = FlightTable::new(
             policy,
@@ -1245,5 +1483,201 @@ pub(crate) mod tests {
         assert_eq!(h.table.join(&parse("y/b")).unwrap().1, Role::Leader);
         assert_eq!(h.table.len(), 8);
         drop((greedy, other));
+    }
+
+    /// Flights for `names` (`atespace/actor`), joined `gap_ms` apart, each
+    /// first resumed on pool `pool` and then answered full, so that all of
+    /// them wait in the pool's group; their callers are returned.
+    fn saturated(h: &Harness, names: &[&str], pool: &str, gap_ms: u64) -> Vec<Caller> {
+        let parse = |r: &str| ActorId::parse(r).unwrap();
+        for name in names {
+            let _first = h.table.join(&parse(name)).unwrap();
+            h.resumer
+                .answer(&parse(name), Ok(Resumed::from_pod_ips(true, &["10.0.0.7".into()]).on_pool(pool)));
+        }
+        names
+            .iter()
+            .map(|name| {
+                let (caller, _) = h.table.join(&parse(name)).unwrap();
+                h.resumer.answer(&parse(name), err(Code::ResourceExhausted, "no free workers"));
+                h.scheduler.advance(Duration::from_millis(gap_ms));
+                caller
+            })
+            .collect()
+    }
+
+    fn full() -> AttemptResult {
+        err(Code::ResourceExhausted, "no free workers")
+    }
+
+    fn freed(pool: &str) -> AttemptResult {
+        Ok(Resumed::from_pod_ips(true, &["10.0.0.7".into()]).on_pool(pool))
+    }
+
+    fn pending(h: &Harness) -> Vec<String> {
+        h.resumer.pending_actors().iter().map(|a| a.to_string()).collect()
+    }
+
+    #[test]
+    fn b111_a_group_sends_the_flight_whose_budget_ends_first() {
+        let h = grouped_harness(10_000, 100);
+        let names = ["demo/a0", "demo/a1", "demo/a2", "demo/a3"];
+        let _callers = saturated(&h, &names, "p", 10);
+        assert_eq!(h.resumer.running(), 0, "all four wait in the group");
+        assert_eq!(h.table.groups()[0].waiting, 4);
+        h.scheduler.advance(Duration::from_millis(100));
+        assert_eq!(pending(&h), ["demo/a0"], "the oldest first");
+        h.resumer.answer(&ActorId::parse("demo/a0").unwrap(), full());
+        h.scheduler.advance(Duration::from_secs(1));
+        assert_eq!(pending(&h), ["demo/a0"], "its budget still ends first");
+        h.resumer.answer(&ActorId::parse("demo/a0").unwrap(), freed("p"));
+        assert_eq!(pending(&h), ["demo/a1"]);
+        h.resumer.answer(&ActorId::parse("demo/a1").unwrap(), freed("p"));
+        assert_eq!(pending(&h), ["demo/a2"]);
+    }
+
+    #[test]
+    fn b111_atespaces_take_turns_in_a_group() {
+        let h = grouped_harness(10_000, 100);
+        let names = ["x/a", "x/b", "x/c", "y/a", "y/b"];
+        let _callers = saturated(&h, &names, "p", 10);
+        assert_eq!(h.table.groups().len(), 1, "one pool, one group");
+        h.scheduler.advance(Duration::from_millis(100));
+        let mut order = Vec::new();
+        while let Some(next) = h.resumer.pending_actors().first().cloned() {
+            order.push(next.to_string());
+            h.resumer.answer(&next, freed("p"));
+        }
+        assert_eq!(order, ["x/a", "y/a", "x/b", "y/b", "x/c"]);
+    }
+
+    #[test]
+    fn b110_a_group_has_one_attempt_open_while_its_answers_are_retryable() {
+        let h = grouped_harness(60_000, 100);
+        let _callers = saturated(&h, &["demo/a", "demo/b", "demo/c"], "p", 0);
+        let d = actor("d");
+        drop(h.table.join(&d).unwrap());
+        h.resumer.answer(&d, freed("p"));
+        h.scheduler.advance(Duration::from_millis(100));
+        assert_eq!(pending(&h), ["demo/a"]);
+        // d's next flight: its first attempt goes out at once, and its answer
+        // joins the group without sending another flight while a's is open.
+        let _d = h.table.join(&d).unwrap();
+        h.resumer.answer(&d, full());
+        h.scheduler.advance(Duration::from_secs(1));
+        assert_eq!(pending(&h), ["demo/a"], "one attempt open");
+        h.resumer.answer(&actor("a"), full());
+        let mut calls = 0;
+        for _ in 0..50 {
+            h.scheduler.advance(Duration::from_millis(100));
+            assert!(h.resumer.running() <= 1, "at most one attempt open");
+            if let Some(probe) = h.resumer.pending_actors().first().cloned() {
+                calls += 1;
+                h.resumer.answer(&probe, full());
+            }
+        }
+        // The delay after a's answer is 200 ms, then 400 ms (the cap, B110)
+        // for good: 13 probes in the next 5 s.
+        assert_eq!(calls, 13);
+        let group = &h.table.groups()[0];
+        assert_eq!((group.waiting, group.last_answer), (4, Code::ResourceExhausted));
+    }
+
+    #[test]
+    fn b110_a_success_sends_the_groups_next_flight_at_once() {
+        let h = grouped_harness(60_000, 100);
+        let _callers = saturated(&h, &["demo/a", "demo/b"], "p", 0);
+        h.scheduler.advance(Duration::from_millis(100));
+        assert_eq!(pending(&h), ["demo/a"]);
+        h.resumer.answer(&ActorId::parse("demo/a").unwrap(), freed("p"));
+        assert_eq!(pending(&h), ["demo/b"], "without waiting for a timer");
+        assert_eq!(h.table.groups()[0].waiting, 0);
+        h.resumer.answer(&ActorId::parse("demo/b").unwrap(), freed("p"));
+        assert!(h.table.groups().is_empty() && h.table.is_empty());
+        assert_eq!(h.scheduler.pending(), 0, "no timer left behind");
+    }
+
+    #[test]
+    fn b110_a_first_attempt_never_waits_for_a_group() {
+        let h = grouped_harness(60_000, 100);
+        let _callers = saturated(&h, &["demo/a", "demo/b"], "p", 0);
+        h.scheduler.advance(Duration::from_millis(100));
+        assert_eq!(h.resumer.running(), 1, "the group's probe");
+        let _fresh = h.table.join(&actor("fresh")).unwrap();
+        let _pool_member = h.table.join(&actor("c")).unwrap();
+        assert_eq!(pending(&h), ["demo/a", "demo/fresh", "demo/c"], "both sent at once");
+        h.resumer.answer(&actor("c"), full());
+        assert_eq!(h.resumer.running(), 2, "a first attempt's answer sends nothing more");
+    }
+
+    #[test]
+    fn b109_failed_precondition_and_aborted_retry_alone() {
+        let h = grouped_harness(60_000, 100);
+        let _callers = saturated(&h, &["demo/a", "demo/b"], "p", 0);
+        h.scheduler.advance(Duration::from_millis(100));
+        let (_c, _) = h.table.join(&actor("c")).unwrap();
+        let (_d, _) = h.table.join(&actor("d")).unwrap();
+        h.resumer.answer(&actor("c"), err(Code::FailedPrecondition, "suspending"));
+        h.resumer.answer(&actor("d"), err(Code::Aborted, "conflict"));
+        assert_eq!(h.table.groups().iter().map(|g| g.waiting).sum::<usize>(), 1, "only b waits in a group");
+        h.scheduler.advance(Duration::from_millis(100));
+        assert_eq!(pending(&h), ["demo/a", "demo/c", "demo/d"], "each on its own schedule (B17)");
+    }
+
+    #[test]
+    fn b109_unavailable_flights_share_the_control_planes_group() {
+        let h = grouped_harness(60_000, 100);
+        let callers: Vec<Caller> = ["x/a", "y/b"]
+            .iter()
+            .map(|r| {
+                let a = ActorId::parse(r).unwrap();
+                let caller = h.table.join(&a).unwrap().0;
+                h.resumer.answer(&a, err(Code::Unavailable, "down"));
+                caller
+            })
+            .collect();
+        let groups = h.table.groups();
+        assert_eq!((groups.len(), groups[0].key.as_str(), groups[0].waiting), (1, "control-plane", 2));
+        h.scheduler.advance(Duration::from_millis(100));
+        assert_eq!(pending(&h), ["x/a"]);
+        drop(callers);
+    }
+
+    #[test]
+    fn b113_a_flight_waiting_in_its_group_ends_at_its_budget_without_a_call() {
+        let h = grouped_harness(1_000, 100);
+        let callers = saturated(&h, &["demo/a", "demo/b", "demo/c"], "p", 0);
+        h.scheduler.advance(Duration::from_millis(100));
+        assert_eq!(pending(&h), ["demo/a"], "a's attempt hangs");
+        let calls = |name: &str| h.resumer.calls(&actor(name));
+        let before = (calls("b"), calls("c"));
+        h.scheduler.advance(Duration::from_millis(900));
+        for caller in &callers[1..] {
+            assert!(matches!(
+                *caller.outcome().expect("ended at the budget"),
+                FlightOutcome::BudgetExhausted(_)
+            ));
+        }
+        assert_eq!((calls("b"), calls("c")), before, "no call at the budget");
+        assert!(caller_in_overtime(&callers[0]), "the running probe is awaited (B19)");
+        assert_eq!(h.table.groups()[0].waiting, 0);
+        h.resumer.answer(&actor("a"), freed("p"));
+        assert!(h.table.groups().is_empty() && h.table.is_empty());
+    }
+
+    fn caller_in_overtime(caller: &Caller) -> bool {
+        matches!(caller.state.lock().phase, Phase::Overtime { .. })
+    }
+
+    #[test]
+    fn b78_a_flight_left_by_its_callers_leaves_its_group() {
+        let h = grouped_harness(60_000, 100);
+        let mut callers = saturated(&h, &["demo/a", "demo/b"], "p", 0);
+        let flight = Arc::clone(&callers[0]);
+        callers.remove(0);
+        assert!(abandoned(&flight));
+        assert_eq!(h.table.groups()[0].waiting, 1);
+        h.scheduler.advance(Duration::from_millis(100));
+        assert_eq!(pending(&h), ["demo/b"], "the abandoned flight is not sent");
     }
 }

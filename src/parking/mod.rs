@@ -7,6 +7,8 @@
 //! - `lot`: the slots parked callers hold, and each atespace's share;
 //! - `share`: each atespace's share of the flights and of the requests the
 //!   router holds;
+//! - `groups`: the saturation groups, whose flights are sent one at a
+//!   time in order (B109-B112);
 //! - `calls`: the bound on the ResumeActor calls open at once;
 //! - `backoff`, `timer`, `clock`, `deadline`: retry delays, the one timer
 //!   thread, time as a seam, and a caller's own deadline.
@@ -23,6 +25,7 @@ pub mod calls;
 pub mod clock;
 pub mod deadline;
 pub mod flight;
+pub mod groups;
 pub mod lot;
 pub mod resolver;
 pub mod share;

@@ -53,6 +53,8 @@ struct Instruments {
     invalid_targets: IntCounter,
     flights_active: IntGauge,
     oldest_attempt: Gauge,
+    saturation_groups: IntGauge,
+    saturation_group_flights: IntGauge,
     flights_rejected: IntCounter,
     flights_abandoned: IntCounter,
     calls: CallGauges,
@@ -240,6 +242,14 @@ impl Metrics {
                 "How long the longest-running ResumeActor attempt has run; 0 when none runs (B92).",
             )
             .expect("a valid metric name"),
+            saturation_groups: gauge(
+                "atenet_router_saturation_groups",
+                "Saturation groups with flights waiting: full worker pools, or the control plane (B112).",
+            ),
+            saturation_group_flights: gauge(
+                "atenet_router_saturation_group_flights",
+                "Flights waiting in saturation groups for their turn to ask ResumeActor (B112).",
+            ),
             flights_rejected: counter(
                 "atenet_router_flights_rejected_total",
                 "Requests refused because --flight-max flights were in progress (B58).",
@@ -299,6 +309,8 @@ impl Metrics {
             Box::new(instruments.invalid_targets.clone()),
             Box::new(instruments.flights_active.clone()),
             Box::new(instruments.oldest_attempt.clone()),
+            Box::new(instruments.saturation_groups.clone()),
+            Box::new(instruments.saturation_group_flights.clone()),
             Box::new(instruments.flights_rejected.clone()),
             Box::new(instruments.flights_abandoned.clone()),
             Box::new(instruments.calls.open.clone()),
@@ -401,6 +413,13 @@ impl Metrics {
     /// Sets `atenet_router_oldest_attempt_seconds`: 0 when no attempt runs.
     pub fn set_oldest_attempt(&self, running_for: Option<std::time::Duration>) {
         self.inner.oldest_attempt.set(running_for.map_or(0.0, |d| d.as_secs_f64()));
+    }
+
+    /// Sets the saturation gauges: groups with flights waiting, and those
+    /// flights (B112).
+    pub fn set_saturation(&self, (groups, flights): (usize, usize)) {
+        self.inner.saturation_groups.set(i64::try_from(groups).unwrap_or(i64::MAX));
+        self.inner.saturation_group_flights.set(i64::try_from(flights).unwrap_or(i64::MAX));
     }
 
     /// The timer thread's lateness histogram.

@@ -228,6 +228,8 @@ enum ActorSim {
 struct PoolState {
     actors: HashMap<String, ActorSim>,
     free: Vec<usize>,
+    /// Workers in the pool, free or not: the next added one's number.
+    workers: usize,
     /// No running actor goes idle before this (`None`: none ever will), so
     /// a call looks through every actor only when one may have: with
     /// 100,000 actors, a sweep on every call would make the simulator, not
@@ -464,6 +466,15 @@ impl Sim {
         released
     }
 
+    /// Adds a free worker to the pool: one more resume can succeed (a test
+    /// frees workers one at a time into a saturated pool).
+    pub fn add_worker(&self) {
+        let mut pool = self.state.pool.lock();
+        let worker = pool.workers;
+        pool.workers += 1;
+        pool.free.push(worker);
+    }
+
     /// Calls received for `actor` so far.
     pub fn calls(&self, actor: &str) -> u64 {
         self.state.calls.lock().get(actor).copied().unwrap_or(0)
@@ -536,7 +547,12 @@ impl State {
         let free = (0..config.workers).rev().collect();
         State {
             started: Instant::now(),
-            pool: Mutex::new(PoolState { actors, free, next_sweep: Some(Instant::now()) }),
+            pool: Mutex::new(PoolState {
+                actors,
+                free,
+                workers: config.workers,
+                next_sweep: Some(Instant::now()),
+            }),
             scripts: Mutex::new(HashMap::new()),
             calls: Mutex::new(HashMap::new()),
             calls_changed: Condvar::new(),

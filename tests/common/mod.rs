@@ -47,7 +47,11 @@ impl Stack {
 
     /// As [`Stack::start`], with the status page on `status_port`.
     pub fn start_with(flags: &[&str], status_port: &str) -> Stack {
-        let sim = empty_sim();
+        Stack::start_on(empty_sim(), flags, status_port)
+    }
+
+    /// As [`Stack::start_with`], against `sim`.
+    pub fn start_on(sim: Sim, flags: &[&str], status_port: &str) -> Stack {
         let address = sim.addr().to_string();
         let mut args = vec![
             "--ateapi-insecure",

@@ -318,6 +318,12 @@ impl LoadReport {
         quantile_us(&self.latency, q)
     }
 
+    /// The `q` quantile of the latency of requests with `verdict` (a key of
+    /// `verdicts`), in microseconds (0 with none).
+    pub fn verdict_quantile_us(&self, verdict: &str, q: f64) -> u32 {
+        self.latency_by_verdict.get(verdict).map_or(0, |latency| quantile_us(latency, q))
+    }
+
     /// The longest latency, in microseconds (0 with none).
     pub fn max_us(&self) -> u32 {
         max_us(&self.latency)

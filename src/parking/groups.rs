@@ -1,0 +1,324 @@
+//! Saturation groups: the flights that wait for one worker pool, or for
+//! the control plane, and are sent one at a time (B109-B112).
+//!
+//! A `RESOURCE_EXHAUSTED` answer says a worker pool is full, not that one
+//! actor is: every flight waiting on that pool would hear the same answer,
+//! so one of them asks at a time (the group's probe) and the others wait
+//! in order. `UNAVAILABLE` says the control plane is down: one group of
+//! its own. This module holds the groups' bookkeeping only; the flight
+//! table (`flight`) decides when a group sends its next flight.
+//!
+//! Within a group the next flight is the one whose [`DispatchOrder`] comes
+//! first (the budget that ends first), taking turns between atespaces as
+//! the call bound does (B97), so that a tenant with many waiting actors
+//! delays another's by at most one flight per turn.
+
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+use std::fmt;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::actor::resume::Code;
+use crate::actor::target::ActorId;
+use crate::parking::backoff::{Backoff, BackoffPolicy};
+use crate::parking::timer::TimerId;
+
+/// What a group waits for (B109).
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum GroupKey {
+    /// A worker pool, as named by the actor's last `WorkerAssignment`.
+    Pool(Arc<str>),
+    /// An atespace whose actor has no remembered pool.
+    Atespace(Arc<str>),
+    /// The control plane, for `UNAVAILABLE` answers.
+    ControlPlane,
+}
+
+impl GroupKey {
+    /// The group for a retryable answer, or `None` for a code that stays
+    /// with its flight (`FAILED_PRECONDITION`, `ABORTED`: about one actor).
+    pub fn for_answer(code: Code, actor: &ActorId, pools: &PoolMemory) -> Option<GroupKey> {
+        match code {
+            Code::ResourceExhausted => Some(match pools.pool(actor) {
+                Some(pool) => GroupKey::Pool(pool),
+                None => GroupKey::Atespace(Arc::from(actor.atespace())),
+            }),
+            Code::Unavailable => Some(GroupKey::ControlPlane),
+            _ => None,
+        }
+    }
+}
+
+impl fmt::Display for GroupKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            GroupKey::Pool(pool) => write!(f, "pool:{pool}"),
+            GroupKey::Atespace(atespace) => write!(f, "atespace:{atespace}"),
+            GroupKey::ControlPlane => f.write_str("control-plane"),
+        }
+    }
+}
+
+/// A flight's place in its group: compared field by field, the first that
+/// differs decides, smallest first (B111). A priority band (issue 37) goes
+/// first, ahead of `budget_end`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct DispatchOrder {
+    /// When the flight's budget ends: the one with the least time left goes
+    /// first, so with equal budgets the oldest.
+    pub budget_end: Instant,
+    /// The flight's creation number: ties go to the older flight, and no
+    /// two flights compare equal.
+    pub arrival: u64,
+}
+
+/// The worker pool each actor last ran on, for the actors seen most
+/// recently: at most `bound` of them, the oldest entry forgotten first, so
+/// that a stream of distinct actors costs a bounded amount of memory. A
+/// forgotten actor waits in its atespace's group instead (B109).
+pub struct PoolMemory {
+    pools: HashMap<ActorId, Arc<str>>,
+    order: VecDeque<ActorId>,
+    /// Pool names seen, so that many actors share one allocation per pool.
+    names: HashSet<Arc<str>>,
+    bound: usize,
+}
+
+/// How many actors' pools are remembered by default: some 100 bytes each.
+pub const POOL_MEMORY_BOUND: usize = 16_384;
+
+impl PoolMemory {
+    pub fn new(bound: usize) -> PoolMemory {
+        PoolMemory {
+            pools: HashMap::new(),
+            order: VecDeque::new(),
+            names: HashSet::new(),
+            bound: bound.max(1),
+        }
+    }
+
+    /// The pool `actor` last ran on, if remembered.
+    pub fn pool(&self, actor: &ActorId) -> Option<Arc<str>> {
+        self.pools.get(actor).cloned()
+    }
+
+    /// Remembers that `actor` runs on `pool`; an empty name is no pool.
+    pub fn remember(&mut self, actor: &ActorId, pool: &str) {
+        if pool.is_empty() {
+            return;
+        }
+        let name = match self.names.get(pool) {
+            Some(name) => Arc::clone(name),
+            None => {
+                // Names no remembered actor uses are dropped now and then, so
+                // that they stay bounded by the actors too.
+                if self.names.len() >= self.bound {
+                    let used: HashSet<&Arc<str>> = self.pools.values().collect();
+                    self.names.retain(|n| used.contains(n));
+                }
+                let name: Arc<str> = Arc::from(pool);
+                self.names.insert(Arc::clone(&name));
+                name
+            }
+        };
+        if self.pools.insert(actor.clone(), name).is_none() {
+            self.order.push_back(actor.clone());
+            if self.order.len() > self.bound {
+                if let Some(oldest) = self.order.pop_front() {
+                    self.pools.remove(&oldest);
+                }
+            }
+        }
+    }
+
+    #[cfg(test)]
+    fn remembered(&self) -> usize {
+        self.pools.len()
+    }
+}
+
+/// One saturation group; `T` is what waits in it (a flight).
+pub struct Group<T> {
+    /// Waiting entries by atespace, in dispatch order. An atespace has an
+    /// entry exactly while it is in `turns`.
+    queues: HashMap<Arc<str>, BTreeMap<DispatchOrder, Entry<T>>>,
+    /// The atespaces with waiting entries, whose turn is next first.
+    turns: VecDeque<Arc<str>>,
+    waiting: usize,
+    /// Whether the group's probe has an attempt open (B110).
+    pub probe_open: bool,
+    /// When the group sends its next flight, if it is due to.
+    pub timer: Option<TimerId>,
+    /// The delay between the group's answers and its next attempt.
+    backoff: Backoff,
+    /// The group's latest answer and when it came.
+    pub last_answer: Code,
+    pub last_answer_at: Instant,
+}
+
+struct Entry<T> {
+    item: T,
+    since: Instant,
+}
+
+/// The longest a saturated group's delay grows to, in retry intervals
+/// (B110): a freed worker is taken within this many intervals.
+pub const DELAY_CAP_INTERVALS: u32 = 4;
+
+impl<T> Group<T> {
+    pub fn new(policy: BackoffPolicy, answer: Code, now: Instant) -> Group<T> {
+        Group {
+            queues: HashMap::new(),
+            turns: VecDeque::new(),
+            waiting: 0,
+            probe_open: false,
+            timer: None,
+            backoff: Backoff::new(policy),
+            last_answer: answer,
+            last_answer_at: now,
+        }
+    }
+
+    /// Flights waiting in the group.
+    pub fn waiting(&self) -> usize {
+        self.waiting
+    }
+
+    /// Whether the group can be forgotten: nothing waits, nothing is open.
+    pub fn idle(&self) -> bool {
+        self.waiting == 0 && !self.probe_open
+    }
+
+    /// The delay before the next attempt while the group stays saturated:
+    /// the flights' own schedule (B17), capped at [`DELAY_CAP_INTERVALS`].
+    pub fn next_delay(&mut self) -> Duration {
+        self.backoff.next_random_delay_capped(DELAY_CAP_INTERVALS)
+    }
+
+    /// A worker freed: the delays start again from one interval.
+    pub fn reset_delay(&mut self) {
+        self.backoff.reset();
+    }
+
+    pub fn insert(&mut self, atespace: &Arc<str>, order: DispatchOrder, item: T, now: Instant) {
+        let queue = match self.queues.get_mut(atespace) {
+            Some(queue) => queue,
+            None => {
+                self.turns.push_back(Arc::clone(atespace));
+                self.queues.entry(Arc::clone(atespace)).or_default()
+            }
+        };
+        if queue.insert(order, Entry { item, since: now }).is_none() {
+            self.waiting += 1;
+        }
+    }
+
+    /// Takes an entry out of the group (its flight ended); false if it was
+    /// not there.
+    pub fn remove(&mut self, atespace: &str, order: &DispatchOrder) -> bool {
+        let Some(queue) = self.queues.get_mut(atespace) else { return false };
+        if queue.remove(order).is_none() {
+            return false;
+        }
+        self.waiting -= 1;
+        if queue.is_empty() {
+            self.queues.remove(atespace);
+            self.turns.retain(|a| &**a != atespace);
+        }
+        true
+    }
+
+    /// The next entry to send: the first of the atespace whose turn it is,
+    /// which then goes to the back of the turns (B111).
+    pub fn pop_next(&mut self) -> Option<T> {
+        let atespace = self.turns.pop_front()?;
+        let queue = self.queues.get_mut(&atespace)?;
+        let (_, entry) = queue.pop_first()?;
+        self.waiting -= 1;
+        if queue.is_empty() {
+            self.queues.remove(&atespace);
+        } else {
+            self.turns.push_back(atespace);
+        }
+        Some(entry.item)
+    }
+
+    /// When the longest-waiting entry joined the group.
+    pub fn oldest_since(&self) -> Option<Instant> {
+        self.queues.values().flat_map(|q| q.values().map(|e| e.since)).min()
+    }
+}
+
+/// One group, for the status page (B112).
+#[derive(Clone, Debug)]
+pub struct GroupSnapshot {
+    pub key: String,
+    pub waiting: usize,
+    /// How long the longest-waiting flight has waited in the group.
+    pub oldest_wait: Duration,
+    pub last_answer: Code,
+    pub probe_open: bool,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn order(ms: u64, arrival: u64, base: Instant) -> DispatchOrder {
+        DispatchOrder { budget_end: base + Duration::from_millis(ms), arrival }
+    }
+
+    #[test]
+    fn b111_the_budget_that_ends_first_goes_first_then_the_older_flight() {
+        let base = Instant::now();
+        assert!(order(100, 9, base) < order(200, 1, base));
+        assert!(order(100, 1, base) < order(100, 2, base));
+    }
+
+    #[test]
+    fn b111_atespaces_take_turns_in_order_within_each() {
+        let base = Instant::now();
+        let policy = BackoffPolicy { interval: Duration::from_millis(100), factor: 2.0, jitter: 0.0 };
+        let mut group: Group<&str> = Group::new(policy, Code::ResourceExhausted, base);
+        let (x, y): (Arc<str>, Arc<str>) = (Arc::from("x"), Arc::from("y"));
+        group.insert(&x, order(3, 0, base), "x3", base);
+        group.insert(&x, order(1, 1, base), "x1", base);
+        group.insert(&x, order(2, 2, base), "x2", base);
+        group.insert(&y, order(9, 3, base), "y9", base);
+        assert!(group.remove("x", &order(2, 2, base)));
+        let sent: Vec<_> = std::iter::from_fn(|| group.pop_next()).collect();
+        assert_eq!(sent, ["x1", "y9", "x3"]);
+        assert!(group.idle());
+    }
+
+    #[test]
+    fn b110_the_delay_grows_by_the_factor_and_stops_at_its_cap() {
+        let policy = BackoffPolicy { interval: Duration::from_millis(100), factor: 2.0, jitter: 0.0 };
+        let mut group: Group<()> = Group::new(policy, Code::ResourceExhausted, Instant::now());
+        let delays: Vec<u128> = (0..5).map(|_| group.next_delay().as_millis()).collect();
+        assert_eq!(delays, [100, 200, 400, 400, 400]);
+        group.reset_delay();
+        assert_eq!(group.next_delay(), Duration::from_millis(100));
+    }
+
+    #[test]
+    fn b109_pools_are_remembered_with_a_bound() {
+        let mut pools = PoolMemory::new(2);
+        let a = |n: &str| ActorId::parse(&format!("demo/{n}")).unwrap();
+        pools.remember(&a("a"), "p1");
+        pools.remember(&a("b"), "p2");
+        pools.remember(&a("c"), "p1");
+        assert_eq!(pools.remembered(), 2);
+        assert_eq!(pools.pool(&a("a")), None, "the oldest is forgotten");
+        assert_eq!(pools.pool(&a("c")).as_deref(), Some("p1"));
+        pools.remember(&a("d"), "");
+        assert_eq!(pools.pool(&a("d")), None, "an empty name is no pool");
+        let key = GroupKey::for_answer(Code::ResourceExhausted, &a("a"), &pools).unwrap();
+        assert_eq!(key.to_string(), "atespace:demo");
+        let key = GroupKey::for_answer(Code::ResourceExhausted, &a("c"), &pools).unwrap();
+        assert_eq!(key.to_string(), "pool:p1");
+        assert_eq!(GroupKey::for_answer(Code::Unavailable, &a("c"), &pools), Some(GroupKey::ControlPlane));
+        assert_eq!(GroupKey::for_answer(Code::FailedPrecondition, &a("c"), &pools), None);
+        assert_eq!(GroupKey::for_answer(Code::Aborted, &a("c"), &pools), None);
+    }
+}

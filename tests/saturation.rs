@@ -1,0 +1,127 @@
+//! A saturated worker pool through the real router, the simulator's pool
+//! as truth (B109-B112): freed workers go to the oldest flights, and the
+//! pool is asked once at a time, not once per waiting flight.
+
+#![cfg(feature = "testkit")]
+
+use crate::common;
+
+use std::time::{Duration, Instant};
+
+use atenet_router::actor::resume::Code;
+use atenet_router::tools::sim::{Sim, SimConfig};
+use common::*;
+use futures::executor::block_on;
+use futures::future::join_all;
+
+/// A pool of `actors` suspended actors and no free worker: every resume is
+/// `RESOURCE_EXHAUSTED` until the test adds workers.
+fn saturated_sim(actors: usize) -> Sim {
+    Sim::start(SimConfig {
+        listen: "127.0.0.1:0".parse().unwrap(),
+        actors,
+        workers: 0,
+        restore_latency: Duration::from_millis(10),
+        idle_suspend: Duration::from_secs(3600),
+        ..SimConfig::default()
+    })
+    .expect("sim starts")
+}
+
+fn actor(i: usize) -> String {
+    format!("demo/actor-{i}")
+}
+
+/// Whether `actor`'s flight has been answered `RESOURCE_EXHAUSTED` (parked).
+fn parked(stack: &Stack, actor: &str) -> bool {
+    stack
+        .router()
+        .resolver()
+        .flights()
+        .snapshot()
+        .iter()
+        .any(|f| f.actor.as_str() == actor && f.last_code == Some(Code::ResourceExhausted))
+}
+
+fn served(stack: &Stack) -> u64 {
+    stack.sim.answered(Code::Ok, |_| true)
+}
+
+fn serve_order(flags: &[&str]) -> Vec<usize> {
+    const FLIGHTS: usize = 20;
+    let mut args = vec!["--parked-request-budget", "60s"];
+    args.extend_from_slice(flags);
+    let stack = Stack::start_on(saturated_sim(FLIGHTS), &args, "0");
+    // Twenty requests for distinct actors, each arriving 150 ms after the
+    // one before has parked.
+    let mut requests = Vec::new();
+    for i in 0..FLIGHTS {
+        let envoy = stack.envoy.clone();
+        let target = actor(i);
+        requests.push(std::thread::spawn(move || block_on(envoy.route(&target))));
+        stack.eventually(&format!("{} parked", actor(i)), |s| parked(s, &actor(i)));
+        std::thread::sleep(Duration::from_millis(150));
+    }
+    // One worker freed every 400 ms, each taken before the next frees.
+    for n in 1..=FLIGHTS as u64 {
+        let freed = Instant::now();
+        stack.sim.add_worker();
+        stack.eventually(&format!("worker {n} taken"), |s| served(s) >= n);
+        std::thread::sleep(Duration::from_millis(400).saturating_sub(freed.elapsed()));
+    }
+    for request in requests {
+        assert!(!routed(&request.join().unwrap()).1.is_empty(), "every request is served");
+    }
+    let mut order: Vec<(Instant, usize)> =
+        (0..FLIGHTS).map(|i| (stack.sim.first_answered(&actor(i), Code::Ok).expect("served"), i)).collect();
+    order.sort();
+    order.into_iter().map(|(_, i)| i).collect()
+}
+
+#[test]
+fn b111_freed_workers_go_to_the_oldest_flights() {
+    let order = serve_order(&[]);
+    let oldest_first = order[..5].iter().filter(|&&i| i < 5).count();
+    assert!(oldest_first >= 4, "the first five workers went to arrivals {:?}", &order[..5]);
+}
+
+#[test]
+fn b110_a_saturated_pool_is_asked_once_at_a_time() {
+    const FLIGHTS: usize = 300;
+    let stack = Stack::start_on(saturated_sim(FLIGHTS), &["--parked-request-budget", "60s"], "0");
+    let envoy = stack.envoy.clone();
+    let requests = std::thread::spawn(move || {
+        block_on(join_all((0..FLIGHTS).map(|i| {
+            let envoy = envoy.clone();
+            async move { envoy.route(&actor(i)).await }
+        })))
+    });
+    stack.eventually("every flight parked", |s| {
+        let flights = s.router().resolver().flights().snapshot();
+        flights.len() == FLIGHTS && flights.iter().all(|f| f.last_code == Some(Code::ResourceExhausted))
+    });
+    // The calls over three seconds of saturation: one group's probe at a
+    // time, where 300 flights on their own backoff make some 540 a second.
+    let (start, calls_before) = (Instant::now(), stack.sim.total_calls());
+    std::thread::sleep(Duration::from_secs(3));
+    let rate = (stack.sim.total_calls() - calls_before) as f64 / start.elapsed().as_secs_f64();
+    assert!(rate <= 30.0, "{rate:.1} ResumeActor calls a second on a saturated pool");
+    let m = stack.metrics();
+    assert_eq!(m.value("atenet_router_saturation_groups", &[]), 1.0, "one pool, one group");
+    let waiting = m.value("atenet_router_saturation_group_flights", &[]);
+    assert!(waiting >= (FLIGHTS - 1) as f64, "all but the probe's flight wait in it: {waiting}");
+    // Freed workers are still taken within a few retry intervals (the
+    // group's delay stops at four).
+    let freed = Instant::now();
+    for _ in 0..3 {
+        stack.sim.add_worker();
+    }
+    stack.eventually("three freed workers taken", |s| served(s) >= 3);
+    let taken = freed.elapsed();
+    assert!(taken < Duration::from_secs(2), "three freed workers taken after {taken:?}");
+    for _ in 3..FLIGHTS {
+        stack.sim.add_worker();
+    }
+    let replies = requests.join().unwrap();
+    assert!(replies.iter().all(|r| !routed(r).1.is_empty()), "every request is served");
+}
