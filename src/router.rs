@@ -412,8 +412,10 @@ impl Router {
             metrics.flights_abandoned(),
         );
         let lot = config.parking.enabled.then(|| {
-            let (max, per_atespace) = (config.parking.max, config.parking.max_per_atespace);
-            ParkingLot::new(max, per_atespace, Arc::new(SystemClock), metrics.lot_instruments())
+            let parking = &config.parking;
+            let (max, per_atespace, sheddable) =
+                (parking.max, parking.max_per_atespace, parking.max_sheddable);
+            ParkingLot::new(max, per_atespace, sheddable, Arc::new(SystemClock), metrics.lot_instruments())
         });
         let resolver = Resolver::new(
             flights,

@@ -44,6 +44,9 @@ impl Rejection {
     /// policies retry with backoff. Only an atespace over its fair share
     /// (B69) is RESOURCE_EXHAUSTED: that is a per-tenant quota, which a
     /// retry does not lift until the tenant's own parked requests drain.
+    /// A caller preempted by a higher band (B118) is RESOURCE_EXHAUSTED too:
+    /// its band's share of the lot is taken, and an at-once retry of the
+    /// same band would only be refused again.
     pub fn grpc_status(&self) -> Code {
         match (self.status, self.reason) {
             (404, "atenet_invalid_target") => Code::InvalidArgument,
@@ -51,7 +54,7 @@ impl Rejection {
             (403, _) => Code::PermissionDenied,
             (401, _) => Code::Unauthenticated,
             (504, _) => Code::DeadlineExceeded,
-            (503, "atenet_atespace_full") => Code::ResourceExhausted,
+            (503, "atenet_atespace_full" | "atenet_preempted") => Code::ResourceExhausted,
             (503, _) => Code::Unavailable,
             _ => Code::Internal,
         }
@@ -159,6 +162,16 @@ pub fn for_outcome(
                 503,
                 format!("actor \"{id}\" unavailable: router at capacity"),
                 "atenet_lot_full",
+                RouteOutcome::NoCapacity,
+            ),
+            retry_after,
+        ),
+        // B118: the same answer as a full lot, under its own reason.
+        Err(ResolveError::Preempted) => with_retry_after(
+            reject(
+                503,
+                format!("actor \"{id}\" unavailable: router at capacity"),
+                "atenet_preempted",
                 RouteOutcome::NoCapacity,
             ),
             retry_after,

@@ -22,6 +22,7 @@ use crate::ops::html::escape;
 use crate::ops::http::{Handler, Reply, Request};
 use crate::ops::metrics::Metrics;
 use crate::ops::recent::{RecentRequest, RecentRequests, VerdictKind};
+use crate::parking::band::Band;
 use crate::parking::flight::FlightSnapshot;
 use crate::parking::lot::AtespaceView;
 use crate::parking::resolver::Resolver;
@@ -53,6 +54,8 @@ struct Snapshot {
     uptime: Duration,
     parking_enabled: bool,
     active: usize,
+    /// Slots held by each band, lowest first (B119).
+    active_by_band: [usize; 3],
     max_parked: usize,
     max_wait: Duration,
     /// Flights in progress (B93: the total, however many are listed).
@@ -171,6 +174,7 @@ impl StatusPage {
             uptime: Duration::from_secs(self.started.elapsed().as_secs()),
             parking_enabled: parking.enabled,
             active: self.resolver.lot().map_or(0, |l| l.active()),
+            active_by_band: self.resolver.lot().map_or([0; 3], |l| l.active_by_band()),
             max_parked: parking.max,
             max_wait: parking.budget,
             flights: flights.len(),
@@ -293,6 +297,10 @@ fn json(s: &Snapshot) -> String {
         "parking": {
             "enabled": s.parking_enabled,
             "active": s.active,
+            "active_by_band": Band::ALL
+                .iter()
+                .map(|b| (b.name().to_string(), Value::from(s.active_by_band[*b as usize])))
+                .collect::<Map<_, _>>(),
             "max_parked": s.max_parked,
             "max_wait": godur::format(s.max_wait),
         },
@@ -519,6 +527,7 @@ fn html(s: &Snapshot) -> String {
         "</div><div class=\"row\"><section class=\"card\" id=\"parking\"><h2>Request Parking</h2><dl>\
          <dt>enabled</dt><dd id=\"parking-enabled\">{}</dd>\
          <dt>parked</dt><dd><span id=\"parking-active\">{}</span> / <span id=\"parking-max\">{}</span></dd>\
+         <dt>by band</dt><dd id=\"parking-bands\">{}</dd>\
          <dt>max wait</dt><dd id=\"parking-max-wait\">{}</dd>\
          <dt>flights</dt><dd id=\"flights\">{}</dd>\
          <dt>actors parked</dt><dd id=\"parked-actors-total\">{}</dd>\
@@ -527,6 +536,12 @@ fn html(s: &Snapshot) -> String {
         if s.parking_enabled { "yes" } else { "no" },
         count(s.active),
         count(s.max_parked),
+        Band::ALL
+            .iter()
+            .rev()
+            .map(|b| format!("{} {}", count(s.active_by_band[*b as usize]), b.name()))
+            .collect::<Vec<_>>()
+            .join(" &middot; "),
         escape(&godur::format(s.max_wait)),
         count(s.flights),
         count(s.parked_actors_total),
@@ -676,6 +691,7 @@ pub fn effective_flags(config: &Config) -> Vec<(&'static str, String)> {
         ("--parked-request-budget", godur::format(parking.configured_budget)),
         ("--parked-request-max", parking.max.to_string()),
         ("--parked-request-max-per-atespace", parking.max_per_atespace.to_string()),
+        ("--parked-request-max-sheddable", parking.max_sheddable.to_string()),
         ("--caller-deadlines", config.caller_deadlines.to_string()),
         ("--parked-request-retry-interval", godur::format(parking.backoff.interval)),
         ("--parked-request-retry-factor", parking.backoff.factor.to_string()),

@@ -8,6 +8,7 @@
 //! - `share`: each atespace's share of the flights and of the requests the
 //!   router holds;
 //! - `calls`: the bound on the ResumeActor calls open at once;
+//! - `band`: a request's priority band;
 //! - `backoff`, `timer`, `clock`, `deadline`: retry delays, the one timer
 //!   thread, time as a seam, and a caller's own deadline.
 //!
@@ -19,6 +20,7 @@
 //! `proto` (headers, for a caller's deadline).
 
 pub mod backoff;
+pub mod band;
 pub mod calls;
 pub mod clock;
 pub mod deadline;
