@@ -818,6 +818,7 @@ mod tests {
             uptime: Duration::from_secs(1_234_567),
             parking_enabled: true,
             active: 20_000,
+            active_by_band: [1_000, 15_000, 4_000],
             max_parked: 25_000,
             max_wait: Duration::from_secs(600),
             flights: 20_000,
