@@ -248,7 +248,7 @@ impl State {
         }
         let by_atespace = &self.open_by_atespace;
         let under_share = |atespace: &Arc<str>| by_atespace.get(atespace).copied().unwrap_or(0) < gate.share;
-        let found = self.bands.iter_mut().rev().find_map(|turns| turns.next(&under_share))?;
+        let found = self.bands.iter_mut().rev().find_map(|turns| turns.next(under_share))?;
         self.waiting -= 1;
         Some(found)
     }
