@@ -394,6 +394,11 @@ mod tests {
             Verdict::Route { .. } => None,
         };
         assert_eq!(retry(Err(ResolveError::LotFull)), Some(7));
+        assert_eq!(retry(Err(ResolveError::Preempted)), Some(7), "B118");
+        assert_eq!(
+            rejection(Err(ResolveError::Preempted)),
+            (503, "actor \"demo/a\" unavailable: router at capacity".into(), "atenet_preempted")
+        );
         assert_eq!(retry(Err(ResolveError::FlightsFull)), Some(7));
         assert_eq!(retry(Err(ResolveError::AtespaceFull)), Some(7));
         assert_eq!(retry(Err(ResolveError::AtespaceFlightsFull)), Some(7));
@@ -425,6 +430,7 @@ mod tests {
             (failed(Code::Aborted, "conflict"), Code::Unavailable),
             (failed(Code::Unavailable, "down"), Code::Unavailable),
             (Err(ResolveError::LotFull), Code::Unavailable),
+            (Err(ResolveError::Preempted), Code::ResourceExhausted),
             (Err(ResolveError::FlightsFull), Code::Unavailable),
             (Err(ResolveError::BudgetExhausted(wrapped())), Code::Unavailable),
             (Err(ResolveError::DeadlineTooShort(wrapped())), Code::Unavailable),
