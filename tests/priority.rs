@@ -100,6 +100,7 @@ fn b118_a_full_lot_gives_way_to_higher_bands_newest_sheddable_first() {
     let m = stack.metrics();
     assert_eq!(m.value("atenet_router_parking_preempted_total", &[("band", "sheddable")]), 2.0);
     assert_eq!(m.value("atenet_router_parking_rejected_total", &[("band", "standard")]), 1.0);
+    assert_eq!(m.value("atenet_router_priority_unknown_total", &[]), 1.0, "t2's empty value, as standard");
     stack.eventually("the sheddable flights ended", |s| {
         let flights = s.router().resolver().flights().snapshot();
         !flights.iter().any(|f| f.actor.as_str() == "demo/s1" || f.actor.as_str() == "demo/s2")
