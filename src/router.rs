@@ -129,8 +129,7 @@ pub enum StartError {
     ExtProcTaken { addr: SocketAddr, source: std::io::Error },
     /// ext_proc's Unix socket path cannot be taken.
     ExtProcSocket(PathError),
-    /// Another router starting on the same port or path held it too long
-    ///.
+    /// Another router starting on the same port or path held it too long.
     StartLock(LockError),
     /// ext_proc's Unix socket could not be given its mode and group, or
     /// renamed onto its public path.
@@ -461,8 +460,10 @@ impl Router {
             metrics.flights_abandoned(),
         );
         let lot = config.parking.enabled.then(|| {
-            let (max, per_atespace) = (config.parking.max, config.parking.max_per_atespace);
-            ParkingLot::new(max, per_atespace, Arc::new(SystemClock), metrics.lot_instruments())
+            let parking = &config.parking;
+            let (max, per_atespace, sheddable) =
+                (parking.max, parking.max_per_atespace, parking.max_sheddable);
+            ParkingLot::new(max, per_atespace, sheddable, Arc::new(SystemClock), metrics.lot_instruments())
         });
         let resolver = Resolver::new(
             flights,

@@ -223,7 +223,7 @@ fn check(request: ProcessingRequest) -> Result<(), TestCaseError> {
             prop_assert!(reply.response.is_some(), "B9: a reply of a kind");
             prop_assert!(reply.write_to_bytes().is_ok());
         }
-        Classified::Route(target, line, timeout, _) => {
+        Classified::Route(target, line, timeout, _, _) => {
             // B68: at most gRPC's longest (99999999H), or what fits a u64 of ms.
             prop_assert!(timeout.timeout.is_none_or(|t| t.as_secs() <= u64::MAX / 1000));
             prop_assert!(oracle_valid(target.actor.as_str().as_bytes()));

@@ -26,6 +26,7 @@ mod http_limits;
 mod logging;
 mod parking;
 mod parkload;
+mod priority;
 mod routing;
 mod saturation;
 mod soak;

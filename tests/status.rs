@@ -63,7 +63,10 @@ fn b42_json_shows_parking_and_parked_actors_and_no_secrets() {
     let (code, json) = status(&stack, "/statusz?format=json");
     assert_eq!(code, 200);
     assert!(
-        json.contains("\"parking\":{\"enabled\":true,\"active\":3,\"max_parked\":50,\"max_wait\":\"1m0s\"}"),
+        json.contains(
+            "\"parking\":{\"enabled\":true,\"active\":3,\"active_by_band\":{\"sheddable\":0,\"standard\":3,\
+             \"critical\":0},\"max_parked\":50,\"max_wait\":\"1m0s\"}"
+        ),
         "{json}"
     );
     assert!(json.contains("\"actor\":\"demo/hot\",\"waiting\":3"), "{json}");

@@ -194,6 +194,7 @@ pub fn quantiles(bounds: &[f64], cumulative: &[u64], longest: f64) -> Option<[f6
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::parking::band::Band;
     use crate::parking::clock::ManualClock;
     use crate::parking::lot::WaitOutcome;
     use crate::parking::timer::ManualScheduler;
@@ -222,7 +223,7 @@ mod tests {
         let clock = ManualClock::new();
         let scheduler = ManualScheduler::new(clock.clone());
         let metrics = Metrics::new();
-        let lot = ParkingLot::new(100, 0, Arc::new(clock.clone()), metrics.lot_instruments());
+        let lot = ParkingLot::new(100, 0, 100, Arc::new(clock.clone()), metrics.lot_instruments());
         let recent = Arc::new(RecentRequests::default());
         let history = Arc::new(History::default());
         let sources = Sources {
@@ -267,7 +268,7 @@ mod tests {
         for (verdict, n) in verdicts {
             (0..n).for_each(|_| r.recent.record(answered(verdict)));
         }
-        let held: Vec<_> = (0..3).map(|_| r.lot.try_admit("demo").unwrap()).collect();
+        let held: Vec<_> = (0..3).map(|_| r.lot.try_admit("demo", Band::Standard).unwrap()).collect();
         r.scheduler.advance(SAMPLE_INTERVAL);
         let last = r.history.samples().pop().unwrap();
         // Per second over the 2 s interval: routed 8, shed 4, budget 4, errors 6.
@@ -287,9 +288,11 @@ mod tests {
     fn b91_wait_percentiles_are_those_of_the_waits_that_ended_in_the_interval() {
         let r = rig();
         // Ten waits end in the first interval: nine of 0.3 s, one of 1.5 s.
-        let mut slots: Vec<_> = (0..10).map(|_| r.lot.try_admit("demo").unwrap()).collect();
+        let mut slots: Vec<_> = (0..10).map(|_| r.lot.try_admit("demo", Band::Standard).unwrap()).collect();
         r.clock.advance(Duration::from_millis(300));
-        slots.drain(..9).for_each(|slot| slot.release(WaitOutcome::Served));
+        slots.drain(..9).for_each(|slot| {
+            slot.release(WaitOutcome::Served);
+        });
         r.clock.advance(Duration::from_millis(1200));
         slots.pop().unwrap().release(WaitOutcome::BudgetExhausted);
         r.scheduler.advance(Duration::from_millis(500));
@@ -299,7 +302,7 @@ mod tests {
         assert!((0.25..=0.5).contains(&p50) && p90 == 0.5, "{p50} {p90}");
         assert!((1.0..=2.5).contains(&p99), "{p99}");
         // A later interval counts only its own: one wait of 20 ms.
-        let slot = r.lot.try_admit("demo").unwrap();
+        let slot = r.lot.try_admit("demo", Band::Standard).unwrap();
         r.clock.advance(Duration::from_millis(20));
         slot.release(WaitOutcome::Canceled);
         r.scheduler.advance(SAMPLE_INTERVAL);

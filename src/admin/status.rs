@@ -20,6 +20,7 @@ use crate::admin::http::{Handler, Reply, Request};
 use crate::ateapi::client::AteapiClient;
 use crate::cli::config::{AteapiTransport, Config, ExtprocListen};
 use crate::cli::{godur, size};
+use crate::parking::band::Band;
 use crate::parking::flight::FlightSnapshot;
 use crate::parking::groups::GroupSnapshot;
 use crate::parking::lot::AtespaceView;
@@ -54,6 +55,8 @@ struct Snapshot {
     uptime: Duration,
     parking_enabled: bool,
     active: usize,
+    /// Slots held by each band, lowest first (B119).
+    active_by_band: [usize; 3],
     max_parked: usize,
     max_wait: Duration,
     /// Flights in progress (B93: the total, however many are listed).
@@ -179,6 +182,7 @@ impl StatusPage {
             uptime: Duration::from_secs(self.started.elapsed().as_secs()),
             parking_enabled: parking.enabled,
             active: self.resolver.lot().map_or(0, |l| l.active()),
+            active_by_band: self.resolver.lot().map_or([0; 3], |l| l.active_by_band()),
             max_parked: parking.max,
             max_wait: parking.budget,
             flights: flights.len(),
@@ -316,6 +320,10 @@ fn json(s: &Snapshot) -> String {
         "parking": {
             "enabled": s.parking_enabled,
             "active": s.active,
+            "active_by_band": Band::ALL
+                .iter()
+                .map(|b| (b.name().to_string(), Value::from(s.active_by_band[*b as usize])))
+                .collect::<Map<_, _>>(),
             "max_parked": s.max_parked,
             "max_wait": godur::format(s.max_wait),
         },
@@ -564,6 +572,14 @@ fn fill(h: &mut String, slot: &str, s: &Snapshot) {
         "parking-enabled" => h.push_str(if s.parking_enabled { "yes" } else { "no" }),
         "parked" => h.push_str(&count(s.active)),
         "parking-max" => h.push_str(&count(s.max_parked)),
+        "parking-bands" => {
+            let bands: Vec<String> = Band::ALL
+                .iter()
+                .rev()
+                .map(|b| format!("{} {}", count(s.active_by_band[*b as usize]), b.name()))
+                .collect();
+            h.push_str(&bands.join(" &middot; "));
+        }
         "max-wait" => h.push_str(&escape(&godur::format(s.max_wait))),
         "flights" => h.push_str(&count(s.flights)),
         "actors-parked" => h.push_str(&count(s.parked_actors_total)),
@@ -743,6 +759,7 @@ pub fn effective_flags(config: &Config) -> Vec<(&'static str, String)> {
         ("--parked-request-budget", godur::format(parking.configured_budget)),
         ("--parked-request-max", parking.max.to_string()),
         ("--parked-request-max-per-atespace", parking.max_per_atespace.to_string()),
+        ("--parked-request-max-sheddable", parking.max_sheddable.to_string()),
         ("--caller-deadlines", config.caller_deadlines.to_string()),
         ("--parked-request-retry-interval", godur::format(parking.backoff.interval)),
         ("--parked-request-retry-factor", parking.backoff.factor.to_string()),
@@ -870,6 +887,7 @@ mod tests {
             uptime: Duration::from_secs(1_234_567),
             parking_enabled: true,
             active: 20_000,
+            active_by_band: [1_000, 15_000, 4_000],
             max_parked: 25_000,
             max_wait: Duration::from_secs(600),
             flights: 20_000,

@@ -116,6 +116,8 @@ pub struct Parking {
     pub max: usize,
     /// Slots one atespace may hold at once; 0: no cap (B69).
     pub max_per_atespace: usize,
+    /// Slots sheddable callers may hold at once (B117).
+    pub max_sheddable: usize,
     /// The flight budget: the flag when enabled, 15 s when disabled (B18).
     pub budget: Duration,
     /// The flag value after normalisation, shown on the status page.
@@ -513,10 +515,21 @@ fn parking(args: &ServeArgs) -> Result<Parking, ConfigError> {
             args.parked_request_dispatch
         ))
     })?;
+    // B117: half the lot unless told otherwise; never more than the lot.
+    let max_sheddable = match args.parked_request_max_sheddable {
+        None => max.div_ceil(2),
+        Some(n) if n >= 0 && (n as u64) <= max as u64 => n as usize,
+        Some(n) => {
+            return Err(invalid(format!(
+                "--parked-request-max-sheddable must be in 0..={max} (--parked-request-max), got {n}"
+            )))
+        }
+    };
     Ok(Parking {
         enabled,
         max,
         max_per_atespace,
+        max_sheddable,
         budget,
         configured_budget,
         backoff: BackoffPolicy { interval, factor, jitter },
@@ -1063,6 +1076,11 @@ mod tests {
         assert_eq!(c.flight_max, 4096, "B58: max(4 x 1024, 4096)");
         assert_eq!(c.parking.max_per_atespace, 0, "B69: no per-atespace cap");
         assert!(c.caller_deadlines, "B68: on by default");
+        assert_eq!(c.parking.max_sheddable, 512, "B117: half the lot");
+        let sheddable = |args: &[&str]| parse(args).unwrap().parking.max_sheddable;
+        assert_eq!(sheddable(&["--parked-request-max", "5"]), 3, "rounded up");
+        assert_eq!(sheddable(&["--parked-request-max-sheddable", "0"]), 0, "sheddable requests never park");
+        assert_eq!(sheddable(&["--parked-request-max-sheddable", "1024"]), 1024);
         let c = parse(&["--parked-request-max-per-atespace", "1024", "--caller-deadlines=false"]).unwrap();
         assert_eq!((c.parking.max_per_atespace, c.caller_deadlines), (1024, false));
         assert_eq!(c.envoy_admin_address.as_deref(), Some("localhost:9901"));
@@ -1179,6 +1197,12 @@ mod tests {
             (
                 &["--parked-request-max", "0", "--parked-request-max-per-atespace", "1"],
                 "--parked-request-max-per-atespace",
+            ),
+            (&["--parked-request-max-sheddable", "-1"], "--parked-request-max-sheddable"),
+            (&["--parked-request-max-sheddable", "1025"], "--parked-request-max-sheddable"),
+            (
+                &["--parked-request-max", "0", "--parked-request-max-sheddable", "1"],
+                "--parked-request-max-sheddable",
             ),
             (&["--caller-deadlines", "maybe"], "--caller-deadlines"),
             (&["--port-health", "8080"], "--port-health"),

@@ -77,6 +77,9 @@ pub struct ServeArgs {
     /// lot slots one atespace may hold at once; 0: no cap, else 1..=lot size (default: 0)
     #[argh(option, default = "0")]
     pub parked_request_max_per_atespace: i64,
+    /// sheddable requests parked at once (ate-priority: sheddable), 0..=lot size (default: half of --parked-request-max, rounded up)
+    #[argh(option)]
+    pub parked_request_max_sheddable: Option<i64>,
     /// honour callers' grpc-timeout and x-envoy-expected-rq-timeout-ms while parked; takes true or false (default: true)
     #[argh(option, default = "true")]
     pub caller_deadlines: bool,

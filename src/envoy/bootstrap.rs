@@ -147,7 +147,8 @@ static_resources:
           "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
           stat_prefix: ingress
           # One JSON line per request on stdout; atenet_reason is the router's
-          # x-atenet-reason for a request it answered itself.
+          # x-atenet-reason for a request it answered itself, priority the
+          # band the router read (B119; empty: standard).
           access_log:
           - name: envoy.access_loggers.stdout
             typed_config:
@@ -162,6 +163,7 @@ static_resources:
                   response_flags: "%RESPONSE_FLAGS%"
                   response_code_details: "%RESPONSE_CODE_DETAILS%"
                   atenet_reason: "%RESP(X-ATENET-REASON)%"
+                  priority: "%REQ(ATE-PRIORITY)%"
                   upstream_host: "%UPSTREAM_HOST%"
                   duration_ms: "%DURATION%"
           route_config:
@@ -208,7 +210,7 @@ static_resources:
             # that might read it as its `-` twin (B89); the request is served.
             headers_with_underscores_action: DROP_HEADER
 {internal_address_config}          http_filters:
-{client_header_removal}          # Only fields Envoy's ext_proc filter reads are set: it opens the
+{priority_from_trusted_peers}{client_header_removal}          # Only fields Envoy's ext_proc filter reads are set: it opens the
           # stream with no timeout of its own (grpc_service.timeout is not
           # read; message_timeout bounds each message), and the router
           # mutates no header that needs mutation_rules.
@@ -362,6 +364,7 @@ static_resources:
         route = worker_route(route_timeout, idle_timeout),
         internal_address_config = internal_address_config(&config.envoy_trusted_ranges),
         client_header_removal = client_header_removal(),
+        priority_from_trusted_peers = PRIORITY_FROM_TRUSTED_PEERS,
         buffer_limit = BUFFER_LIMIT_BYTES,
         h2_max_streams = H2_MAX_CONCURRENT_STREAMS,
         h2_stream_window = H2_STREAM_WINDOW_BYTES,
@@ -601,6 +604,43 @@ fn client_header_removal() -> String {
     y
 }
 
+/// The filter that removes a client's `ate-priority` unless its peer is
+/// trusted (B116), first in the ingress chain. Envoy has marked a trusted
+/// peer's request `x-envoy-internal: true` before any filter runs, and
+/// removed a client's own `x-envoy-internal` otherwise (B88), so the
+/// header says whom to trust. A route's band, set by the `header_mutation`
+/// filter that follows, is never removed.
+const PRIORITY_FROM_TRUSTED_PEERS: &str = r#"          # A client's ate-priority counts only from a trusted peer (B116); a
+          # route sets the band with typed_per_filter_config for the
+          # header_mutation filter below (docs/priority.md).
+          - name: envoy.filters.http.match_delegate
+            typed_config:
+              "@type": type.googleapis.com/envoy.extensions.common.matching.v3.ExtensionWithMatcher
+              xds_matcher:
+                matcher_list:
+                  matchers:
+                  - predicate:
+                      single_predicate:
+                        input:
+                          name: internal
+                          typed_config:
+                            "@type": type.googleapis.com/envoy.type.matcher.v3.HttpRequestHeaderMatchInput
+                            header_name: x-envoy-internal
+                        value_match: { exact: "true" }
+                    on_match:
+                      action:
+                        name: skip
+                        typed_config:
+                          "@type": type.googleapis.com/envoy.extensions.filters.common.matcher.action.v3.SkipFilter
+              extension_config:
+                name: ate-priority-removal
+                typed_config:
+                  "@type": type.googleapis.com/envoy.extensions.filters.http.header_mutation.v3.HeaderMutation
+                  mutations:
+                    request_mutations:
+                    - remove: ate-priority
+"#;
+
 /// The ingress connection manager's `internal_address_config` (B88), or
 /// nothing when no range is trusted: Envoy 1.40 reads an empty
 /// `cidr_ranges` as its built-in private ranges (loopback 127.0.0.1
@@ -715,7 +755,7 @@ mod tests {
     #[test]
     fn b88_client_control_headers_are_removed_first_and_the_deadline_is_not() {
         let y = bootstrap(&parse_serve_args(&["--ateapi-insecure"]).unwrap());
-        assert_eq!(filters_of(&y, "ingress"), ["header_mutation", "ext_proc", "router"]);
+        assert_eq!(filters_of(&y, "ingress"), ["match_delegate", "header_mutation", "ext_proc", "router"]);
         assert_eq!(filters_of(&y, "stats"), ["header_mutation", "router"]);
         assert_eq!(filters_of(&y, "health"), ["health_check", "router"], "no upstream, no router control");
         for (name, _) in CLIENT_HEADERS_REMOVED {

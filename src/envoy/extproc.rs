@@ -40,6 +40,7 @@ use crate::cli::config::CidrRange;
 use crate::envoy::ending::{Ending, StreamEndings, ENVOY_END_PATIENCE};
 use crate::envoy::streams::{StreamSlots, FIRST_MESSAGE_TIMEOUT};
 use crate::envoy::verdict::{self, Rejection, RouteOutcome, Verdict};
+use crate::parking::band::{self, Band, Priority};
 use crate::parking::deadline::{self, CallerTimeout};
 use crate::parking::flight::{FlightEvent, FlightWait};
 use crate::parking::resolver::{Abandon, ResolveError, Resolver, ResumeLabel, ResumeOutcome};
@@ -265,7 +266,7 @@ impl ExtProc {
                 log::debug!("ext_proc message with no known request kind; ignored");
                 Prepared::Ignore
             }
-            Classified::Route(target, line, timeout, protocol) => {
+            Classified::Route(target, line, timeout, protocol, priority) => {
                 #[cfg(feature = "fault-injection")]
                 if target.actor.as_str() == "fault-injection/panic" {
                     panic!("injected fault: a request for {}", target.actor);
@@ -276,7 +277,10 @@ impl ExtProc {
                 // Only parsed here: only a parked caller's wait looks at it.
                 let deadline =
                     timeout.timeout.filter(|_| self.caller_deadlines).and_then(|t| received.checked_add(t));
-                Prepared::Route(Pending { target, line, received, deadline, protocol })
+                if priority.unknown {
+                    self.metrics.count_priority_unknown();
+                }
+                Prepared::Route(Pending { target, line, received, deadline, protocol, band: priority.band })
             }
             Classified::InvalidTarget(line, protocol) => {
                 self.metrics.count_invalid_target();
@@ -312,7 +316,7 @@ impl ExtProc {
                 self.observe(received, RouteOutcome::Cancelled, ResumeLabel::Unknown);
                 return None;
             }
-            let mut resolving = self.resolver.resolve(&target.actor, pending.deadline);
+            let mut resolving = self.resolver.resolve(&target.actor, pending.deadline, pending.band);
             let mut overtime_pending = true;
             // Armed only once the budget has passed with an attempt still
             // running: the router's own 504 before Envoy gives up (B81).
@@ -521,8 +525,9 @@ pub enum Classified {
     /// No known request kind: nothing to answer.
     Ignore,
     /// request_headers for an actor, what its headers say about its
-    /// caller's patience, and the protocol its client reads.
-    Route(Target, RequestLine, CallerTimeout, ClientProtocol),
+    /// caller's patience, the protocol its client reads, and its band
+    /// (B115).
+    Route(Target, RequestLine, CallerTimeout, ClientProtocol, Priority),
     /// request_headers naming no valid actor: the 404.
     InvalidTarget(RequestLine, ClientProtocol),
 }
@@ -562,7 +567,10 @@ pub fn classify(request: ProcessingRequest) -> Classified {
     let line = RequestLine::of(&header_map);
     let protocol = ClientProtocol::of(&header_map);
     match target::resolve(&header_map, &request.attributes) {
-        Ok(target) => Classified::Route(target, line, deadline::caller_timeout(&header_map), protocol),
+        Ok(target) => {
+            let timeout = deadline::caller_timeout(&header_map);
+            Classified::Route(target, line, timeout, protocol, band::priority(&header_map))
+        }
         Err(_) => Classified::InvalidTarget(line, protocol),
     }
 }
@@ -585,6 +593,8 @@ struct Pending {
     /// The caller's own deadline.
     deadline: Option<Instant>,
     protocol: ClientProtocol,
+    /// The caller's band (B115).
+    band: Band,
 }
 
 /// Why a waiting request woke before its outcome.

@@ -44,6 +44,9 @@ impl Rejection {
     /// policies retry with backoff. Only an atespace over its fair share
     /// (B69) is RESOURCE_EXHAUSTED: that is a per-tenant quota, which a
     /// retry does not lift until the tenant's own parked requests drain.
+    /// A caller preempted by a higher band (B118) is RESOURCE_EXHAUSTED too:
+    /// its band's share of the lot is taken, and an at-once retry of the
+    /// same band would only be refused again.
     pub fn grpc_status(&self) -> Code {
         match (self.status, self.reason) {
             (404, "atenet_invalid_target") => Code::InvalidArgument,
@@ -51,7 +54,7 @@ impl Rejection {
             (403, _) => Code::PermissionDenied,
             (401, _) => Code::Unauthenticated,
             (504, _) => Code::DeadlineExceeded,
-            (503, "atenet_atespace_full") => Code::ResourceExhausted,
+            (503, "atenet_atespace_full" | "atenet_preempted") => Code::ResourceExhausted,
             (503, _) => Code::Unavailable,
             _ => Code::Internal,
         }
@@ -159,6 +162,16 @@ pub fn for_outcome(
                 503,
                 format!("actor \"{id}\" unavailable: router at capacity"),
                 "atenet_lot_full",
+                RouteOutcome::NoCapacity,
+            ),
+            retry_after,
+        ),
+        // B118: the same answer as a full lot, under its own reason.
+        Err(ResolveError::Preempted) => with_retry_after(
+            reject(
+                503,
+                format!("actor \"{id}\" unavailable: router at capacity"),
+                "atenet_preempted",
                 RouteOutcome::NoCapacity,
             ),
             retry_after,
@@ -381,6 +394,11 @@ mod tests {
             Verdict::Route { .. } => None,
         };
         assert_eq!(retry(Err(ResolveError::LotFull)), Some(7));
+        assert_eq!(retry(Err(ResolveError::Preempted)), Some(7), "B118");
+        assert_eq!(
+            rejection(Err(ResolveError::Preempted)),
+            (503, "actor \"demo/a\" unavailable: router at capacity".into(), "atenet_preempted")
+        );
         assert_eq!(retry(Err(ResolveError::FlightsFull)), Some(7));
         assert_eq!(retry(Err(ResolveError::AtespaceFull)), Some(7));
         assert_eq!(retry(Err(ResolveError::AtespaceFlightsFull)), Some(7));
@@ -412,6 +430,7 @@ mod tests {
             (failed(Code::Aborted, "conflict"), Code::Unavailable),
             (failed(Code::Unavailable, "down"), Code::Unavailable),
             (Err(ResolveError::LotFull), Code::Unavailable),
+            (Err(ResolveError::Preempted), Code::ResourceExhausted),
             (Err(ResolveError::FlightsFull), Code::Unavailable),
             (Err(ResolveError::BudgetExhausted(wrapped())), Code::Unavailable),
             (Err(ResolveError::DeadlineTooShort(wrapped())), Code::Unavailable),

@@ -13,8 +13,10 @@
 //! (B15): one whose flight's budget ends first fails as Unavailable without
 //! being sent (the verdict then comes at the budget, as B82's attempt
 //! without a connection), and one whose flight has no caller left when its
-//! turn comes is not sent (B78). Turns go one atespace at a time, oldest
-//! first within each, and no atespace holds more than its share of the
+//! turn comes is not sent (B78). Waiting attempts go highest band first
+//! (B120; the band their flight had when they began to wait), and within a
+//! band one atespace at a time, oldest first within each; no atespace
+//! holds more than its share of the
 //! calls (half by default; a cap, where B79's share of the flights is
 //! work-conserving: a waiting attempt costs no refusal), so that a tenant
 //! with many actors waiting, or whose resumes hang, neither delays another's
@@ -28,6 +30,7 @@ use prometheus::IntGauge;
 
 use crate::actor::resume::{Code, ResumeError};
 use crate::actor::target::ActorId;
+use crate::parking::band::Band;
 use crate::parking::flight::{AttemptDone, Resumer};
 use crate::parking::timer::{Scheduler, TimerId};
 
@@ -61,6 +64,18 @@ struct State {
     /// Calls holding a [`CallPermit`], in all and by atespace.
     open: usize,
     open_by_atespace: HashMap<Arc<str>, usize>,
+    /// Waiting attempts, by [`Band`] (B120).
+    bands: [Turns; 3],
+    waiting: usize,
+    next_seq: u64,
+    /// Whether a thread is sending waiting attempts; it sends until the
+    /// calls are at the limit or none waits, so no other need.
+    dispatching: bool,
+}
+
+/// The attempts of one band waiting for a call, in atespace turns.
+#[derive(Default)]
+struct Turns {
     /// Waiting attempts by atespace, by arrival. An atespace has an entry
     /// exactly while it is in `turns`: an entry left empty by an expiry
     /// stays until its turn comes, so that an expiry costs O(log n), not a
@@ -72,11 +87,6 @@ struct State {
     /// most of `turns`, so that their memory stays bounded while the calls
     /// stay at the limit (amortised O(1) per expiry, as the timer's heap).
     emptied: usize,
-    waiting: usize,
-    next_seq: u64,
-    /// Whether a thread is sending waiting attempts; it sends until the
-    /// calls are at the limit or none waits, so no other need.
-    dispatching: bool,
 }
 
 struct Waiting {
@@ -132,10 +142,12 @@ impl Resumer for CallGate {
         let seq = state.next_seq;
         state.next_seq += 1;
         let deadline = done.budget_deadline();
-        if !state.queues.contains_key(&atespace) {
-            state.turns.push_back(Arc::clone(&atespace));
+        let band = done.band();
+        let turns = &mut state.bands[band as usize];
+        if !turns.queues.contains_key(&atespace) {
+            turns.turns.push_back(Arc::clone(&atespace));
         }
-        let queue = state.queues.entry(Arc::clone(&atespace)).or_default();
+        let queue = turns.queues.entry(Arc::clone(&atespace)).or_default();
         queue.insert(seq, Waiting { actor: actor.clone(), done, expiry: None });
         state.waiting += 1;
         shared.gauges.waiting.set(state.waiting as i64);
@@ -144,9 +156,9 @@ impl Resumer for CallGate {
         // once (it is due), and the task takes the gate's lock.
         let gate = Arc::clone(shared);
         let key = Arc::clone(&atespace);
-        let timer = shared.scheduler.schedule(deadline, Box::new(move || gate.expire(&key, seq)));
+        let timer = shared.scheduler.schedule(deadline, Box::new(move || gate.expire(band, &key, seq)));
         let mut state = shared.state.lock();
-        match state.queues.get_mut(&atespace).and_then(|q| q.get_mut(&seq)) {
+        match state.bands[band as usize].queues.get_mut(&atespace).and_then(|q| q.get_mut(&seq)) {
             Some(waiting) => waiting.expiry = Some(timer),
             // Sent or expired already: the task has nothing left to do.
             None => shared.scheduler.cancel(timer),
@@ -195,10 +207,11 @@ impl Shared {
 
     /// The flight's budget ended while its attempt waited: it fails unsent,
     /// and the flight ends with its verdict (B19, B82).
-    fn expire(&self, atespace: &Arc<str>, seq: u64) {
+    fn expire(&self, band: Band, atespace: &Arc<str>, seq: u64) {
         let waiting = {
             let mut state = self.state.lock();
-            let Some(waiting) = state.remove(atespace, seq) else { return };
+            let Some(waiting) = state.bands[band as usize].remove(atespace, seq) else { return };
+            state.waiting -= 1;
             self.gauges.waiting.set(state.waiting as i64);
             waiting
         };
@@ -227,10 +240,25 @@ impl State {
         }
     }
 
+    /// The next attempt to send: of the highest band with one that may go
+    /// (B120), the next in its atespace turns.
+    fn next(&mut self, gate: &Shared) -> Option<(Arc<str>, Waiting)> {
+        if self.open >= gate.limit {
+            return None;
+        }
+        let by_atespace = &self.open_by_atespace;
+        let under_share = |atespace: &Arc<str>| by_atespace.get(atespace).copied().unwrap_or(0) < gate.share;
+        let found = self.bands.iter_mut().rev().find_map(|turns| turns.next(under_share))?;
+        self.waiting -= 1;
+        Some(found)
+    }
+}
+
+impl Turns {
     /// The oldest waiting attempt of the next atespace in turn that is
     /// under its share; atespaces at their share keep their turn, and one
     /// whose attempts all expired leaves the turns here.
-    fn next(&mut self, gate: &Shared) -> Option<(Arc<str>, Waiting)> {
+    fn next(&mut self, under_share: impl Fn(&Arc<str>) -> bool) -> Option<(Arc<str>, Waiting)> {
         for _ in 0..self.turns.len() {
             let atespace = self.turns.pop_front()?;
             let queue = self.queues.get_mut(&atespace).expect("an atespace in turn has an entry");
@@ -239,7 +267,7 @@ impl State {
                 self.emptied -= 1;
                 continue;
             }
-            if !self.can_open(&atespace, gate) {
+            if !under_share(&atespace) {
                 self.turns.push_back(atespace);
                 continue;
             }
@@ -250,7 +278,6 @@ impl State {
             } else {
                 self.turns.push_back(Arc::clone(&atespace));
             }
-            self.waiting -= 1;
             return Some((atespace, waiting));
         }
         None
@@ -259,7 +286,6 @@ impl State {
     fn remove(&mut self, atespace: &Arc<str>, seq: u64) -> Option<Waiting> {
         let queue = self.queues.get_mut(atespace)?;
         let waiting = queue.remove(&seq)?;
-        self.waiting -= 1;
         if queue.is_empty() {
             self.emptied += 1;
             if self.emptied > 1024 && self.emptied > self.turns.len() / 2 {
@@ -352,8 +378,8 @@ mod tests {
         let g = gated(2, 10_000, None);
         let greedy: Vec<ActorId> = (0..8).map(|i| actor(&format!("greedy/a{i}"))).collect();
         let polite = actor("polite/b");
-        let mut callers: Vec<_> = greedy.iter().map(|a| g.table.join(a).unwrap().0).collect();
-        callers.push(g.table.join(&polite).unwrap().0);
+        let mut callers: Vec<_> = greedy.iter().map(|a| g.table.join(a, Band::Standard).unwrap().0).collect();
+        callers.push(g.table.join(&polite, Band::Standard).unwrap().0);
         assert_eq!(g.resumer.running(), 2, "two calls open, the rest wait");
         assert_eq!((g.resumer.calls(&greedy[0]), g.resumer.calls(&greedy[1])), (1, 1));
         assert_eq!(open_and_waiting(&g), (2, 7));
@@ -379,12 +405,12 @@ mod tests {
     fn b97_an_atespace_whose_calls_hang_holds_only_its_share() {
         let g = gated_with_share(4, 2, 10_000, None);
         let hanging: Vec<ActorId> = (0..6).map(|i| actor(&format!("slow/a{i}"))).collect();
-        let _slow: Vec<_> = hanging.iter().map(|a| g.table.join(a).unwrap().0).collect();
+        let _slow: Vec<_> = hanging.iter().map(|a| g.table.join(a, Band::Standard).unwrap().0).collect();
         assert_eq!(g.resumer.running(), 2, "its share, though 4 calls are allowed");
         assert_eq!(open_and_waiting(&g), (2, 4));
         // Another atespace's attempts go out at once, up to its own share.
         let others: Vec<ActorId> = (0..3).map(|i| actor(&format!("fast/b{i}"))).collect();
-        let _fast: Vec<_> = others.iter().map(|a| g.table.join(a).unwrap().0).collect();
+        let _fast: Vec<_> = others.iter().map(|a| g.table.join(a, Band::Standard).unwrap().0).collect();
         assert_eq!((g.resumer.calls(&others[0]), g.resumer.calls(&others[1])), (1, 1));
         assert_eq!(g.resumer.calls(&others[2]), 0);
         g.resumer.answer(&others[0], ok(true));
@@ -409,9 +435,9 @@ mod tests {
     fn b97_an_attempt_still_waiting_at_the_budget_is_not_sent_and_the_flight_ends_there() {
         let g = gated(1, 1_000, None);
         let (held, waiting) = (actor("demo/held"), actor("demo/waiting"));
-        let _held = g.table.join(&held).unwrap().0;
+        let _held = g.table.join(&held, Band::Standard).unwrap().0;
         g.clock.advance(Duration::from_millis(400));
-        let (flight, _) = g.table.join(&waiting).unwrap();
+        let (flight, _) = g.table.join(&waiting, Band::Standard).unwrap();
         let mut wait = flight.wait(Until::Done);
         assert!(poll(&mut wait).is_pending());
         g.scheduler.advance(Duration::from_millis(999));
@@ -436,8 +462,8 @@ mod tests {
     fn b97_an_attempt_nobody_waits_for_any_more_is_not_sent() {
         let g = gated(1, 10_000, None);
         let (held, left) = (actor("demo/held"), actor("demo/left"));
-        let _held = g.table.join(&held).unwrap().0;
-        let caller = g.table.join(&left).unwrap().0;
+        let _held = g.table.join(&held, Band::Standard).unwrap().0;
+        let caller = g.table.join(&left, Band::Standard).unwrap().0;
         drop(caller);
         g.resumer.answer(&held, err(Code::NotFound, "gone"));
         assert_eq!(g.resumer.calls(&left), 0, "B78: not sent once its callers left");
@@ -471,7 +497,7 @@ mod tests {
         let g = gated(1, 10_000, Some(Arc::clone(&inner) as Arc<dyn Resumer>));
         let n = 50_000;
         let callers: Vec<_> =
-            (0..n).map(|i| g.table.join(&actor(&format!("demo/a{i}"))).unwrap().0).collect();
+            (0..n).map(|i| g.table.join(&actor(&format!("demo/a{i}")), Band::Standard).unwrap().0).collect();
         assert_eq!(open_and_waiting(&g), (1, n as i64 - 1));
         // Each send reports at once and frees the one call for the next:
         // with a send per release on the stack this would overflow it.
@@ -493,15 +519,17 @@ mod tests {
     fn b97_expiries_across_many_atespaces_keep_the_turns_and_their_memory_bounded() {
         let g = gated(1, 1_000, None);
         let held = actor("held/a");
-        let _held = g.table.join(&held).unwrap().0;
+        let _held = g.table.join(&held, Band::Standard).unwrap().0;
         // 5,000 atespaces wait behind the one open call, and all expire.
         let n = 5_000;
-        let expiring: Vec<_> = (0..n).map(|i| g.table.join(&actor(&format!("t{i}/a"))).unwrap().0).collect();
+        let expiring: Vec<_> =
+            (0..n).map(|i| g.table.join(&actor(&format!("t{i}/a")), Band::Standard).unwrap().0).collect();
         assert_eq!(open_and_waiting(&g), (1, n as i64));
         g.scheduler.advance(Duration::from_millis(1_000));
         assert_eq!(open_and_waiting(&g), (1, 0));
         {
             let state = g.gate.state.lock();
+            let state = &state.bands[Band::Standard as usize];
             assert!(state.turns.len() <= 1024 + 1, "emptied entries swept: {} left", state.turns.len());
             assert_eq!(state.turns.len(), state.queues.len(), "an entry exactly while in turn");
         }
@@ -509,9 +537,9 @@ mod tests {
         // An atespace whose attempt expired and that waits again has one
         // turn, not two: two atespaces alternate one call each.
         let (again, other) = (actor("t4999/b"), actor("other/a"));
-        let _again = g.table.join(&again).unwrap().0;
-        let _again2 = g.table.join(&actor("t4999/c")).unwrap().0;
-        let _other = g.table.join(&other).unwrap().0;
+        let _again = g.table.join(&again, Band::Standard).unwrap().0;
+        let _again2 = g.table.join(&actor("t4999/c"), Band::Standard).unwrap().0;
+        let _other = g.table.join(&other, Band::Standard).unwrap().0;
         g.resumer.answer(&held, ok(true));
         assert_eq!(g.resumer.calls(&again), 1);
         g.resumer.answer(&again, ok(true));
@@ -519,6 +547,38 @@ mod tests {
         g.resumer.answer(&other, ok(true));
         g.resumer.answer(&actor("t4999/c"), ok(true));
         assert_eq!(open_and_waiting(&g), (0, 0));
-        assert!(g.gate.state.lock().queues.is_empty(), "every entry gone once nothing waits");
+        assert!(
+            g.gate.state.lock().bands.iter().all(|b| b.queues.is_empty()),
+            "every entry gone once nothing waits"
+        );
+    }
+
+    #[test]
+    fn b120_waiting_attempts_go_highest_band_first_then_in_atespace_turns() {
+        let g = gated(1, 10_000, None);
+        let held = actor("demo/held");
+        let _held = g.table.join(&held, Band::Sheddable).unwrap().0;
+        let queued = [
+            ("x/standard", Band::Standard),
+            ("y/sheddable", Band::Sheddable),
+            ("x/critical", Band::Critical),
+            ("y/standard", Band::Standard),
+            ("x/standard2", Band::Standard),
+        ];
+        let _callers: Vec<_> =
+            queued.iter().map(|(a, band)| g.table.join(&actor(a), *band).unwrap().0).collect();
+        assert_eq!(open_and_waiting(&g), (1, 5));
+        let mut order = Vec::new();
+        g.resumer.answer(&held, ok(true));
+        while g.resumer.running() > 0 {
+            let next = g.resumer.pending_actors()[0].clone();
+            order.push(next.to_string());
+            g.resumer.answer(&next, ok(true));
+        }
+        assert_eq!(
+            order,
+            ["x/critical", "x/standard", "y/standard", "x/standard2", "y/sheddable"],
+            "the critical one first; standard in atespace turns; sheddable last"
+        );
     }
 }

@@ -42,6 +42,7 @@ use prometheus::IntCounter;
 use crate::actor::resume::{AttemptResult, Code, ResumeError, Resumed};
 use crate::actor::target::ActorId;
 use crate::parking::backoff::{Backoff, BackoffPolicy, Dispatch};
+use crate::parking::band::Band;
 use crate::parking::clock::Clock;
 use crate::parking::groups::{DispatchOrder, Group, GroupKey, GroupSnapshot, PoolMemory, POOL_MEMORY_BOUND};
 use crate::parking::share::{AtespaceShares, ShareHold, SharePolicy};
@@ -75,6 +76,11 @@ impl AttemptDone {
     /// awaited (B82, B97).
     pub fn budget_deadline(&self) -> Instant {
         self.flight.deadline
+    }
+
+    /// The flight's band now (B115, B120): the highest of its callers'.
+    pub fn band(&self) -> Band {
+        self.flight.band()
     }
 
     /// Whether any request still waits on the flight (B78): an attempt not
@@ -179,8 +185,7 @@ enum Phase {
     /// The first attempt runs; callers wait for it (B23 phase 1).
     First,
     /// Past the park transition: an attempt runs or the retry timer is set.
-    /// `last` is the latest retryable error, which budget exhaustion wraps
-    ///.
+    /// `last` is the latest retryable error, which budget exhaustion wraps.
     Retrying { attempt_running: bool, last: ResumeError },
     /// The budget passed with an attempt still running; it is awaited
     ///. `last` is the retryable error before it, if any.
@@ -228,6 +233,8 @@ struct FlightState {
     phase: Phase,
     /// Callers holding a [`Caller`] on this flight.
     callers: usize,
+    /// Those callers by [`Band`] (B115).
+    bands: [usize; 3],
     /// This flight's place in its atespace's share, given back when
     /// it leaves the table.
     share: Option<ShareHold>,
@@ -248,6 +255,34 @@ struct FlightState {
     grouped: Option<(GroupKey, DispatchOrder)>,
     /// The group whose probe the running attempt is (B110).
     probe_of: Option<GroupKey>,
+}
+
+impl FlightState {
+    /// The highest band among the callers (B115); `Sheddable` with none.
+    fn band(&self) -> Band {
+        Band::ALL.into_iter().rev().find(|b| self.bands[*b as usize] > 0).unwrap_or(Band::Sheddable)
+    }
+
+    /// Counts a caller of `band` in (`+1`) or out (`-1`); a flight waiting
+    /// in a group whose band this changes takes its new place there (B120).
+    fn count_caller(&mut self, inner: &Inner, actor: &ActorId, band: Band, joined: bool) {
+        let before = self.band();
+        if joined {
+            self.callers += 1;
+            self.bands[band as usize] += 1;
+        } else {
+            self.callers -= 1;
+            self.bands[band as usize] -= 1;
+        }
+        let after = self.band();
+        if let (true, Some((key, order))) = (after != before && self.callers > 0, &mut self.grouped) {
+            let to = DispatchOrder { band: after, ..*order };
+            if let Some(group) = inner.groups.lock().get_mut(key) {
+                group.reorder(actor.atespace(), order, to);
+            }
+            *order = to;
+        }
+    }
 }
 
 /// Wakers of the callers waiting on a flight, by registration key.
@@ -275,6 +310,12 @@ impl Flight {
             Phase::Retrying { last, .. } | Phase::Overtime { last: Some(last) } => Some(last.clone()),
             _ => None,
         }
+    }
+
+    /// The band the flight acts with (B115): the highest of the callers
+    /// waiting on it now; `Sheddable` when none does.
+    pub fn band(&self) -> Band {
+        self.state.lock().band()
     }
 
     /// The finished outcome, if any (B24's re-check).
@@ -435,12 +476,12 @@ impl FlightTable {
     /// is dropped (B78). Creating one fails when the actor's atespace has its
     /// share of flights in progress (B79) or `max_flights` are (B58), the
     /// share checked first; joining never does.
-    pub fn join(&self, actor: &ActorId) -> Result<(Caller, Role), FlightRefusal> {
+    pub fn join(&self, actor: &ActorId, band: Band) -> Result<(Caller, Role), FlightRefusal> {
         let created = {
             let mut shard = self.inner.shard(actor).lock();
             if let Some(flight) = shard.get(actor) {
-                flight.state.lock().callers += 1;
-                return Ok((Caller::new(&self.inner, flight), Role::Joiner));
+                flight.state.lock().count_caller(&self.inner, actor, band, true);
+                return Ok((Caller::new(&self.inner, flight, band), Role::Joiner));
             }
             let share = self.inner.shares.try_take(actor).ok_or(FlightRefusal::AtespaceFull)?;
             // Exact under any concurrency, as the lot is (B29): the count
@@ -463,6 +504,11 @@ impl FlightTable {
                 state: Mutex::new(FlightState {
                     phase: Phase::First,
                     callers: 1,
+                    bands: {
+                        let mut bands = [0; 3];
+                        bands[band as usize] = 1;
+                        bands
+                    },
                     share: Some(share),
                     attempts: 0,
                     last_code: None,
@@ -486,7 +532,7 @@ impl FlightTable {
             self.inner.scheduler.schedule(created.deadline, Box::new(move || inner.on_deadline(&flight)));
         created.state.lock().deadline_timer = Some(timer);
         Inner::start_attempt(&self.inner, &created);
-        Ok((Caller::new(&self.inner, &created), Role::Leader))
+        Ok((Caller::new(&self.inner, &created, band), Role::Leader))
     }
 
     /// How many flights are in progress.
@@ -644,7 +690,8 @@ impl Inner {
     /// Puts a flight into group `key` (B109, B111); the flight's lock is
     /// the caller's.
     fn enter_group(&self, flight: &Arc<Flight>, state: &mut FlightState, key: &GroupKey, now: Instant) {
-        let order = DispatchOrder { budget_end: flight.deadline, arrival: flight.arrival };
+        let order =
+            DispatchOrder { band: state.band(), budget_end: flight.deadline, arrival: flight.arrival };
         let atespace: Arc<str> = Arc::from(flight.actor.atespace());
         let mut groups = self.groups.lock();
         let group =
@@ -850,10 +897,10 @@ impl Inner {
 
     /// A caller left: with no caller left and no attempt running, the flight
     /// ends now rather than at its next retry (B78).
-    fn leave(&self, flight: &Arc<Flight>) {
+    fn leave(&self, flight: &Arc<Flight>, band: Band) {
         let shard = self.shard(&flight.actor).lock();
         let mut state = flight.state.lock();
-        state.callers -= 1;
+        state.count_caller(self, &flight.actor, band, false);
         if state.callers == 0 && matches!(state.phase, Phase::Retrying { attempt_running: false, .. }) {
             self.abandon(shard, flight, state);
         }
@@ -865,11 +912,12 @@ impl Inner {
 pub struct Caller {
     table: Arc<Inner>,
     flight: Arc<Flight>,
+    band: Band,
 }
 
 impl Caller {
-    fn new(table: &Arc<Inner>, flight: &Arc<Flight>) -> Caller {
-        Caller { table: Arc::clone(table), flight: Arc::clone(flight) }
+    fn new(table: &Arc<Inner>, flight: &Arc<Flight>, band: Band) -> Caller {
+        Caller { table: Arc::clone(table), flight: Arc::clone(flight), band }
     }
 }
 
@@ -883,7 +931,7 @@ impl std::ops::Deref for Caller {
 
 impl Drop for Caller {
     fn drop(&mut self) {
-        self.table.leave(&self.flight);
+        self.table.leave(&self.flight, self.band);
     }
 }
 
@@ -1037,9 +1085,9 @@ pub(crate) mod tests {
     fn b14_leader_then_joiners_share_one_attempt_and_table_empties_before_wake() {
         let h = harness(1000, 100, true);
         let a = actor("a");
-        let (leader, role) = h.table.join(&a).unwrap();
+        let (leader, role) = h.table.join(&a, Band::Standard).unwrap();
         assert_eq!(role, Role::Leader);
-        let (joiner, role) = h.table.join(&a).unwrap();
+        let (joiner, role) = h.table.join(&a, Band::Standard).unwrap();
         assert_eq!(role, Role::Joiner);
         assert!(Arc::ptr_eq(&leader, &joiner));
         assert_eq!(h.resumer.calls(&a), 1, "B15: first attempt starts at once, once");
@@ -1056,7 +1104,7 @@ pub(crate) mod tests {
         assert!(h.table.is_empty(), "B14: finished flight removed");
         assert_eq!(h.scheduler.pending(), 0, "the late-serve check is cancelled with the flight");
         assert!(matches!(done(&mut wait), FlightOutcome::Resumed(r) if r.resumed));
-        let (_, role) = h.table.join(&a).unwrap();
+        let (_, role) = h.table.join(&a, Band::Standard).unwrap();
         assert_eq!(role, Role::Leader, "B14: no caching; a new flight starts");
         assert_eq!(h.resumer.calls(&a), 2);
     }
@@ -1066,15 +1114,23 @@ pub(crate) mod tests {
         let h = harness(1000, 100, true);
         let actors: Vec<ActorId> = (0..3).map(|i| actor(&format!("a{i}"))).collect();
         for a in &actors {
-            assert_eq!(h.table.join(a).unwrap().1, Role::Leader);
+            assert_eq!(h.table.join(a, Band::Standard).unwrap().1, Role::Leader);
         }
         assert_eq!(h.table.len(), 3);
-        assert!(matches!(h.table.join(&actor("fourth")), Err(FlightRefusal::TableFull)));
+        assert!(matches!(h.table.join(&actor("fourth"), Band::Standard), Err(FlightRefusal::TableFull)));
         assert_eq!(h.resumer.calls(&actor("fourth")), 0, "no ResumeActor call beyond the cap");
-        assert_eq!(h.table.join(&actors[0]).unwrap().1, Role::Joiner, "an existing flight is still joined");
+        assert_eq!(
+            h.table.join(&actors[0], Band::Standard).unwrap().1,
+            Role::Joiner,
+            "an existing flight is still joined"
+        );
         h.resumer.answer(&actors[1], err(Code::NotFound, "gone"));
         assert_eq!(h.table.len(), 2);
-        assert_eq!(h.table.join(&actor("fourth")).unwrap().1, Role::Leader, "room again once one ends");
+        assert_eq!(
+            h.table.join(&actor("fourth"), Band::Standard).unwrap().1,
+            Role::Leader,
+            "room again once one ends"
+        );
         for a in [&actors[0], &actors[2], &actor("fourth")] {
             h.resumer.answer(a, ok(false));
         }
@@ -1091,7 +1147,9 @@ pub(crate) mod tests {
                 let (table, barrier) = (table.clone(), Arc::clone(&barrier));
                 std::thread::spawn(move || {
                     barrier.wait();
-                    (0..50).filter(|i| table.join(&actor(&format!("t{t}-{i}"))).is_ok()).count()
+                    (0..50)
+                        .filter(|i| table.join(&actor(&format!("t{t}-{i}")), Band::Standard).is_ok())
+                        .count()
                 })
             })
             .collect::<Vec<_>>()
@@ -1111,7 +1169,7 @@ pub(crate) mod tests {
     fn b24_a_late_retryable_error_ends_the_flight_without_a_park_transition() {
         let h = harness(250, 100, true);
         let a = actor("a");
-        let (flight, _) = h.table.join(&a).unwrap();
+        let (flight, _) = h.table.join(&a, Band::Standard).unwrap();
         let mut wait = flight.wait(Until::ParkedOrDone);
         assert!(poll(&mut wait).is_pending());
         h.scheduler.advance(Duration::from_millis(300));
@@ -1126,7 +1184,7 @@ pub(crate) mod tests {
     fn b16_b17_retries_on_schedule_then_succeeds() {
         let h = harness(5000, 100, true);
         let a = actor("a");
-        let (flight, _) = h.table.join(&a).unwrap();
+        let (flight, _) = h.table.join(&a, Band::Standard).unwrap();
         let mut wait = flight.wait(Until::ParkedOrDone);
         h.resumer.answer(&a, err(Code::ResourceExhausted, "no free workers available"));
         assert!(matches!(poll(&mut wait), Poll::Ready(FlightEvent::Parked)), "B23 park transition");
@@ -1152,7 +1210,7 @@ pub(crate) mod tests {
     fn b19_budget_ends_retries_with_no_attempt_at_deadline() {
         let h = harness(250, 100, true);
         let a = actor("a");
-        let (flight, _) = h.table.join(&a).unwrap();
+        let (flight, _) = h.table.join(&a, Band::Standard).unwrap();
         h.resumer.answer(&a, err(Code::ResourceExhausted, "no free workers available"));
         h.scheduler.advance(Duration::from_millis(100));
         h.resumer.answer(&a, err(Code::ResourceExhausted, "still none"));
@@ -1174,7 +1232,7 @@ pub(crate) mod tests {
     fn b19_attempt_running_at_deadline_is_awaited_late_success_served() {
         let h = harness(250, 100, true);
         let a = actor("a");
-        let (flight, _) = h.table.join(&a).unwrap();
+        let (flight, _) = h.table.join(&a, Band::Standard).unwrap();
         h.resumer.answer(&a, err(Code::ResourceExhausted, "full"));
         h.scheduler.advance(Duration::from_millis(100));
         assert_eq!(h.resumer.running(), 1);
@@ -1188,7 +1246,7 @@ pub(crate) mod tests {
     fn b19_late_retryable_error_is_budget_exhausted() {
         let h = harness(250, 100, true);
         let a = actor("a");
-        let (flight, _) = h.table.join(&a).unwrap();
+        let (flight, _) = h.table.join(&a, Band::Standard).unwrap();
         h.resumer.answer(&a, err(Code::Aborted, "busy"));
         h.scheduler.advance(Duration::from_millis(100));
         h.scheduler.advance(Duration::from_secs(1));
@@ -1204,7 +1262,7 @@ pub(crate) mod tests {
     fn overtime_is_signalled_once_the_budget_passes_with_an_attempt_running() {
         let h = harness(250, 100, true);
         let a = actor("a");
-        let (flight, _) = h.table.join(&a).unwrap();
+        let (flight, _) = h.table.join(&a, Band::Standard).unwrap();
         let mut overtime = flight.wait(Until::OvertimeOrDone);
         assert!(poll(&mut overtime).is_pending());
         h.resumer.answer(&a, err(Code::ResourceExhausted, "full"));
@@ -1220,7 +1278,7 @@ pub(crate) mod tests {
     fn no_overtime_when_nothing_runs_at_the_deadline() {
         let h = harness(250, 100, true);
         let a = actor("a");
-        let (flight, _) = h.table.join(&a).unwrap();
+        let (flight, _) = h.table.join(&a, Band::Standard).unwrap();
         let mut overtime = flight.wait(Until::OvertimeOrDone);
         h.resumer.answer(&a, err(Code::ResourceExhausted, "full"));
         h.scheduler.advance(Duration::from_millis(100));
@@ -1234,7 +1292,7 @@ pub(crate) mod tests {
     fn b20_late_terminal_error_wins() {
         let h = harness(250, 100, true);
         let a = actor("a");
-        let (flight, _) = h.table.join(&a).unwrap();
+        let (flight, _) = h.table.join(&a, Band::Standard).unwrap();
         h.resumer.answer(&a, err(Code::ResourceExhausted, "full"));
         h.scheduler.advance(Duration::from_millis(100));
         h.scheduler.advance(Duration::from_secs(1));
@@ -1249,14 +1307,14 @@ pub(crate) mod tests {
     fn b22_parking_disabled_only_aborted_retries() {
         let h = harness(15_000, 100, false);
         let (a, b) = (actor("a"), actor("b"));
-        let (fa, _) = h.table.join(&a).unwrap();
+        let (fa, _) = h.table.join(&a, Band::Standard).unwrap();
         h.resumer.answer(&a, err(Code::ResourceExhausted, "full"));
         assert_eq!(
             *fa.outcome().unwrap(),
             FlightOutcome::Failed(ResumeError::new(Code::ResourceExhausted, "full"))
         );
         assert_eq!(h.resumer.calls(&a), 1, "B22: exactly one attempt");
-        let (fb, _) = h.table.join(&b).unwrap();
+        let (fb, _) = h.table.join(&b, Band::Standard).unwrap();
         h.resumer.answer(&b, err(Code::Aborted, "conflict"));
         h.scheduler.advance(Duration::from_millis(100));
         assert_eq!(h.resumer.calls(&b), 2, "B22: Aborted still retried");
@@ -1268,12 +1326,12 @@ pub(crate) mod tests {
     fn b18_budget_starts_with_leader_and_joiners_share_it() {
         let h = harness(300, 100, true);
         let a = actor("a");
-        let (flight, _) = h.table.join(&a).unwrap();
+        let (flight, _) = h.table.join(&a, Band::Standard).unwrap();
         h.resumer.answer(&a, err(Code::ResourceExhausted, "full"));
         h.scheduler.advance(Duration::from_millis(100));
         h.resumer.answer(&a, err(Code::ResourceExhausted, "full"));
         h.scheduler.advance(Duration::from_millis(150));
-        let (joined, role) = h.table.join(&a).unwrap();
+        let (joined, role) = h.table.join(&a, Band::Standard).unwrap();
         assert_eq!(role, Role::Joiner);
         let mut wait = joined.wait(Until::ParkedOrDone);
         assert!(matches!(poll(&mut wait), Poll::Ready(FlightEvent::Parked)), "B23: joins past park");
@@ -1291,9 +1349,9 @@ pub(crate) mod tests {
         let view = |x: &ActorId| h.table.snapshot().into_iter().find(|f| &f.actor == x).unwrap();
         assert_eq!(h.table.oldest_attempt(), None, "no flight, no attempt");
         // Callers held, so that the flights retry (B78).
-        let _caller_a = h.table.join(&a).unwrap();
+        let _caller_a = h.table.join(&a, Band::Standard).unwrap();
         h.scheduler.advance(ms(30));
-        let _caller_b = h.table.join(&b).unwrap();
+        let _caller_b = h.table.join(&b, Band::Standard).unwrap();
         h.scheduler.advance(ms(20));
         assert_eq!(view(&a).attempt_age, Some(ms(50)));
         assert_eq!(view(&b).attempt_age, Some(ms(20)));
@@ -1318,7 +1376,7 @@ pub(crate) mod tests {
     fn dropped_waiter_unregisters() {
         let h = harness(300, 100, true);
         let a = actor("a");
-        let (flight, _) = h.table.join(&a).unwrap();
+        let (flight, _) = h.table.join(&a, Band::Standard).unwrap();
         let mut wait = flight.wait(Until::Done);
         assert!(poll(&mut wait).is_pending());
         assert_eq!(flight.state.lock().waiters.wakers.len(), 1);
@@ -1335,7 +1393,7 @@ pub(crate) mod tests {
     fn b78_a_flight_left_by_every_caller_awaits_its_attempt_and_starts_no_other() {
         let h = harness(1000, 100, true);
         let a = actor("a");
-        let (leader, _) = h.table.join(&a).unwrap();
+        let (leader, _) = h.table.join(&a, Band::Standard).unwrap();
         let flight = Arc::clone(&leader);
         drop(leader);
         assert_eq!(h.table.len(), 1, "the running attempt is awaited (B15)");
@@ -1344,7 +1402,7 @@ pub(crate) mod tests {
         h.scheduler.advance(Duration::from_millis(1000));
         assert_eq!(h.resumer.calls(&a), 1, "no new attempt");
         assert_eq!(h.abandoned.get(), 1);
-        let (_next, role) = h.table.join(&a).unwrap();
+        let (_next, role) = h.table.join(&a, Band::Standard).unwrap();
         assert_eq!(role, Role::Leader, "the next request starts afresh");
         assert_eq!(h.resumer.calls(&a), 2);
     }
@@ -1353,8 +1411,8 @@ pub(crate) mod tests {
     fn b78_the_running_attempt_still_serves_whoever_joins_it() {
         let h = harness(1000, 100, true);
         let a = actor("a");
-        drop(h.table.join(&a).unwrap());
-        let (joiner, role) = h.table.join(&a).unwrap();
+        drop(h.table.join(&a, Band::Standard).unwrap());
+        let (joiner, role) = h.table.join(&a, Band::Standard).unwrap();
         assert_eq!(role, Role::Joiner, "the flight whose caller left is still there to join");
         let mut wait = joiner.wait(Until::Done);
         h.resumer.answer(&a, ok(true));
@@ -1366,8 +1424,8 @@ pub(crate) mod tests {
     fn b78_the_last_caller_leaving_between_attempts_ends_the_flight_at_once() {
         let h = harness(1000, 100, true);
         let a = actor("a");
-        let (first, _) = h.table.join(&a).unwrap();
-        let (second, _) = h.table.join(&a).unwrap();
+        let (first, _) = h.table.join(&a, Band::Standard).unwrap();
+        let (second, _) = h.table.join(&a, Band::Standard).unwrap();
         h.resumer.answer(&a, err(Code::ResourceExhausted, "full"));
         let flight = Arc::clone(&first);
         drop(first);
@@ -1397,7 +1455,7 @@ pub(crate) mod tests {
                 std::thread::spawn(move || {
                     let mut held = 0u64;
                     while !stop.load(Ordering::Relaxed) {
-                        let (caller, _) = table.join(&a).unwrap();
+                        let (caller, _) = table.join(&a, Band::Standard).unwrap();
                         std::thread::yield_now();
                         assert!(!abandoned(&caller), "a caller holds an abandoned flight");
                         drop(caller);
@@ -1431,15 +1489,28 @@ pub(crate) mod tests {
     fn b79_an_atespace_has_at_most_its_share_of_flights_and_joins_beyond_it() {
         let h = harness_with_share(1000, 100, true, SharePolicy::capped(2, 3));
         let greedy: Vec<ActorId> = (0..2).map(|i| ActorId::parse(&format!("greedy/a{i}")).unwrap()).collect();
-        let callers: Vec<Caller> = greedy.iter().map(|a| h.table.join(a).unwrap().0).collect();
+        let callers: Vec<Caller> =
+            greedy.iter().map(|a| h.table.join(a, Band::Standard).unwrap().0).collect();
         let third = ActorId::parse("greedy/a2").unwrap();
-        assert!(matches!(h.table.join(&third), Err(FlightRefusal::AtespaceFull)));
+        assert!(matches!(h.table.join(&third, Band::Standard), Err(FlightRefusal::AtespaceFull)));
         assert_eq!(h.resumer.calls(&third), 0, "no ResumeActor call beyond the share");
-        assert_eq!(h.table.join(&greedy[0]).unwrap().1, Role::Joiner, "an existing flight is still joined");
+        assert_eq!(
+            h.table.join(&greedy[0], Band::Standard).unwrap().1,
+            Role::Joiner,
+            "an existing flight is still joined"
+        );
         let other = ActorId::parse("other/x").unwrap();
-        assert_eq!(h.table.join(&other).unwrap().1, Role::Leader, "another atespace is untouched");
+        assert_eq!(
+            h.table.join(&other, Band::Standard).unwrap().1,
+            Role::Leader,
+            "another atespace is untouched"
+        );
         h.resumer.answer(&greedy[1], ok(false));
-        assert_eq!(h.table.join(&third).unwrap().1, Role::Leader, "the share is given back as a flight ends");
+        assert_eq!(
+            h.table.join(&third, Band::Standard).unwrap().1,
+            Role::Leader,
+            "the share is given back as a flight ends"
+        );
         drop(callers);
     }
 
@@ -1448,20 +1519,24 @@ pub(crate) mod tests {
         // Table 3, share 2: two atespaces fill the table between them.
         let h = harness_with_share(1000, 100, true, SharePolicy::capped(2, 3));
         let parse = |r: &str| ActorId::parse(r).unwrap();
-        let held: Vec<Caller> =
-            ["x/a", "x/b", "y/a"].iter().map(|r| h.table.join(&parse(r)).unwrap().0).collect();
+        let held: Vec<Caller> = ["x/a", "x/b", "y/a"]
+            .iter()
+            .map(|r| h.table.join(&parse(r), Band::Standard).unwrap().0)
+            .collect();
         assert!(
-            matches!(h.table.join(&parse("x/c")), Err(FlightRefusal::AtespaceFull)),
+            matches!(h.table.join(&parse("x/c"), Band::Standard), Err(FlightRefusal::AtespaceFull)),
             "both: the share says so"
         );
-        assert!(matches!(h.table.join(&parse("y/b")), Err(FlightRefusal::TableFull)));
-        assert!(matches!(h.table.join(&parse("z/a")), Err(FlightRefusal::TableFull)));
+        assert!(matches!(h.table.join(&parse("y/b"), Band::Standard), Err(FlightRefusal::TableFull)));
+        assert!(matches!(h.table.join(&parse("z/a"), Band::Standard), Err(FlightRefusal::TableFull)));
         for r in ["x/a", "x/b", "y/a"] {
             h.resumer.answer(&parse(r), ok(false));
         }
         drop(held);
-        let again: Vec<Caller> =
-            ["y/b", "y/c", "z/a"].iter().map(|r| h.table.join(&parse(r)).unwrap().0).collect();
+        let again: Vec<Caller> = ["y/b", "y/c", "z/a"]
+            .iter()
+            .map(|r| h.table.join(&parse(r), Band::Standard).unwrap().0)
+            .collect();
         assert_eq!(h.table.len(), 3, "every refusal gave its share back");
         drop(again);
     }
@@ -1472,15 +1547,21 @@ pub(crate) mod tests {
         let h = harness_with_share(1000, 100, true, SharePolicy::work_conserving(8));
         let parse = |r: &str| ActorId::parse(r).unwrap();
         let greedy: Vec<Caller> =
-            (0..7).map(|i| h.table.join(&parse(&format!("x/a{i}"))).unwrap().0).collect();
-        assert!(matches!(h.table.join(&parse("x/more")), Err(FlightRefusal::AtespaceFull)), "the last one");
-        let other = h.table.join(&parse("y/a")).unwrap().0;
-        assert!(matches!(h.table.join(&parse("y/b")), Err(FlightRefusal::TableFull)), "the table is full");
+            (0..7).map(|i| h.table.join(&parse(&format!("x/a{i}")), Band::Standard).unwrap().0).collect();
+        assert!(
+            matches!(h.table.join(&parse("x/more"), Band::Standard), Err(FlightRefusal::AtespaceFull)),
+            "the last one"
+        );
+        let other = h.table.join(&parse("y/a"), Band::Standard).unwrap().0;
+        assert!(
+            matches!(h.table.join(&parse("y/b"), Band::Standard), Err(FlightRefusal::TableFull)),
+            "the table is full"
+        );
         // A flight of the flood ends: its place goes to the other tenant,
         // never back to the flood while only the eighth is free.
         h.resumer.answer(&parse("x/a0"), ok(false));
-        assert!(matches!(h.table.join(&parse("x/more")), Err(FlightRefusal::AtespaceFull)));
-        assert_eq!(h.table.join(&parse("y/b")).unwrap().1, Role::Leader);
+        assert!(matches!(h.table.join(&parse("x/more"), Band::Standard), Err(FlightRefusal::AtespaceFull)));
+        assert_eq!(h.table.join(&parse("y/b"), Band::Standard).unwrap().1, Role::Leader);
         assert_eq!(h.table.len(), 8);
         drop((greedy, other));
     }
@@ -1491,14 +1572,14 @@ pub(crate) mod tests {
     fn saturated(h: &Harness, names: &[&str], pool: &str, gap_ms: u64) -> Vec<Caller> {
         let parse = |r: &str| ActorId::parse(r).unwrap();
         for name in names {
-            let _first = h.table.join(&parse(name)).unwrap();
+            let _first = h.table.join(&parse(name), Band::Standard).unwrap();
             h.resumer
                 .answer(&parse(name), Ok(Resumed::from_pod_ips(true, &["10.0.0.7".into()]).on_pool(pool)));
         }
         names
             .iter()
             .map(|name| {
-                let (caller, _) = h.table.join(&parse(name)).unwrap();
+                let (caller, _) = h.table.join(&parse(name), Band::Standard).unwrap();
                 h.resumer.answer(&parse(name), err(Code::ResourceExhausted, "no free workers"));
                 h.scheduler.advance(Duration::from_millis(gap_ms));
                 caller
@@ -1537,6 +1618,25 @@ pub(crate) mod tests {
     }
 
     #[test]
+    fn b120_a_group_sends_the_highest_band_first_and_re_ranks_on_join_and_leave() {
+        let h = grouped_harness(10_000, 100);
+        let _callers = saturated(&h, &["demo/a", "demo/b", "demo/c"], "p", 10);
+        let (critical, _) = h.table.join(&actor("c"), Band::Critical).unwrap();
+        let (sheddable, _) = h.table.join(&actor("a"), Band::Sheddable).unwrap();
+        drop(sheddable);
+        h.scheduler.advance(Duration::from_millis(100));
+        assert_eq!(pending(&h), ["demo/c"], "a critical joiner lifts the youngest flight");
+        h.resumer.answer(&actor("c"), full());
+        drop(critical);
+        h.scheduler.advance(Duration::from_secs(1));
+        assert_eq!(pending(&h), ["demo/a"], "its band back to standard: the budget decides");
+        h.resumer.answer(&actor("a"), freed("p"));
+        assert_eq!(pending(&h), ["demo/b"]);
+        h.resumer.answer(&actor("b"), freed("p"));
+        assert_eq!(pending(&h), ["demo/c"]);
+    }
+
+    #[test]
     fn b111_atespaces_take_turns_in_a_group() {
         let h = grouped_harness(10_000, 100);
         let names = ["x/a", "x/b", "x/c", "y/a", "y/b"];
@@ -1556,13 +1656,13 @@ pub(crate) mod tests {
         let h = grouped_harness(60_000, 100);
         let _callers = saturated(&h, &["demo/a", "demo/b", "demo/c"], "p", 0);
         let d = actor("d");
-        drop(h.table.join(&d).unwrap());
+        drop(h.table.join(&d, Band::Standard).unwrap());
         h.resumer.answer(&d, freed("p"));
         h.scheduler.advance(Duration::from_millis(100));
         assert_eq!(pending(&h), ["demo/a"]);
         // d's next flight: its first attempt goes out at once, and its answer
         // joins the group without sending another flight while a's is open.
-        let _d = h.table.join(&d).unwrap();
+        let _d = h.table.join(&d, Band::Standard).unwrap();
         h.resumer.answer(&d, full());
         h.scheduler.advance(Duration::from_secs(1));
         assert_eq!(pending(&h), ["demo/a"], "one attempt open");
@@ -1603,8 +1703,8 @@ pub(crate) mod tests {
         let _callers = saturated(&h, &["demo/a", "demo/b"], "p", 0);
         h.scheduler.advance(Duration::from_millis(100));
         assert_eq!(h.resumer.running(), 1, "the group's probe");
-        let _fresh = h.table.join(&actor("fresh")).unwrap();
-        let _pool_member = h.table.join(&actor("c")).unwrap();
+        let _fresh = h.table.join(&actor("fresh"), Band::Standard).unwrap();
+        let _pool_member = h.table.join(&actor("c"), Band::Standard).unwrap();
         assert_eq!(pending(&h), ["demo/a", "demo/fresh", "demo/c"], "both sent at once");
         h.resumer.answer(&actor("c"), full());
         assert_eq!(h.resumer.running(), 2, "a first attempt's answer sends nothing more");
@@ -1615,8 +1715,8 @@ pub(crate) mod tests {
         let h = grouped_harness(60_000, 100);
         let _callers = saturated(&h, &["demo/a", "demo/b"], "p", 0);
         h.scheduler.advance(Duration::from_millis(100));
-        let (_c, _) = h.table.join(&actor("c")).unwrap();
-        let (_d, _) = h.table.join(&actor("d")).unwrap();
+        let (_c, _) = h.table.join(&actor("c"), Band::Standard).unwrap();
+        let (_d, _) = h.table.join(&actor("d"), Band::Standard).unwrap();
         h.resumer.answer(&actor("c"), err(Code::FailedPrecondition, "suspending"));
         h.resumer.answer(&actor("d"), err(Code::Aborted, "conflict"));
         assert_eq!(h.table.groups().iter().map(|g| g.waiting).sum::<usize>(), 1, "only b waits in a group");
@@ -1631,7 +1731,7 @@ pub(crate) mod tests {
             .iter()
             .map(|r| {
                 let a = ActorId::parse(r).unwrap();
-                let caller = h.table.join(&a).unwrap().0;
+                let caller = h.table.join(&a, Band::Standard).unwrap().0;
                 h.resumer.answer(&a, err(Code::Unavailable, "down"));
                 caller
             })

@@ -13,6 +13,7 @@
 //! the call bound does (B97), so that a tenant with many waiting actors
 //! delays another's by at most one flight per turn.
 
+use std::cmp::Ordering;
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::fmt;
 use std::sync::Arc;
@@ -21,6 +22,7 @@ use std::time::{Duration, Instant};
 use crate::actor::resume::Code;
 use crate::actor::target::ActorId;
 use crate::parking::backoff::{Backoff, BackoffPolicy};
+use crate::parking::band::Band;
 use crate::parking::timer::TimerId;
 
 /// What a group waits for (B109).
@@ -59,17 +61,33 @@ impl fmt::Display for GroupKey {
     }
 }
 
-/// A flight's place in its group: compared field by field, the first that
-/// differs decides, smallest first (B111). A priority band (issue 37) goes
-/// first, ahead of `budget_end`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+/// A flight's place in its group: the higher band first (B120), then the
+/// budget that ends first (so, with equal budgets, the oldest), then the
+/// flight created first (B111). No two flights compare equal.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct DispatchOrder {
-    /// When the flight's budget ends: the one with the least time left goes
-    /// first, so with equal budgets the oldest.
+    /// The band the flight acts with now; a change re-ranks it.
+    pub band: Band,
+    /// When the flight's budget ends.
     pub budget_end: Instant,
-    /// The flight's creation number: ties go to the older flight, and no
-    /// two flights compare equal.
+    /// The flight's creation number.
     pub arrival: u64,
+}
+
+impl Ord for DispatchOrder {
+    fn cmp(&self, other: &Self) -> Ordering {
+        other
+            .band
+            .cmp(&self.band)
+            .then(self.budget_end.cmp(&other.budget_end))
+            .then(self.arrival.cmp(&other.arrival))
+    }
+}
+
+impl PartialOrd for DispatchOrder {
+    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
+        Some(self.cmp(other))
+    }
 }
 
 /// The worker pool each actor last ran on, for the actors seen most
@@ -228,6 +246,16 @@ impl<T> Group<T> {
         true
     }
 
+    /// Moves an entry to a new place in its atespace's queue (its flight's
+    /// band changed, B120), keeping how long it has waited; false if it was
+    /// not there.
+    pub fn reorder(&mut self, atespace: &str, from: &DispatchOrder, to: DispatchOrder) -> bool {
+        let Some(queue) = self.queues.get_mut(atespace) else { return false };
+        let Some(entry) = queue.remove(from) else { return false };
+        queue.insert(to, entry);
+        true
+    }
+
     /// The next entry to send: the first of the atespace whose turn it is,
     /// which then goes to the back of the turns (B111).
     pub fn pop_next(&mut self) -> Option<T> {
@@ -265,7 +293,31 @@ mod tests {
     use super::*;
 
     fn order(ms: u64, arrival: u64, base: Instant) -> DispatchOrder {
-        DispatchOrder { budget_end: base + Duration::from_millis(ms), arrival }
+        DispatchOrder { band: Band::Standard, budget_end: base + Duration::from_millis(ms), arrival }
+    }
+
+    #[test]
+    fn b120_the_higher_band_goes_first_whatever_its_budget() {
+        let base = Instant::now();
+        let critical = DispatchOrder { band: Band::Critical, ..order(900, 9, base) };
+        let sheddable = DispatchOrder { band: Band::Sheddable, ..order(1, 0, base) };
+        assert!(critical < order(100, 1, base) && order(100, 1, base) < sheddable);
+    }
+
+    #[test]
+    fn b120_a_reordered_entry_keeps_its_wait_and_its_atespace_turn() {
+        let base = Instant::now();
+        let policy = BackoffPolicy { interval: Duration::from_millis(100), factor: 2.0, jitter: 0.0 };
+        let mut group: Group<&str> = Group::new(policy, Code::ResourceExhausted, base);
+        let x: Arc<str> = Arc::from("x");
+        group.insert(&x, order(1, 0, base), "first", base);
+        group.insert(&x, order(2, 1, base), "second", base + Duration::from_secs(1));
+        let promoted = DispatchOrder { band: Band::Critical, ..order(2, 1, base) };
+        assert!(group.reorder("x", &order(2, 1, base), promoted));
+        assert!(!group.reorder("x", &order(2, 1, base), promoted), "moved once");
+        assert_eq!(group.oldest_since(), Some(base));
+        let sent: Vec<_> = std::iter::from_fn(|| group.pop_next()).collect();
+        assert_eq!(sent, ["second", "first"]);
     }
 
     #[test]

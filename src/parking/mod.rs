@@ -10,6 +10,7 @@
 //! - `groups`: the saturation groups, whose flights are sent one at a
 //!   time in order (B109-B112);
 //! - `calls`: the bound on the ResumeActor calls open at once;
+//! - `band`: a request's priority band;
 //! - `backoff`, `timer`, `clock`, `deadline`: retry delays, the one timer
 //!   thread, time as a seam, and a caller's own deadline.
 //!
@@ -21,6 +22,7 @@
 //! `proto` (headers, for a caller's deadline).
 
 pub mod backoff;
+pub mod band;
 pub mod calls;
 pub mod clock;
 pub mod deadline;

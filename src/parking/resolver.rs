@@ -28,11 +28,12 @@ use std::time::Instant;
 
 use crate::actor::resume::{ResumeError, Resumed};
 use crate::actor::target::ActorId;
+use crate::parking::band::Band;
 use crate::parking::clock::Clock;
 use crate::parking::flight::{
     Caller, Flight, FlightEvent, FlightOutcome, FlightRefusal, FlightTable, FlightWait, Role, Until,
 };
-use crate::parking::lot::{LotDecision, ParkingLot, Refusal, Slot, WaitOutcome};
+use crate::parking::lot::{LotDecision, ParkingLot, Refusal, Release, Slot, WaitOutcome};
 use crate::parking::share::{AtespaceShares, ShareHold, SharePolicy};
 use crate::parking::timer::{sleep_until, Scheduler, Sleep};
 
@@ -74,8 +75,7 @@ pub enum ResolveError {
     BudgetExhausted(ResumeError),
     /// The lot was full at this caller's park transition.
     LotFull,
-    /// The actor had no flight and `--flight-max` flights were in progress
-    ///.
+    /// The actor had no flight and `--flight-max` flights were in progress.
     FlightsFull,
     /// The actor had no flight and its atespace had its share of flights in
     /// progress.
@@ -91,6 +91,8 @@ pub enum ResolveError {
     DeadlineTooShort(ResumeError),
     /// The caller's own deadline passed while it was parked.
     CallerDeadline,
+    /// A caller of a higher band took this caller's slot (B118).
+    Preempted,
 }
 
 impl std::fmt::Display for ResolveError {
@@ -105,6 +107,7 @@ impl std::fmt::Display for ResolveError {
             ResolveError::AtespaceFull => f.write_str("atespace at its share of the lot"),
             ResolveError::DeadlineTooShort(e) => write!(f, "deadline shorter than a park, last: {e}"),
             ResolveError::CallerDeadline => f.write_str("the caller's deadline passed while parked"),
+            ResolveError::Preempted => f.write_str("a higher band took the slot"),
         }
     }
 }
@@ -171,14 +174,14 @@ impl Resolver {
         }
     }
 
-    /// Starts resolving `actor` for one caller whose own deadline, if it
-    /// has one, is `deadline` (B68). Dropping the returned future abandons
-    /// the wait as [`Abandon::Canceled`].
-    pub fn resolve(&self, actor: &ActorId, deadline: Option<Instant>) -> Resolve {
+    /// Starts resolving `actor` for one caller of `band` (B115) whose own
+    /// deadline, if it has one, is `deadline` (B68). Dropping the returned
+    /// future abandons the wait as [`Abandon::Canceled`].
+    pub fn resolve(&self, actor: &ActorId, deadline: Option<Instant>, band: Band) -> Resolve {
         // The share first: a caller refused it starts no flight (B80).
         let held = self.held.try_take(actor);
         let joined = match &held {
-            Some(_) => self.flights.join(actor).map_err(|refusal| match refusal {
+            Some(_) => self.flights.join(actor, band).map_err(|refusal| match refusal {
                 FlightRefusal::TableFull => ResolveError::FlightsFull,
                 FlightRefusal::AtespaceFull => ResolveError::AtespaceFlightsFull,
             }),
@@ -196,7 +199,7 @@ impl Resolver {
             Err(error) => (Stage::Refused(error), None, Role::Leader, AccountState::Settled),
         };
         let account = Account { lot: self.lot.clone(), state, exit: Abandon::Canceled };
-        Resolve { stage, flight, held, role, account, deadline, resolver: self.clone() }
+        Resolve { stage, flight, held, role, account, deadline, band, resolver: self.clone() }
     }
 
     /// What `atespace`'s callers hold now (B80).
@@ -220,6 +223,8 @@ pub struct Resolve {
     account: Account,
     /// The caller's own deadline.
     deadline: Option<Instant>,
+    /// The caller's band (B115).
+    band: Band,
     resolver: Resolver,
 }
 
@@ -281,11 +286,17 @@ impl Future for Resolve {
                 Stage::Parked { wait, deadline } => match Pin::new(wait).poll(cx) {
                     Poll::Ready(event) => event,
                     Poll::Pending => {
-                        // The flight goes on; this caller's patience ended.
+                        // The flight goes on; a higher band took this
+                        // caller's slot (B118), or its patience ended.
+                        if this.account.preempted(cx) {
+                            return Poll::Ready(this.refuse_parked(ResolveError::Preempted));
+                        }
                         if deadline.as_mut().is_some_and(|d| Pin::new(d).poll(cx).is_ready()) {
-                            this.account.close(WaitOutcome::Deadline);
-                            let outcome = this.refuse(ResolveError::CallerDeadline);
-                            return Poll::Ready(ResumeOutcome { parked: true, ..outcome });
+                            let error = match this.account.close(WaitOutcome::Deadline) {
+                                Closed::Preempted => ResolveError::Preempted,
+                                Closed::Freed | Closed::NoSlot => ResolveError::CallerDeadline,
+                            };
+                            return Poll::Ready(this.refuse_parked(error));
                         }
                         return Poll::Pending;
                     }
@@ -298,8 +309,12 @@ impl Future for Resolve {
                     return Poll::Ready(this.served(&outcome, false));
                 }
                 (FlightEvent::Done(outcome), _) => {
-                    let parked = this.account.close(wait_outcome(&outcome));
-                    return Poll::Ready(this.served(&outcome, parked));
+                    // A caller whose slot was taken has its answer already
+                    // (B118): exactly one, whatever the flight did since.
+                    return Poll::Ready(match this.account.close(wait_outcome(&outcome)) {
+                        Closed::Preempted => this.refuse_parked(ResolveError::Preempted),
+                        closed => this.served(&outcome, closed == Closed::Freed),
+                    });
                 }
                 (_, Stage::First { .. }) => {
                     // The park transition. B24: the flight may have finished
@@ -312,7 +327,7 @@ impl Future for Resolve {
                         this.account.settle();
                         return Poll::Ready(this.refuse(ResolveError::DeadlineTooShort(error)));
                     }
-                    match this.account.admit(&flight) {
+                    match this.account.admit(&flight, this.band) {
                         Ok(()) => {}
                         Err(Refusal::LotFull) => return Poll::Ready(this.refuse(ResolveError::LotFull)),
                         Err(Refusal::AtespaceFull) => {
@@ -336,6 +351,12 @@ impl Resolve {
     fn refuse(&mut self, error: ResolveError) -> ResumeOutcome {
         self.finish();
         ResumeOutcome { result: Err(error), resume: ResumeLabel::Unknown, parked: false }
+    }
+
+    /// Refused after it held a slot; it leaves its flight as any departing
+    /// caller does (B78).
+    fn refuse_parked(&mut self, error: ResolveError) -> ResumeOutcome {
+        ResumeOutcome { parked: true, ..self.refuse(error) }
     }
 
     /// Early rejection (B68): with parking on and an estimate of the time to
@@ -384,10 +405,10 @@ impl Account {
     }
 
     /// The lot decision at the park transition: a slot, or shed (B26,
-    /// B69). Without a lot the caller simply waits on (B22).
-    fn admit(&mut self, flight: &Arc<Flight>) -> Result<(), Refusal> {
+    /// B69, B117, B118). Without a lot the caller simply waits on (B22).
+    fn admit(&mut self, flight: &Arc<Flight>, band: Band) -> Result<(), Refusal> {
         let Some(lot) = &self.lot else { return Ok(()) };
-        match lot.try_admit(flight.actor().atespace()) {
+        match lot.try_admit(flight.actor().atespace(), band) {
             Ok(slot) => {
                 flight.note_parked_caller(true);
                 self.state = AccountState::Parked { slot, flight: Arc::clone(flight) };
@@ -400,18 +421,41 @@ impl Account {
         }
     }
 
-    /// The flight ended while the caller held a slot: release it with
-    /// `outcome`. Whether there was a slot.
-    fn close(&mut self, outcome: WaitOutcome) -> bool {
+    /// The caller's wait ended while it held a slot: release it with
+    /// `outcome`, unless a higher band took it first (B118).
+    fn close(&mut self, outcome: WaitOutcome) -> Closed {
         match std::mem::replace(&mut self.state, AccountState::Settled) {
             AccountState::Parked { slot, flight } => {
                 flight.note_parked_caller(false);
-                slot.release(outcome);
-                true
+                match slot.release(outcome) {
+                    Release::Freed => Closed::Freed,
+                    Release::Preempted => Closed::Preempted,
+                }
             }
-            _ => false,
+            _ => Closed::NoSlot,
         }
     }
+
+    /// Whether a higher band took the caller's slot (B118), settled by the
+    /// lot then; if not, the task is woken when one does.
+    fn preempted(&mut self, cx: &Context<'_>) -> bool {
+        let AccountState::Parked { slot, .. } = &self.state else { return false };
+        if !slot.preempted(cx.waker()) {
+            return false;
+        }
+        self.close(WaitOutcome::Preempted) == Closed::Preempted
+    }
+}
+
+/// What closing an account found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Closed {
+    /// No slot was held.
+    NoSlot,
+    /// The slot was freed now.
+    Freed,
+    /// A higher band had taken the slot (B118).
+    Preempted,
 }
 
 impl Drop for Account {
@@ -486,8 +530,9 @@ mod tests {
     fn setup(lot_max: usize) -> Setup {
         let h = harness(1000, 100, lot_max > 0);
         let metrics = Metrics::new();
-        let lot = (lot_max > 0)
-            .then(|| ParkingLot::new(lot_max, 0, Arc::new(h.clock.clone()), metrics.lot_instruments()));
+        let lot = (lot_max > 0).then(|| {
+            ParkingLot::new(lot_max, 0, lot_max, Arc::new(h.clock.clone()), metrics.lot_instruments())
+        });
         let resolver = Resolver::new(
             h.table.clone(),
             lot,
@@ -518,12 +563,12 @@ mod tests {
     fn b24_first_attempt_success_never_takes_a_slot_even_when_lot_full() {
         let s = setup(1);
         let (hot, running) = (actor("hot"), actor("running"));
-        let mut parked = s.resolver.resolve(&hot, None);
+        let mut parked = s.resolver.resolve(&hot, None, Band::Standard);
         assert!(poll(&mut parked).is_pending());
         s.h.resumer.answer(&hot, err(Code::ResourceExhausted, "no free workers available"));
         assert!(poll(&mut parked).is_pending());
         assert_eq!(active(&s), 1, "lot now full");
-        let mut fast = s.resolver.resolve(&running, None);
+        let mut fast = s.resolver.resolve(&running, None, Band::Standard);
         assert!(poll(&mut fast).is_pending());
         s.h.resumer.answer(&running, ok(false));
         let outcome = ready(&mut fast);
@@ -544,7 +589,8 @@ mod tests {
     fn b25_b26_each_joiner_needs_a_slot_and_full_lot_sheds_while_flight_goes_on() {
         let s = setup(2);
         let a = actor("a");
-        let mut callers: Vec<Resolve> = (0..3).map(|_| s.resolver.resolve(&a, None)).collect();
+        let mut callers: Vec<Resolve> =
+            (0..3).map(|_| s.resolver.resolve(&a, None, Band::Standard)).collect();
         assert_eq!(s.h.resumer.calls(&a), 1);
         callers.iter_mut().for_each(|c| assert!(poll(c).is_pending()));
         s.h.resumer.answer(&a, err(Code::ResourceExhausted, "no free workers available"));
@@ -572,8 +618,8 @@ mod tests {
     fn b27_b28_cancel_while_parked_frees_slot_at_once_flight_unaffected() {
         let s = setup(4);
         let a = actor("a");
-        let mut leaving = s.resolver.resolve(&a, None);
-        let mut staying = s.resolver.resolve(&a, None);
+        let mut leaving = s.resolver.resolve(&a, None, Band::Standard);
+        let mut staying = s.resolver.resolve(&a, None, Band::Standard);
         assert!(poll(&mut leaving).is_pending() && poll(&mut staying).is_pending());
         s.h.resumer.answer(&a, err(Code::Unavailable, "restarting"));
         assert!(poll(&mut leaving).is_pending() && poll(&mut staying).is_pending());
@@ -592,7 +638,7 @@ mod tests {
     fn b33_abandon_with_timeout_records_timeout() {
         let s = setup(4);
         let a = actor("a");
-        let mut caller = s.resolver.resolve(&a, None);
+        let mut caller = s.resolver.resolve(&a, None, Band::Standard);
         assert!(poll(&mut caller).is_pending());
         s.h.resumer.answer(&a, err(Code::Aborted, "busy"));
         assert!(poll(&mut caller).is_pending());
@@ -609,7 +655,7 @@ mod tests {
     fn b33_first_match_wins_against_a_cancel_after_the_flight_succeeded() {
         let s = setup(4);
         let a = actor("a");
-        let mut caller = s.resolver.resolve(&a, None);
+        let mut caller = s.resolver.resolve(&a, None, Band::Standard);
         assert!(poll(&mut caller).is_pending());
         s.h.resumer.answer(&a, err(Code::ResourceExhausted, "full"));
         assert!(poll(&mut caller).is_pending());
@@ -650,13 +696,13 @@ mod tests {
         let s = setup(1);
         let (a, other) = (actor("a"), actor("other"));
         // Fill the lot.
-        let mut holder = s.resolver.resolve(&other, None);
+        let mut holder = s.resolver.resolve(&other, None, Band::Standard);
         assert!(poll(&mut holder).is_pending());
         s.h.resumer.answer(&other, err(Code::ResourceExhausted, "full"));
         assert!(poll(&mut holder).is_pending());
         assert_eq!(active(&s), 1);
         let probe = Arc::new(PollOnWake {
-            caller: Mutex::new(Some(s.resolver.resolve(&a, None))),
+            caller: Mutex::new(Some(s.resolver.resolve(&a, None, Band::Standard))),
             result: Mutex::new(None),
         });
         futures::task::ArcWake::wake_by_ref(&probe);
@@ -680,8 +726,13 @@ mod tests {
     fn setup_shared(lot_max: usize, per_atespace: usize) -> Setup {
         let h = harness(1000, 100, true);
         let metrics = Metrics::new();
-        let lot =
-            ParkingLot::new(lot_max, per_atespace, Arc::new(h.clock.clone()), metrics.lot_instruments());
+        let lot = ParkingLot::new(
+            lot_max,
+            per_atespace,
+            lot_max,
+            Arc::new(h.clock.clone()),
+            metrics.lot_instruments(),
+        );
         let resolver = Resolver::new(
             h.table.clone(),
             Some(lot),
@@ -697,8 +748,8 @@ mod tests {
         let s = setup(4);
         let a = actor("a");
         let deadline = s.h.clock.now() + Duration::from_millis(300);
-        let mut patient = s.resolver.resolve(&a, None);
-        let mut hurried = s.resolver.resolve(&a, Some(deadline));
+        let mut patient = s.resolver.resolve(&a, None, Band::Standard);
+        let mut hurried = s.resolver.resolve(&a, Some(deadline), Band::Standard);
         assert!(poll(&mut patient).is_pending() && poll(&mut hurried).is_pending());
         s.h.resumer.answer(&a, err(Code::ResourceExhausted, "full"));
         assert!(poll(&mut patient).is_pending() && poll(&mut hurried).is_pending());
@@ -726,14 +777,14 @@ mod tests {
         let s = setup(4);
         let a = actor("a");
         // No served park yet: a caller whose time is already up still parks.
-        let mut first = s.resolver.resolve(&a, Some(s.h.clock.now()));
+        let mut first = s.resolver.resolve(&a, Some(s.h.clock.now()), Band::Standard);
         assert!(poll(&mut first).is_pending());
         s.h.resumer.answer(&a, err(Code::ResourceExhausted, "no free workers available"));
         assert!(poll(&mut first).is_pending(), "admitted: nothing says a park takes long");
         assert_eq!(active(&s), 1);
         // A served park of 400 ms makes the estimate; this caller joins the
         // parked flight, so the flight goes on when the first one leaves.
-        let mut served = s.resolver.resolve(&a, None);
+        let mut served = s.resolver.resolve(&a, None, Band::Standard);
         assert!(poll(&mut served).is_pending());
         s.h.scheduler.advance(Duration::ZERO);
         assert_eq!(ready(&mut first).result, Err(ResolveError::CallerDeadline));
@@ -743,8 +794,10 @@ mod tests {
         assert_eq!(s.resolver.lot().unwrap().estimate(), Some(Duration::from_millis(400)));
         // 300 ms left < 400 ms: refused at the park transition, no slot.
         let b = actor("b");
-        let mut short = s.resolver.resolve(&b, Some(s.h.clock.now() + Duration::from_millis(300)));
-        let mut long = s.resolver.resolve(&b, Some(s.h.clock.now() + Duration::from_millis(500)));
+        let mut short =
+            s.resolver.resolve(&b, Some(s.h.clock.now() + Duration::from_millis(300)), Band::Standard);
+        let mut long =
+            s.resolver.resolve(&b, Some(s.h.clock.now() + Duration::from_millis(500)), Band::Standard);
         assert!(poll(&mut short).is_pending() && poll(&mut long).is_pending());
         s.h.resumer.answer(&b, err(Code::ResourceExhausted, "no free workers available"));
         assert_eq!(
@@ -766,7 +819,7 @@ mod tests {
     fn b68_the_first_attempt_ignores_the_deadline() {
         let s = setup(4);
         let a = actor("a");
-        let mut late = s.resolver.resolve(&a, Some(s.h.clock.now()));
+        let mut late = s.resolver.resolve(&a, Some(s.h.clock.now()), Band::Standard);
         s.h.clock.advance(Duration::from_secs(5));
         s.h.resumer.answer(&a, ok(false));
         let outcome = ready(&mut late);
@@ -782,8 +835,8 @@ mod tests {
         let polite = ActorId::parse("polite/b").unwrap();
         // Two callers of one hot actor and one of another: three slots wanted by one atespace.
         let mut callers: Vec<Resolve> =
-            [&hot, &hot, &cold].iter().map(|a| s.resolver.resolve(a, None)).collect();
-        let mut other = s.resolver.resolve(&polite, None);
+            [&hot, &hot, &cold].iter().map(|a| s.resolver.resolve(a, None, Band::Standard)).collect();
+        let mut other = s.resolver.resolve(&polite, None, Band::Standard);
         callers.iter_mut().chain([&mut other]).for_each(|c| assert!(poll(c).is_pending()));
         for a in [&hot, &cold, &polite] {
             s.h.resumer.answer(a, err(Code::ResourceExhausted, "full"));
@@ -812,12 +865,12 @@ mod tests {
     fn b58_refused_flight_is_an_immediate_flights_full_outcome() {
         let s = setup(4);
         let callers: Vec<Resolve> =
-            (0..3).map(|i| s.resolver.resolve(&actor(&format!("a{i}")), None)).collect();
-        let mut refused = s.resolver.resolve(&actor("fourth"), None);
+            (0..3).map(|i| s.resolver.resolve(&actor(&format!("a{i}")), None, Band::Standard)).collect();
+        let mut refused = s.resolver.resolve(&actor("fourth"), None, Band::Standard);
         let outcome = ready(&mut refused);
         assert_eq!(outcome.result, Err(ResolveError::FlightsFull));
         assert!(refused.overtime().is_none());
-        let mut joiner = s.resolver.resolve(&actor("a0"), None);
+        let mut joiner = s.resolver.resolve(&actor("a0"), None, Band::Standard);
         assert!(poll(&mut joiner).is_pending(), "joining an existing flight is never refused");
         for i in 0..3 {
             s.h.resumer.answer(&actor(&format!("a{i}")), ok(false));
@@ -836,11 +889,11 @@ mod tests {
     fn b32_no_sample_for_callers_gone_before_park_transition() {
         let s = setup(4);
         let a = actor("a");
-        let mut caller = s.resolver.resolve(&a, None);
+        let mut caller = s.resolver.resolve(&a, None, Band::Standard);
         assert!(poll(&mut caller).is_pending());
         drop(caller);
         assert_eq!(s.metrics.decisions(LotDecision::Left), 1, "gone before the decision");
-        let mut fast = s.resolver.resolve(&a, None);
+        let mut fast = s.resolver.resolve(&a, None, Band::Standard);
         s.h.resumer.answer(&a, ok(true));
         assert!(ready(&mut fast).result.is_ok());
         assert_eq!(s.metrics.decisions(LotDecision::Fast), 1);
@@ -852,8 +905,8 @@ mod tests {
     fn b33_budget_exhausted_and_error_outcomes() {
         let s = setup(4);
         let (a, b) = (actor("a"), actor("b"));
-        let mut ca = s.resolver.resolve(&a, None);
-        let mut cb = s.resolver.resolve(&b, None);
+        let mut ca = s.resolver.resolve(&a, None, Band::Standard);
+        let mut cb = s.resolver.resolve(&b, None, Band::Standard);
         assert!(poll(&mut ca).is_pending() && poll(&mut cb).is_pending());
         s.h.resumer.answer(&a, err(Code::ResourceExhausted, "no free workers available"));
         s.h.resumer.answer(&b, err(Code::ResourceExhausted, "no free workers available"));
@@ -880,7 +933,7 @@ mod tests {
     fn b22_parking_disabled_no_lot_no_metrics() {
         let s = setup(0);
         let a = actor("a");
-        let mut caller = s.resolver.resolve(&a, None);
+        let mut caller = s.resolver.resolve(&a, None, Band::Standard);
         assert!(poll(&mut caller).is_pending());
         s.h.resumer.answer(&a, err(Code::Aborted, "conflict"));
         assert!(poll(&mut caller).is_pending());
@@ -896,7 +949,7 @@ mod tests {
     fn b80_an_atespace_holds_at_most_its_share_of_requests_on_any_attempt() {
         let h = harness(1000, 100, true);
         let metrics = Metrics::new();
-        let lot = ParkingLot::new(8, 0, Arc::new(h.clock.clone()), metrics.lot_instruments());
+        let lot = ParkingLot::new(8, 0, 8, Arc::new(h.clock.clone()), metrics.lot_instruments());
         let resolver = Resolver::new(
             h.table.clone(),
             Some(lot),
@@ -906,23 +959,23 @@ mod tests {
         );
         let parse = |r: &str| ActorId::parse(r).unwrap();
         // One waits on a slow first attempt, one is parked: both count.
-        let mut slow = resolver.resolve(&parse("greedy/slow"), None);
-        let mut parked = resolver.resolve(&parse("greedy/parked"), None);
+        let mut slow = resolver.resolve(&parse("greedy/slow"), None, Band::Standard);
+        let mut parked = resolver.resolve(&parse("greedy/parked"), None, Band::Standard);
         assert!(poll(&mut slow).is_pending() && poll(&mut parked).is_pending());
         h.resumer.answer(&parse("greedy/parked"), err(Code::ResourceExhausted, "full"));
         assert!(poll(&mut parked).is_pending());
         assert_eq!(resolver.held("greedy"), 2);
-        let mut refused = resolver.resolve(&parse("greedy/third"), None);
+        let mut refused = resolver.resolve(&parse("greedy/third"), None, Band::Standard);
         assert_eq!(ready(&mut refused).result, Err(ResolveError::AtespaceRequestsFull), "refused at once");
         assert_eq!(h.resumer.calls(&parse("greedy/third")), 0, "and no flight for it");
-        let mut joiner = resolver.resolve(&parse("greedy/slow"), None);
+        let mut joiner = resolver.resolve(&parse("greedy/slow"), None, Band::Standard);
         assert_eq!(ready(&mut joiner).result, Err(ResolveError::AtespaceRequestsFull), "joining counts too");
-        let mut other = resolver.resolve(&parse("polite/x"), None);
+        let mut other = resolver.resolve(&parse("polite/x"), None, Band::Standard);
         assert!(poll(&mut other).is_pending(), "another atespace is untouched");
         h.resumer.answer(&parse("greedy/slow"), ok(true));
         assert!(ready(&mut slow).result.is_ok());
         assert_eq!(resolver.held("greedy"), 1, "an answer gives the share back");
-        let mut next = resolver.resolve(&parse("greedy/third"), None);
+        let mut next = resolver.resolve(&parse("greedy/third"), None, Band::Standard);
         assert!(poll(&mut next).is_pending());
         drop(next);
         assert_eq!(resolver.held("greedy"), 1, "so does a caller that goes away");
@@ -939,11 +992,11 @@ mod tests {
         // then makes no more ResumeActor calls.
         let s = setup(1);
         let (a, b) = (actor("a"), actor("b"));
-        let mut holder = s.resolver.resolve(&a, None);
+        let mut holder = s.resolver.resolve(&a, None, Band::Standard);
         assert!(poll(&mut holder).is_pending());
         s.h.resumer.answer(&a, err(Code::ResourceExhausted, "full"));
         assert!(poll(&mut holder).is_pending(), "holds the only slot");
-        let mut shed: Vec<Resolve> = (0..3).map(|_| s.resolver.resolve(&b, None)).collect();
+        let mut shed: Vec<Resolve> = (0..3).map(|_| s.resolver.resolve(&b, None, Band::Standard)).collect();
         shed.iter_mut().for_each(|c| assert!(poll(c).is_pending()));
         s.h.resumer.answer(&b, err(Code::ResourceExhausted, "full"));
         for c in &mut shed {
@@ -954,5 +1007,177 @@ mod tests {
         assert_eq!(s.h.resumer.calls(&b), 1, "and called ateapi no more");
         s.h.resumer.answer(&a, ok(true));
         assert!(ready(&mut holder).result.is_ok());
+    }
+
+    /// A setup with a lot of `lot_max` of which sheddable callers may hold
+    /// `sheddable`.
+    fn setup_banded(lot_max: usize, sheddable: usize) -> Setup {
+        let h = harness(1000, 100, true);
+        let metrics = Metrics::new();
+        let lot =
+            ParkingLot::new(lot_max, 0, sheddable, Arc::new(h.clock.clone()), metrics.lot_instruments());
+        let resolver = Resolver::new(
+            h.table.clone(),
+            Some(lot),
+            SharePolicy::capped(1000, 1000),
+            Arc::new(h.clock.clone()),
+            Arc::new(h.scheduler.clone()),
+        );
+        Setup { h, metrics, resolver }
+    }
+
+    /// Parks one caller of `band` for `actor`, alone on its flight.
+    fn park(s: &Setup, name: &str, band: Band) -> Resolve {
+        let a = actor(name);
+        let mut caller = s.resolver.resolve(&a, None, band);
+        assert!(poll(&mut caller).is_pending());
+        s.h.resumer.answer(&a, err(Code::ResourceExhausted, "full"));
+        caller
+    }
+
+    #[test]
+    fn b118_a_preempted_caller_is_answered_at_once_and_leaves_its_flight() {
+        let s = setup_banded(2, 2);
+        let mut sheddable = park(&s, "batch", Band::Sheddable);
+        assert!(poll(&mut sheddable).is_pending());
+        let mut standard = park(&s, "web", Band::Standard);
+        assert!(poll(&mut standard).is_pending());
+        s.h.clock.advance(Duration::from_millis(300));
+        let mut critical = park(&s, "checkout", Band::Critical);
+        assert!(poll(&mut critical).is_pending(), "parked in the sheddable caller's slot");
+        let outcome = ready(&mut sheddable);
+        assert_eq!(outcome.result, Err(ResolveError::Preempted));
+        assert!(outcome.parked);
+        assert_eq!(s.metrics.band_waits(WaitOutcome::Preempted, Band::Sheddable), 1);
+        assert_eq!(s.metrics.band_refusals(Band::Sheddable), (1, 0));
+        assert_eq!(active(&s), 2);
+        // Its flight had no other caller: it ends, and calls ateapi no more
+        // (B78).
+        s.h.scheduler.advance(Duration::from_millis(500));
+        assert_eq!(s.h.resumer.calls(&actor("batch")), 1);
+        let mut second = park(&s, "other", Band::Critical);
+        assert!(poll(&mut second).is_pending(), "takes the standard caller's slot");
+        assert_eq!(ready(&mut standard).result, Err(ResolveError::Preempted));
+        // A critical caller joining the parked flight needs a slot too.
+        let mut shed = s.resolver.resolve(&actor("other"), None, Band::Critical);
+        assert_eq!(ready(&mut shed).result, Err(ResolveError::LotFull), "nothing lower parked");
+        assert_eq!(s.metrics.band_refusals(Band::Critical), (0, 1));
+        s.h.resumer.answer(&actor("checkout"), ok(true));
+        let served = ready(&mut critical);
+        assert!(served.result.is_ok() && served.parked);
+        assert_eq!(s.metrics.band_waits(WaitOutcome::Served, Band::Critical), 1);
+        drop(second);
+        assert_eq!(active(&s), 0);
+        let total: u64 = WaitOutcome::ALL.iter().map(|o| s.metrics.waits(*o)).sum();
+        assert_eq!(total, 4, "one sample per slot taken");
+    }
+
+    #[test]
+    fn b118_preemption_racing_the_preempted_callers_resume_gives_one_verdict_and_one_release() {
+        for preempt_first in [true, false] {
+            let s = setup_banded(1, 1);
+            let a = actor("a");
+            let mut victim = park(&s, "a", Band::Sheddable);
+            assert!(poll(&mut victim).is_pending());
+            s.h.scheduler.advance(Duration::from_millis(100));
+            let b = actor("b");
+            let mut critical = s.resolver.resolve(&b, None, Band::Critical);
+            assert!(poll(&mut critical).is_pending());
+            // Both happen before the victim's task runs again: the resume it
+            // waited for completes, and a critical caller takes its slot.
+            if preempt_first {
+                s.h.resumer.answer(&b, err(Code::ResourceExhausted, "full"));
+                assert!(poll(&mut critical).is_pending());
+                s.h.resumer.answer(&a, ok(true));
+            } else {
+                s.h.resumer.answer(&a, ok(true));
+                s.h.resumer.answer(&b, err(Code::ResourceExhausted, "full"));
+                assert!(poll(&mut critical).is_pending());
+            }
+            let outcome = ready(&mut victim);
+            assert_eq!(outcome.result, Err(ResolveError::Preempted), "preempted first: {preempt_first}");
+            drop(victim);
+            assert_eq!(s.metrics.band_waits(WaitOutcome::Preempted, Band::Sheddable), 1);
+            assert_eq!(s.metrics.band_waits(WaitOutcome::Served, Band::Sheddable), 0, "released once");
+            assert_eq!(active(&s), 1, "the critical caller holds the one slot");
+            s.h.scheduler.advance(Duration::from_millis(100));
+            s.h.resumer.answer(&b, ok(true));
+            assert!(ready(&mut critical).result.is_ok());
+            assert_eq!(active(&s), 0);
+        }
+        // The victim read its result first: served, and the critical caller
+        // finds nothing lower to take.
+        let s = setup_banded(1, 1);
+        let (a, b) = (actor("a"), actor("b"));
+        let mut served = park(&s, "a", Band::Sheddable);
+        assert!(poll(&mut served).is_pending());
+        let mut critical = s.resolver.resolve(&b, None, Band::Critical);
+        assert!(poll(&mut critical).is_pending());
+        s.h.scheduler.advance(Duration::from_millis(100));
+        s.h.resumer.answer(&a, ok(true));
+        assert!(ready(&mut served).result.is_ok());
+        s.h.resumer.answer(&b, err(Code::ResourceExhausted, "full"));
+        assert!(poll(&mut critical).is_pending(), "parked in the freed slot");
+        assert_eq!(s.metrics.band_waits(WaitOutcome::Preempted, Band::Sheddable), 0);
+        assert_eq!(s.metrics.band_waits(WaitOutcome::Served, Band::Sheddable), 1);
+    }
+
+    #[test]
+    fn b118_preemption_racing_a_resume_on_other_threads_settles_each_caller_once() {
+        for _ in 0..200 {
+            let s = setup_banded(1, 1);
+            let a = actor("a");
+            let probe = Arc::new(PollOnWake {
+                caller: Mutex::new(Some(s.resolver.resolve(&a, None, Band::Sheddable))),
+                result: Mutex::new(None),
+            });
+            futures::task::ArcWake::wake_by_ref(&probe);
+            s.h.resumer.answer(&a, err(Code::ResourceExhausted, "full"));
+            assert_eq!(active(&s), 1);
+            s.h.scheduler.advance(Duration::from_millis(100));
+            let b = actor("b");
+            let mut critical = s.resolver.resolve(&b, None, Band::Critical);
+            assert!(poll(&mut critical).is_pending());
+            let barrier = Arc::new(std::sync::Barrier::new(2));
+            let resumer = Arc::clone(&s.h.resumer);
+            let (a2, go) = (a.clone(), Arc::clone(&barrier));
+            let resume = std::thread::spawn(move || {
+                go.wait();
+                resumer.answer(&a2, ok(true));
+            });
+            barrier.wait();
+            s.h.resumer.answer(&b, err(Code::ResourceExhausted, "full"));
+            let parked = poll(&mut critical).is_pending();
+            resume.join().unwrap();
+            let outcome = probe.result.lock().take().expect("the victim has exactly one verdict");
+            let waits = |o| s.metrics.band_waits(o, Band::Sheddable);
+            assert_eq!(waits(WaitOutcome::Served) + waits(WaitOutcome::Preempted), 1, "released once");
+            match outcome.result {
+                Ok(_) => assert_eq!(waits(WaitOutcome::Served), 1),
+                Err(ResolveError::Preempted) => {
+                    assert!(parked, "it took the slot");
+                    assert_eq!(waits(WaitOutcome::Preempted), 1);
+                }
+                other => panic!("{other:?}"),
+            }
+            assert!(active(&s) <= 1);
+            drop(critical);
+            assert_eq!(active(&s), 0);
+        }
+    }
+
+    #[test]
+    fn b115_a_flight_acts_with_the_highest_band_of_its_callers() {
+        let s = setup_banded(4, 4);
+        let a = actor("a");
+        let sheddable = s.resolver.resolve(&a, None, Band::Sheddable);
+        let flight = Arc::clone(sheddable.flight.as_deref().unwrap());
+        assert_eq!(flight.band(), Band::Sheddable);
+        let critical = s.resolver.resolve(&a, None, Band::Critical);
+        let standard = s.resolver.resolve(&a, None, Band::Standard);
+        assert_eq!(flight.band(), Band::Critical);
+        drop(critical);
+        assert_eq!(flight.band(), Band::Standard, "the highest of those still there");
+        drop((standard, sheddable));
     }
 }

@@ -24,6 +24,7 @@ use prometheus::{
 
 use crate::actor::resume::Code;
 use crate::envoy::verdict::RouteOutcome;
+use crate::parking::band::Band;
 use crate::parking::calls::CallGauges;
 use crate::parking::lot::{LotDecision, LotInstruments, WaitOutcome};
 use crate::parking::resolver::ResumeLabel;
@@ -62,6 +63,7 @@ struct Instruments {
     atespace_refused: [IntCounter; 2],
     streams_refused: IntCounter,
     streams_silent_closed: IntCounter,
+    priority_unknown: IntCounter,
     /// `atenet_router_certificate_expiry_timestamp_seconds` by
     /// [`CertificateRole`]; a series appears once its certificate is used.
     certificate_expiry: IntGaugeVec,
@@ -126,10 +128,23 @@ impl Metrics {
 
         let parking_active =
             gauge("atenet_router_parking_active", "Requests currently parked (lot slots held).");
-        let parking_rejected = counter(
-            "atenet_router_parking_rejected_total",
-            "Requests shed at the park transition because the lot was full.",
-        );
+        let parking_rejected = IntCounterVec::new(
+            Opts::new(
+                "atenet_router_parking_rejected_total",
+                "Requests shed at the park transition because the lot (or the sheddable band's share of \
+                 it) was full, by band.",
+            ),
+            &["band"],
+        )
+        .expect("a valid metric");
+        let parking_preempted = IntCounterVec::new(
+            Opts::new(
+                "atenet_router_parking_preempted_total",
+                "Parked requests whose slot a higher band took when the lot was full (B118), by their band.",
+            ),
+            &["band"],
+        )
+        .expect("a valid metric");
         let early_rejected = counter(
             "atenet_router_parking_early_rejected_total",
             "Requests refused at the park transition: their deadline was shorter than the time to serve a park.",
@@ -144,7 +159,7 @@ impl Metrics {
                 "Time each parked request spent parked, recorded once when its wait ends.",
             )
             .buckets(WAIT_BUCKETS.to_vec()),
-            &["outcome"],
+            &["outcome", "band"],
         )
         .expect("a valid metric");
         let park_decisions = IntCounterVec::new(
@@ -188,11 +203,13 @@ impl Metrics {
 
         let lot = LotInstruments {
             active: parking_active.clone(),
-            rejected: parking_rejected.clone(),
+            rejected: Band::ALL.map(|b| parking_rejected.with_label_values(&[b.name()])),
+            preempted: Band::ALL.map(|b| parking_preempted.with_label_values(&[b.name()])),
             early_rejected: early_rejected.clone(),
             atespace_rejected: atespace_rejected.clone(),
             decisions: LotDecision::ALL.map(|d| park_decisions.with_label_values(&[d.name()])),
-            waits: WaitOutcome::ALL.map(|o| parking_wait.with_label_values(&[o.name()])),
+            waits: WaitOutcome::ALL
+                .map(|o| Band::ALL.map(|b| parking_wait.with_label_values(&[o.name(), b.name()]))),
             longest_wait_micros: Arc::default(),
         };
         let route = RouteOutcome::ALL
@@ -277,6 +294,10 @@ impl Metrics {
                 "atenet_router_extproc_streams_silent_closed_total",
                 "ext_proc streams closed because they sent no message within 5 s of opening (B74).",
             ),
+            priority_unknown: counter(
+                "atenet_router_priority_unknown_total",
+                "Requests whose ate-priority header named no band, treated as standard (B115).",
+            ),
             certificate_expiry: IntGaugeVec::new(
                 Opts::new(
                     "atenet_router_certificate_expiry_timestamp_seconds",
@@ -296,6 +317,7 @@ impl Metrics {
             Box::new(parking_active),
             Box::new(parking_wait),
             Box::new(parking_rejected),
+            Box::new(parking_preempted),
             Box::new(early_rejected),
             Box::new(atespace_rejected),
             Box::new(park_decisions),
@@ -318,6 +340,7 @@ impl Metrics {
             Box::new(atespace_refused),
             Box::new(instruments.streams_refused.clone()),
             Box::new(instruments.streams_silent_closed.clone()),
+            Box::new(instruments.priority_unknown.clone()),
             Box::new(instruments.certificate_expiry.clone()),
         ] {
             register(collector);
@@ -350,7 +373,7 @@ impl Metrics {
     /// last, for the status page's wait percentiles (B91).
     pub fn parked_wait_buckets(&self) -> (&'static [f64], Vec<u64>) {
         let mut cumulative = vec![0; WAIT_BUCKETS.len() + 1];
-        for histogram in &self.inner.lot.waits {
+        for histogram in self.inner.lot.waits.iter().flatten() {
             let metric = histogram.metric();
             let histogram = metric.get_histogram();
             for (sum, bucket) in cumulative.iter_mut().zip(histogram.get_bucket()) {
@@ -369,7 +392,12 @@ impl Metrics {
 
     /// Requests shed by a full lot so far (B34).
     pub fn parking_rejected(&self) -> u64 {
-        self.inner.lot.rejected.get()
+        self.inner.lot.rejected.iter().map(IntCounter::get).sum()
+    }
+
+    /// Counts a request whose `ate-priority` named no band (B115).
+    pub fn count_priority_unknown(&self) {
+        self.inner.priority_unknown.inc();
     }
 
     /// `atenet_router_extproc_streams_active`: one more stream open, or one
@@ -491,7 +519,18 @@ impl Metrics {
 impl Metrics {
     /// Wait samples recorded with `outcome`.
     pub(crate) fn waits(&self, outcome: WaitOutcome) -> u64 {
-        self.inner.lot.waits[outcome as usize].get_sample_count()
+        self.inner.lot.waits[outcome as usize].iter().map(Histogram::get_sample_count).sum()
+    }
+
+    /// Wait samples recorded with `outcome` for callers of `band`.
+    pub(crate) fn band_waits(&self, outcome: WaitOutcome, band: Band) -> u64 {
+        self.inner.lot.waits[outcome as usize][band as usize].get_sample_count()
+    }
+
+    /// Callers of `band` preempted (B118) and shed by a full lot.
+    pub(crate) fn band_refusals(&self, band: Band) -> (u64, u64) {
+        let lot = &self.inner.lot;
+        (lot.preempted[band as usize].get(), lot.rejected[band as usize].get())
     }
 
     /// Callers counted with `decision`.
@@ -527,9 +566,9 @@ mod tests {
     fn b91_parked_wait_buckets_add_every_outcome_up() {
         let metrics = Metrics::new();
         let lot = metrics.lot_instruments();
-        lot.waits[WaitOutcome::Served as usize].observe(0.3);
-        lot.waits[WaitOutcome::Canceled as usize].observe(0.3);
-        lot.waits[WaitOutcome::BudgetExhausted as usize].observe(99.0);
+        lot.waits[WaitOutcome::Served as usize][Band::Standard as usize].observe(0.3);
+        lot.waits[WaitOutcome::Canceled as usize][Band::Critical as usize].observe(0.3);
+        lot.waits[WaitOutcome::BudgetExhausted as usize][Band::Sheddable as usize].observe(99.0);
         let (bounds, cumulative) = metrics.parked_wait_buckets();
         assert_eq!((bounds.len() + 1, cumulative.len()), (17, 17));
         let at = |bound: f64| cumulative[bounds.iter().position(|b| *b == bound).unwrap()];
@@ -547,6 +586,11 @@ mod tests {
         assert_eq!(series("atenet_router_resume_attempts_total"), Code::ALL.len());
         assert_eq!(series("atenet_router_park_decisions_total"), LotDecision::ALL.len());
         assert_eq!(series("atenet_router_atespace_refused_total"), AtespaceShare::ALL.len());
-        assert_eq!(series("atenet_router_parking_wait_duration_seconds_count"), WaitOutcome::ALL.len());
+        assert_eq!(
+            series("atenet_router_parking_wait_duration_seconds_count"),
+            WaitOutcome::ALL.len() * Band::ALL.len()
+        );
+        assert_eq!(series("atenet_router_parking_rejected_total"), Band::ALL.len());
+        assert_eq!(series("atenet_router_parking_preempted_total"), Band::ALL.len());
     }
 }

@@ -77,7 +77,8 @@ impl VerdictKind {
                 "atenet_lot_full"
                 | "atenet_flights_full"
                 | "atenet_atespace_full"
-                | "atenet_deadline_too_short" => VerdictKind::Shed,
+                | "atenet_deadline_too_short"
+                | "atenet_preempted" => VerdictKind::Shed,
                 "atenet_budget_exhausted" => VerdictKind::BudgetExhausted,
                 _ => VerdictKind::Error,
             },
@@ -246,9 +247,13 @@ mod tests {
     fn b91_verdict_kinds() {
         let rejected = |reason| VerdictKind::of(RecentVerdict::Rejected { status: 503, reason });
         assert_eq!(VerdictKind::of(RecentVerdict::Routed), VerdictKind::Routed);
-        for shed in
-            ["atenet_lot_full", "atenet_flights_full", "atenet_atespace_full", "atenet_deadline_too_short"]
-        {
+        for shed in [
+            "atenet_lot_full",
+            "atenet_flights_full",
+            "atenet_atespace_full",
+            "atenet_deadline_too_short",
+            "atenet_preempted",
+        ] {
             assert_eq!(rejected(shed), VerdictKind::Shed, "{shed}");
         }
         assert_eq!(rejected("atenet_budget_exhausted"), VerdictKind::BudgetExhausted);
