@@ -20,6 +20,8 @@
 //! - [`ops`]: what an operator touches: the HTTP endpoints, metrics, logs,
 //!   systemd, the drain and the hand-over;
 //! - [`cli`]: the command line and the configuration derived from it;
+//! - `trace`: the spans of a request, its flight and its attempts, and
+//!   their OTLP exporter (only with `--otlp-traces-address`);
 //! - `tls`: credential files, checked with OpenSSL, for the control
 //!   plane's channel and the ext_proc listener;
 //! - `tools` (with `testkit`): the simulator and the load generator, which
@@ -62,6 +64,11 @@ pub(crate) mod proto;
 pub mod tls;
 #[cfg(not(feature = "testkit"))]
 pub(crate) mod tls;
+
+#[cfg(feature = "testkit")]
+pub mod trace;
+#[cfg(not(feature = "testkit"))]
+pub(crate) mod trace;
 
 #[cfg(feature = "testkit")]
 pub mod tools;

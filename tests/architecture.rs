@@ -15,12 +15,13 @@ use std::path::{Path, PathBuf};
 /// crate's top-level `proto`). Each folder's `mod.rs` says the same in
 /// words; the assembly (`router`) and the crate root may use everything.
 const ALLOWED: &[(&str, &[&str])] = &[
-    ("ateapi", &["parking", "ops", "cli", "tls"]),
+    ("ateapi", &["parking", "ops", "cli", "tls", "trace"]),
     ("cli", &["parking", "ops"]),
-    ("envoy", &["parking", "ateapi", "ops", "cli"]),
+    ("envoy", &["parking", "ateapi", "ops", "cli", "trace"]),
     ("ops", &["parking", "ateapi", "envoy", "cli", "router"]),
-    ("parking", &["ateapi"]),
+    ("parking", &["ateapi", "trace"]),
     ("tls", &[]),
+    ("trace", &[]),
     ("tools", &["parking", "ateapi", "ops", "cli"]),
 ];
 
@@ -28,7 +29,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
 /// folder rule above is wider than what the layering allows.
 const NARROW: &[(&str, &[&str])] = &[
     // Parking knows only the vocabulary of a resume, never the client.
-    ("parking", &["ateapi::target", "ateapi::resume"]),
+    ("parking", &["ateapi::target", "ateapi::resume", "trace::span", "trace::context"]),
     // The configuration derives the retry and share policies and parses
     // log settings; it never reaches what runs.
     ("cli", &["parking::backoff", "parking::share", "ops::logging"]),

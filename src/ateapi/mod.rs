@@ -10,8 +10,8 @@
 //!   parking's `Resumer`, with credentials read and checked by `tls`.
 //!
 //! May depend on: `proto`; `client` also on `parking::flight` (the seam it
-//! implements), `ops::metrics`, `cli::config` (its transport) and `tls`
-//! (its credential files).
+//! implements), `ops::metrics`, `cli::config` (its transport), `tls`
+//! (its credential files) and `trace::context` (the `traceparent` it sends).
 
 pub mod client;
 pub mod resume;

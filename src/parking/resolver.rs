@@ -35,6 +35,7 @@ use crate::parking::flight::{
 use crate::parking::lot::{LotDecision, ParkingLot, Refusal, Slot, WaitOutcome};
 use crate::parking::share::{AtespaceShares, ShareHold, SharePolicy};
 use crate::parking::timer::{sleep_until, Scheduler, Sleep};
+use crate::trace::span::{FlightPlace, RouteTrace};
 
 /// B21's per-caller `resume` label.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -174,11 +175,23 @@ impl Resolver {
     /// Starts resolving `actor` for one caller whose own deadline, if it
     /// has one, is `deadline` (B68). Dropping the returned future abandons
     /// the wait as [`Abandon::Canceled`].
+    #[cfg(any(test, feature = "testkit"))]
     pub fn resolve(&self, actor: &ActorId, deadline: Option<Instant>) -> Resolve {
+        self.resolve_traced(actor, deadline, None)
+    }
+
+    /// As [`Resolver::resolve`], for a caller whose route span is `route`:
+    /// a flight it leads is traced under it (B121).
+    pub fn resolve_traced(
+        &self,
+        actor: &ActorId,
+        deadline: Option<Instant>,
+        route: Option<&RouteTrace>,
+    ) -> Resolve {
         // The share first: a caller refused it starts no flight (B80).
         let held = self.held.try_take(actor);
         let joined = match &held {
-            Some(_) => self.flights.join(actor).map_err(|refusal| match refusal {
+            Some(_) => self.flights.join_traced(actor, route).map_err(|refusal| match refusal {
                 FlightRefusal::TableFull => ResolveError::FlightsFull,
                 FlightRefusal::AtespaceFull => ResolveError::AtespaceFlightsFull,
             }),
@@ -242,6 +255,18 @@ impl Resolve {
     /// flight.
     pub fn overtime(&self) -> Option<FlightWait> {
         self.flight.as_ref().map(|f| f.wait(Until::OvertimeOrDone))
+    }
+
+    /// This caller's place on its flight, for its route span (B121); `None`
+    /// when it was refused one, or once it has its answer.
+    pub fn flight_place(&self) -> Option<FlightPlace> {
+        let flight = self.flight.as_ref()?;
+        Some(FlightPlace { leader: self.role == Role::Leader, resume: flight.resume_span() })
+    }
+
+    /// Whether this caller holds a lot slot: past its park transition.
+    pub fn parked(&self) -> bool {
+        matches!(self.stage, Stage::Parked { .. })
     }
 
     /// Stops waiting, recording `reason` for a held slot (B27, B33).
