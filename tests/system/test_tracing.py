@@ -248,3 +248,37 @@ def test_b124_a_collector_that_never_answers_or_is_down_changes_no_verdict(colle
         stop(sim)
         if listener:
             listener.close()
+
+
+def test_b126_envoys_spans_and_the_routers_share_one_trace():
+    """Envoy 1.40 from `envoy-config --otlp-traces-address`: the router's
+    route span is the child of Envoy's span for its ext_proc call, in the
+    trace of Envoy's request span."""
+    from envoy_stack import Stack
+
+    receiver = Receiver()
+    flags = ["--otlp-traces-address", receiver.address, "--trace-sample-percent", "100"]
+    try:
+        with Stack(router_flags=flags, script="demo/routed OK 0s 127.0.1.1 true -\n",
+                   sim_flags=["--actors", "0"], workers=1) as stack:
+            request = urllib.request.Request(f"{stack.url}/traced", headers={"ate-target-actor": "demo/routed"})
+            assert urllib.request.urlopen(request, timeout=TIMEOUT).status == 200
+            [route] = poll("the router's route span", lambda: receiver.named("atenet.route"))
+
+            def envoys_spans():
+                with receiver.lock:
+                    spans = [s for r, s in receiver.spans
+                             if r.get("service.name") == "envoy" and s.trace_id == route.trace_id]
+                ids = {s.span_id for s in spans}
+                return spans if route.parent_span_id in ids and len(spans) >= 2 else None
+
+            spans = poll("Envoy's spans in the router's trace", envoys_spans)
+            by_id = {s.span_id: s for s in spans}
+            call = by_id[route.parent_span_id]
+            print("Envoy's spans:", [(s.name, s.kind, s.span_id.hex(), s.parent_span_id.hex()) for s in spans])
+            assert call.kind == call.SPAN_KIND_CLIENT, call
+            assert "ext_proc" in call.name.lower() or "externalprocessor" in call.name.lower(), call.name
+            # Envoy's ext_proc call is a child of its request span, the trace's root.
+            assert by_id[call.parent_span_id].parent_span_id == b"", by_id[call.parent_span_id]
+    finally:
+        receiver.stop()
