@@ -22,7 +22,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ("parking", &["ateapi", "trace"]),
     ("tls", &[]),
     ("trace", &[]),
-    ("tools", &["parking", "ateapi", "ops", "cli"]),
+    ("tools", &["parking", "ateapi", "ops", "cli", "trace"]),
 ];
 
 /// Exactly which modules of another folder a module may name, where the

@@ -8,7 +8,8 @@
 //!
 //! May depend on: `proto`, the router's time and duration helpers
 //! (`parking::timer`, `cli::godur`, `ops::logging`'s JSON strings) and the
-//! shared vocabulary (`ateapi::resume::Code`, `parking::deadline`). The
+//! shared vocabulary (`ateapi::resume::Code`, `parking::deadline`,
+//! `trace::context` for a traced load). The
 //! router never depends on them.
 
 pub mod load;
