@@ -1,4 +1,5 @@
-//! Generates the protobuf messages from the hand-written subsets in `proto/`,
+//! Generates the protobuf messages from the hand-written subsets in `proto/`
+//! and the official OpenTelemetry trace protos (`proto/opentelemetry/`),
 //! and records the git revision the binary is built from.
 //!
 //! Pure mode: the parser is protobuf-parse's own, so no `protoc` is needed on
@@ -14,6 +15,10 @@ fn main() {
         "proto/envoy/service/ext_proc/v3/external_processor.proto",
         "proto/ateapi/ateapi.proto",
         "proto/grpc/health/v1/health.proto",
+        "proto/opentelemetry/proto/common/v1/common.proto",
+        "proto/opentelemetry/proto/resource/v1/resource.proto",
+        "proto/opentelemetry/proto/trace/v1/trace.proto",
+        "proto/opentelemetry/proto/collector/trace/v1/trace_service.proto",
     ];
     protobuf_codegen::Codegen::new()
         .pure()

@@ -23,6 +23,8 @@
 //! - [`lifecycle`]: the process: signals, systemd, the start lock, the
 //!   hand-over and the drain;
 //! - [`cli`]: the command line and the configuration derived from it;
+//! - `trace`: the spans of a request, its flight and its attempts, and
+//!   their OTLP exporter (only with `--otlp-traces-address`);
 //! - `tls`: credential files, checked with OpenSSL, for the control
 //!   plane's channel and the ext_proc listener;
 //! - `tools` (with `testkit`): the simulator and the load generator, which
@@ -74,6 +76,11 @@ pub(crate) mod proto;
 pub mod tls;
 #[cfg(not(feature = "testkit"))]
 pub(crate) mod tls;
+
+#[cfg(feature = "testkit")]
+pub mod trace;
+#[cfg(not(feature = "testkit"))]
+pub(crate) mod trace;
 
 #[cfg(feature = "testkit")]
 pub mod tools;

@@ -14,6 +14,7 @@ use grpcio::{Marshaller, Method, MethodType};
 use self::ateapi::{ResumeActorRequest, ResumeActorResponse};
 use self::external_processor::{ProcessingRequest, ProcessingResponse};
 use self::health::{HealthCheckRequest, HealthCheckResponse};
+use self::trace_service::{ExportTraceServiceRequest, ExportTraceServiceResponse};
 
 /// `envoy.service.ext_proc.v3.ExternalProcessor/Process`: one bidirectional
 /// stream per downstream HTTP request.
@@ -36,6 +37,15 @@ pub const ATEAPI_RESUME_ACTOR: Method<ResumeActorRequest, ResumeActorResponse> =
 pub const HEALTH_CHECK: Method<HealthCheckRequest, HealthCheckResponse> = Method {
     ty: MethodType::Unary,
     name: "/grpc.health.v1.Health/Check",
+    req_mar: Marshaller { ser: grpcio::pb_ser, de: grpcio::pb_de },
+    resp_mar: Marshaller { ser: grpcio::pb_ser, de: grpcio::pb_de },
+};
+
+/// `opentelemetry.proto.collector.trace.v1.TraceService/Export`: OTLP/gRPC
+/// trace export (B124).
+pub const OTLP_TRACE_EXPORT: Method<ExportTraceServiceRequest, ExportTraceServiceResponse> = Method {
+    ty: MethodType::Unary,
+    name: "/opentelemetry.proto.collector.trace.v1.TraceService/Export",
     req_mar: Marshaller { ser: grpcio::pb_ser, de: grpcio::pb_de },
     resp_mar: Marshaller { ser: grpcio::pb_ser, de: grpcio::pb_de },
 };

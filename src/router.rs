@@ -43,6 +43,7 @@ use crate::telemetry::metrics::{CertificateRole, Metrics};
 use crate::telemetry::recent::RecentRequests;
 use crate::tls::files::CredentialsError;
 use crate::tls::server::{ServerCredentialFiles, ServerFiles};
+use crate::trace::span::Tracer;
 
 /// Whether a router binds its ports alone or beside its predecessor.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -245,6 +246,20 @@ fn probe_channel_args(mut builder: ChannelBuilder) -> ChannelBuilder {
         };
     }
     builder
+}
+
+/// The span queue and the exporter thread behind it (B124); `None` when
+/// the thread cannot start, which costs the traces and nothing else.
+fn start_tracing(tracing: &crate::cli::config::Tracing, metrics: &Metrics) -> Option<Tracer> {
+    let dropped = metrics.trace_spans_dropped();
+    let (tracer, spans) = Tracer::new(crate::trace::export::QUEUE, dropped.clone());
+    match crate::trace::export::start(&tracing.address, crate::telemetry::version::VERSION, spans, dropped) {
+        Ok(_detached) => Some(tracer),
+        Err(e) => {
+            log::error!("no tracing: the OTLP exporter thread did not start: {e}");
+            None
+        }
+    }
 }
 
 /// A running router.
@@ -472,6 +487,7 @@ impl Router {
             Arc::new(SystemClock),
             timer.clone(),
         );
+        let tracer = config.tracing.as_ref().and_then(|tracing| start_tracing(tracing, &metrics));
         let ready = Arc::new(AtomicBool::new(true));
         let health = Health::new();
         let recent = Arc::new(RecentRequests::default());
@@ -491,6 +507,7 @@ impl Router {
                 streams: Arc::clone(&streams),
                 endings: Arc::clone(&endings),
                 scheduler: timer.clone(),
+                tracer,
             },
         );
 

@@ -18,6 +18,7 @@ use std::path::{Path, PathBuf};
 const LAYERS: &[&str] = &[
     "proto",
     "tls",
+    "trace",
     "actor",
     "parking",
     "telemetry",
@@ -37,6 +38,9 @@ const UPWARD: &[(&str, &str)] = &[("telemetry::metrics", "envoy::verdict")];
 /// Exactly which modules of a lower folder a module may name, where the
 /// layering alone is wider than what the design allows.
 const NARROW: &[(&str, &[&str])] = &[
+    // Parking knows the trace vocabulary (spans and contexts), never the
+    // exporter.
+    ("parking", &["proto", "actor", "trace::span", "trace::context"]),
     // The configuration derives the retry and share policies and parses
     // log settings; it never reaches what runs.
     ("cli", &["parking::backoff", "parking::share", "telemetry::logging"]),

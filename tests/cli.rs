@@ -104,8 +104,8 @@ fn help_flags(program: &str, args: &[&str]) -> Vec<(String, String)> {
 fn b65_every_flag_of_every_help_names_its_default() {
     let parkload = env!("CARGO_BIN_EXE_parkload");
     let commands: [(&str, &[&str], usize); 4] = [
-        (ROUTER, &["serve", "--help"], 57),
-        (ROUTER, &["envoy-config", "--help"], 57),
+        (ROUTER, &["serve", "--help"], 60),
+        (ROUTER, &["envoy-config", "--help"], 60),
         (SIM, &["--help"], 20),
         (parkload, &["--help"], 16),
     ];
@@ -196,6 +196,13 @@ fn b37_bad_flags_exit_nonzero_naming_the_flag() {
         (&["serve", "--ateapi-insecure", "--extproc-max-requests", "10"], "--extproc-max-requests"),
         (&["serve", "--ateapi-insecure", "--drain-timeout", "1s"], "--drain-timeout"),
         (&["serve", "--ateapi-insecure", "--drain-delay", "-1s"], "--drain-delay"),
+        // B125: checked whether or not tracing is on.
+        (&["serve", "--ateapi-insecure", "--trace-sample-percent", "101"], "--trace-sample-percent"),
+        (&["envoy-config", "--trace-sample-percent", "-1"], "--trace-sample-percent"),
+        (&["serve", "--ateapi-insecure", "--trace-sample-percent", "NaN"], "--trace-sample-percent"),
+        (&["serve", "--ateapi-insecure", "--otlp-traces-address", "collector"], "--otlp-traces-address"),
+        (&["envoy-config", "--otlp-traces-address", "collector:0"], "--otlp-traces-address"),
+        (&["serve", "--ateapi-insecure", "--otlp-traces-address", ":4317"], "--otlp-traces-address"),
         (&["serve", "--ateapi-insecure", "--port-extproc", "abc"], "--port-extproc"),
         (&["serve", "--ateapi-insecure", "--parked-request-budget", "5"], "--parked-request-budget"),
         (&["serve", "--ateapi-insecure", "--ateapi-ca-file", "/tmp/ca.pem"], "--ateapi-insecure"),

@@ -17,7 +17,8 @@
 //! only when named,
 //! fast-path-external (the fast path with the load generator and the
 //! simulator in processes of their own), park-distinct (memory per
-//! distinct actor) and park-memory, with the
+//! distinct actor), tracing (the fast path traced, to a collector that
+//! never answers or is down, against no tracing) and park-memory, with the
 //! `memory-probe` feature (`make bench-memory`). The table goes to
 //! `$CARGO_TARGET_DIR/tmp/bench-results.md`, the targets and raw figures to
 //! `bench-results.json` beside it (and a copy named by the run's time), which
@@ -33,6 +34,7 @@ mod parking;
 mod policy;
 mod report;
 mod saturation;
+mod tracing;
 
 use report::Report;
 
@@ -55,10 +57,11 @@ const SCENARIOS: [Scenario; 11] = [
 ];
 
 /// Scenarios a full run leaves out, run only when named with `--only`.
-const ON_REQUEST: [Scenario; 3] = [
+const ON_REQUEST: [Scenario; 4] = [
     ("park-memory", memory::park_memory),
     ("fast-path-external", fast_path::fast_path_external),
     ("park-distinct", distinct::park_distinct),
+    ("tracing", tracing::tracing),
 ];
 
 fn main() {

@@ -809,6 +809,11 @@ pub fn effective_flags(config: &Config) -> Vec<(&'static str, String)> {
         ("--port-http", config.port_http.to_string()),
         ("--port-health", config.port_health.to_string()),
         ("--port-stats", config.port_stats.to_string()),
+        ("--otlp-traces-address", config.tracing.as_ref().map(|t| t.address.clone()).unwrap_or_default()),
+        (
+            "--trace-sample-percent",
+            config.tracing.as_ref().map_or_else(String::new, |t| t.sample_percent.to_string()),
+        ),
         ("--log-level", config.log_level.as_str().to_lowercase()),
         ("--log-format", config.log_format.to_string()),
     ]

@@ -350,13 +350,21 @@ impl Resumer for AteapiClient {
             (Arc::clone(&client.1), live.authorization.clone())
         };
         let mut options = CallOption::default();
-        if let Some(value) = authorization {
-            let mut headers = MetadataBuilder::with_capacity(1);
-            // bearer_token() admits only characters a header value can carry.
-            match headers.add_str("authorization", &value) {
-                Ok(_) => options = options.headers(headers.build()),
-                Err(e) => log::error!("ateapi token not sent: {e}"),
+        let traceparent = done.traceparent();
+        if authorization.is_some() || traceparent.is_some() {
+            let mut headers = MetadataBuilder::with_capacity(2);
+            if let Some(value) = authorization {
+                // bearer_token() admits only characters a header value can carry.
+                if let Err(e) = headers.add_str("authorization", &value) {
+                    log::error!("ateapi token not sent: {e}");
+                }
             }
+            // The flight's trace goes on in a control plane that traces
+            // (B122); the value is hex and dashes only.
+            if let Some(value) = traceparent {
+                let _ = headers.add_str(crate::trace::context::TRACEPARENT, &value);
+            }
+            options = options.headers(headers.build());
         }
         let (metrics, health, actor) = (self.metrics.clone(), Arc::clone(&self.health), actor.clone());
         let (metrics_for_wait, health_for_wait, actor_for_wait) =

@@ -6,7 +6,8 @@
 //!   parking's `Resumer`, with credentials read and checked by `tls`.
 //!
 //! May depend on: `proto`, `actor`, `parking::flight` (the seam it
-//! implements), `telemetry::metrics`, `cli::config` (its transport) and
-//! `tls` (its credential files).
+//! implements), `telemetry::metrics`, `cli::config` (its transport),
+//! `tls` (its credential files) and `trace::context` (the `traceparent`
+//! it sends).
 
 pub mod client;

@@ -214,6 +214,19 @@ pub struct Config {
     pub port_health: u16,
     /// Envoy's metrics listener port, for `envoy-config`.
     pub port_stats: u16,
+    /// `--otlp-traces-address`: `None` traces nothing (B121).
+    pub tracing: Option<Tracing>,
+}
+
+/// Where traces go, and how much Envoy samples (B121, B123).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Tracing {
+    /// The OTLP/gRPC collector, `HOST:PORT`.
+    pub address: String,
+    pub host: String,
+    pub port: u16,
+    /// Envoy's random sampling, in percent, 0 to 100.
+    pub sample_percent: f64,
 }
 
 /// The largest lot: the derived circuit breaker, twice the lot (B39), must
@@ -352,6 +365,7 @@ impl Config {
             port_http: envoy.http,
             port_health: envoy.health,
             port_stats: envoy.stats,
+            tracing: tracing(args)?,
         })
     }
 
@@ -391,6 +405,28 @@ impl Config {
             self.parking.budget + self.late_serve_limit
         }
     }
+}
+
+/// `--otlp-traces-address` and `--trace-sample-percent`, checked whether
+/// or not tracing is on, as every flag is.
+fn tracing(args: &ServeArgs) -> Result<Option<Tracing>, ConfigError> {
+    let percent = args.trace_sample_percent;
+    if !(0.0..=100.0).contains(&percent) {
+        return Err(invalid(format!("--trace-sample-percent must be between 0 and 100, got {percent}")));
+    }
+    let address = args.otlp_traces_address.trim();
+    if address.is_empty() {
+        return Ok(None);
+    }
+    let malformed = || invalid(format!("--otlp-traces-address must be HOST:PORT, got {address:?}"));
+    let (host, port) = address.rsplit_once(':').ok_or_else(malformed)?;
+    let host = host.strip_prefix('[').and_then(|h| h.strip_suffix(']')).unwrap_or(host);
+    let port: u16 = port.parse().ok().filter(|p| *p > 0).ok_or_else(malformed)?;
+    if host.is_empty() || host.contains(['/', ' ']) || (host.contains(':') && host.parse::<IpAddr>().is_err())
+    {
+        return Err(malformed());
+    }
+    Ok(Some(Tracing { address: address.to_string(), host: host.to_string(), port, sample_percent: percent }))
 }
 
 /// Envoy's route timeout: 0 disables it; anything else must survive the

@@ -140,6 +140,12 @@ pub struct ServeArgs {
     /// route timeout Envoy applies to proxied requests (Go duration; 0 disables it, else at least 1ms) (default: 5m)
     #[argh(option, default = "String::from(\"5m\")")]
     pub route_timeout: String,
+    /// OTLP/gRPC collector for traces, HOST:PORT (plaintext): serve exports the spans of the requests Envoy samples there, envoy-config adds Envoy's OpenTelemetry tracer exporting there (default: none: no tracing)
+    #[argh(option, default = "String::new()")]
+    pub otlp_traces_address: String,
+    /// with --otlp-traces-address: the percent of requests the generated Envoy samples, 0 to 100; the router traces exactly the requests Envoy samples (default: 1)
+    #[argh(option, default = "1.0")]
+    pub trace_sample_percent: f64,
     /// log level: error, warn, info, debug or trace (default: info)
     #[argh(option, default = "String::from(\"info\")")]
     pub log_level: String,

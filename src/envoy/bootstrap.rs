@@ -21,6 +21,8 @@ pub const ROUTER_CLUSTER: &str = "atenet_router";
 pub const WORKER_CLUSTER: &str = "atenet_workers";
 /// The cluster the stats listener forwards `/stats/prometheus` to.
 pub const ADMIN_CLUSTER: &str = "envoy_admin";
+/// The cluster of the OTLP collector, with `--otlp-traces-address` (B126).
+pub const TRACES_CLUSTER: &str = "atenet_otlp_collector";
 
 /// Seconds as Envoy's JSON/YAML duration (`5s`, `0.250s`).
 fn seconds(d: Duration) -> String {
@@ -146,7 +148,7 @@ static_resources:
         typed_config:
           "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
           stat_prefix: ingress
-          # One JSON line per request on stdout; atenet_reason is the router's
+{tracing}          # One JSON line per request on stdout; atenet_reason is the router's
           # x-atenet-reason for a request it answered itself, priority the
           # band the router read (B119; empty: standard).
           access_log:
@@ -317,7 +319,7 @@ static_resources:
             typed_config:
               "@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router
   clusters:
-{router_cluster}  - name: {WORKER_CLUSTER}
+{router_cluster}{tracing_cluster}  - name: {WORKER_CLUSTER}
     type: ORIGINAL_DST
     lb_policy: CLUSTER_PROVIDED
     connect_timeout: 5s
@@ -376,6 +378,8 @@ static_resources:
         port_http = config.port_http,
         port_health = config.port_health,
         port_stats = config.port_stats,
+        tracing = tracing(config),
+        tracing_cluster = tracing_cluster(config),
         router_cluster = fleet::router_cluster(
             config,
             ROUTER_CLUSTER,
@@ -660,6 +664,57 @@ fn internal_address_config(ranges: &[CidrRange]) -> String {
     format!("          internal_address_config:\n            cidr_ranges: [{ranges}]\n")
 }
 
+/// The ingress connection manager's tracing (B126): Envoy's OpenTelemetry
+/// tracer, sampling `--trace-sample-percent` of the requests and exporting
+/// to `--otlp-traces-address`. Its ext_proc call to the router is a span of
+/// its own, whose context reaches the router in the stream's `traceparent`
+/// metadata, so the router's spans join the same trace (B121, B123).
+fn tracing(config: &Config) -> String {
+    let Some(tracing) = &config.tracing else { return String::new() };
+    format!(
+        r#"          # B126: Envoy's spans and the router's, one trace per sampled request.
+          tracing:
+            random_sampling: {{ value: {percent} }}
+            provider:
+              name: envoy.tracers.opentelemetry
+              typed_config:
+                "@type": type.googleapis.com/envoy.config.trace.v3.OpenTelemetryConfig
+                grpc_service:
+                  envoy_grpc: {{ cluster_name: {TRACES_CLUSTER} }}
+                  timeout: 2s
+                service_name: envoy
+"#,
+        percent = tracing.sample_percent,
+    )
+}
+
+/// The OTLP collector's cluster (B126): gRPC, so HTTP/2; a host name is
+/// resolved by Envoy.
+fn tracing_cluster(config: &Config) -> String {
+    let Some(tracing) = &config.tracing else { return String::new() };
+    format!(
+        r#"  - name: {TRACES_CLUSTER}
+    type: STRICT_DNS
+    connect_timeout: 1s
+    per_connection_buffer_limit_bytes: {BUFFER_LIMIT_BYTES}
+    typed_extension_protocol_options:
+      envoy.extensions.upstreams.http.v3.HttpProtocolOptions:
+        "@type": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions
+        explicit_http_config:
+          http2_protocol_options: {{}}
+    load_assignment:
+      cluster_name: {TRACES_CLUSTER}
+      endpoints:
+      - lb_endpoints:
+        - endpoint:
+            address:
+              socket_address: {{ address: "{host}", port_value: {port} }}
+"#,
+        host = tracing.host,
+        port = tracing.port,
+    )
+}
+
 /// The worker cluster's circuit breaker: far above Envoy's default of 1024,
 /// which would cap all proxied traffic of a busy node; still a bound.
 const WORKER_MAX_REQUESTS: u32 = 8192;
@@ -669,6 +724,26 @@ const WORKER_MAX_PENDING: u32 = 2048;
 mod tests {
     use super::*;
     use crate::cli::config::{parse_serve_args, MIN_ENVOY_MAX_HEAP};
+
+    #[test]
+    fn b126_tracing_only_with_a_collector_and_to_it() {
+        let off = bootstrap(&parse_serve_args(&["--ateapi-insecure"]).unwrap());
+        assert!(!off.contains("tracing:") && !off.contains(TRACES_CLUSTER));
+        let on = bootstrap(
+            &parse_serve_args(&[
+                "--ateapi-insecure",
+                "--otlp-traces-address",
+                "otel.example:4317",
+                "--trace-sample-percent",
+                "2.5",
+            ])
+            .unwrap(),
+        );
+        assert!(on.contains("random_sampling: { value: 2.5 }"), "{on}");
+        assert!(on.contains("service_name: envoy"));
+        assert!(on.contains(r#"socket_address: { address: "otel.example", port_value: 4317 }"#));
+        assert!(on.contains(&format!("envoy_grpc: {{ cluster_name: {TRACES_CLUSTER} }}")));
+    }
 
     #[test]
     fn coupled_values_follow_the_flags() {

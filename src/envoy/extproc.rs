@@ -57,6 +57,8 @@ use crate::proto::EXT_PROC_PROCESS;
 use crate::telemetry::logging::Throttle;
 use crate::telemetry::metrics::{AtespaceShare, Metrics};
 use crate::telemetry::recent::{Answered, RecentRequests, RecentVerdict};
+use crate::trace::context::{sampled_parent, TRACEPARENT, TRACESTATE};
+use crate::trace::span::{FlightPlace, RouteEnd, RouteTrace, Tracer};
 
 /// The dynamic-metadata namespace Envoy's ORIGINAL_DST cluster reads (B7).
 pub const ORIGINAL_DST_NAMESPACE: &str = "envoy.filters.listener.original_dst";
@@ -83,6 +85,8 @@ pub struct ExtProc {
     scheduler: Arc<dyn Scheduler>,
     routing_failures: Throttle,
     resume_errors: Throttle,
+    /// With `--otlp-traces-address` only (B121).
+    tracer: Option<Tracer>,
 }
 
 /// At most one warning per this interval for each kind of server-side
@@ -106,6 +110,8 @@ pub struct ExtProcSettings {
     pub endings: Arc<StreamEndings>,
     /// Closes silent streams.
     pub scheduler: Arc<dyn Scheduler>,
+    /// Where route spans go, with `--otlp-traces-address` (B121).
+    pub tracer: Option<Tracer>,
 }
 
 /// The status of a stream refused at `--extproc-max-streams` (B74).
@@ -128,6 +134,7 @@ impl ExtProc {
             scheduler: settings.scheduler,
             routing_failures: Throttle::new(ERROR_LOG_INTERVAL),
             resume_errors: Throttle::new(ERROR_LOG_INTERVAL),
+            tracer: settings.tracer,
         })
     }
 
@@ -137,7 +144,8 @@ impl ExtProc {
         ServiceBuilder::new()
             .add_duplex_streaming_handler(&EXT_PROC_PROCESS, move |ctx: RpcContext<'_>, stream, sink| {
                 let deadline = ctx.deadline();
-                ctx.spawn(Arc::clone(&this).serve(stream, sink, deadline));
+                let trace = this.tracer.as_ref().and_then(|tracer| route_trace(tracer, &ctx));
+                ctx.spawn(Arc::clone(&this).serve(stream, sink, deadline, trace));
             })
             .build()
     }
@@ -152,6 +160,7 @@ impl ExtProc {
         mut stream: RequestStream<ProcessingRequest>,
         mut sink: DuplexSink<ProcessingResponse>,
         deadline: Deadline,
+        mut trace: Option<Box<RouteTrace>>,
     ) -> impl Future<Output = ()> + Send + 'static {
         async move {
             // A stream reset before its task ran (a burst of resets queues
@@ -205,7 +214,7 @@ impl ExtProc {
                 }
                 // Two steps, so that no reply-sized value is held while a
                 // request waits: every byte here is paid per parked request.
-                let verdict = match self.prepare(request) {
+                let verdict = match self.prepare(request, &mut trace) {
                     Prepared::Reply(reply) => {
                         if send(&mut sink, reply).await.is_err() {
                             return;
@@ -258,7 +267,7 @@ impl ExtProc {
     /// its kind (B9), or the 404 for a bad target (B4), or the target to
     /// resolve. The message itself, headers included, is dropped here, so a
     /// parked request keeps only what its verdict and the status page need.
-    fn prepare(&self, request: ProcessingRequest) -> Prepared {
+    fn prepare(&self, request: ProcessingRequest, trace: &mut Option<Box<RouteTrace>>) -> Prepared {
         let received = Instant::now();
         match classify(request) {
             Classified::Reply(reply) => Prepared::Reply(reply),
@@ -280,12 +289,21 @@ impl ExtProc {
                 if priority.unknown {
                     self.metrics.count_priority_unknown();
                 }
-                Prepared::Route(Pending { target, line, received, deadline, protocol, band: priority.band })
+                Prepared::Route(Pending {
+                    target,
+                    line,
+                    received,
+                    deadline,
+                    protocol,
+                    band: priority.band,
+                    trace: trace.take(),
+                })
             }
             Classified::InvalidTarget(line, protocol) => {
                 self.metrics.count_invalid_target();
                 let (verdict, label) = verdict::invalid_target();
                 self.finish(&line, "", &verdict, received, label, ResumeLabel::Unknown);
+                end_route(trace.take(), "", label, false, &verdict, None, received);
                 Prepared::Verdict(response_for(&verdict, protocol))
             }
         }
@@ -301,7 +319,7 @@ impl ExtProc {
     #[allow(clippy::manual_async_fn, reason = "an async fn would store its arguments twice")]
     fn route<'a>(
         &'a self,
-        pending: Pending,
+        mut pending: Pending,
         sink: &'a mut DuplexSink<ProcessingResponse>,
         deadline: Deadline,
     ) -> impl Future<Output = Option<ProcessingResponse>> + Send + 'a {
@@ -316,7 +334,13 @@ impl ExtProc {
                 self.observe(received, RouteOutcome::Cancelled, ResumeLabel::Unknown);
                 return None;
             }
-            let mut resolving = self.resolver.resolve(&target.actor, pending.deadline, pending.band);
+            let mut resolving = self.resolver.resolve_traced(
+                &target.actor,
+                pending.deadline,
+                pending.band,
+                pending.trace.as_deref(),
+            );
+            let place = pending.trace.as_ref().and_then(|_| resolving.flight_place());
             let mut overtime_pending = true;
             // Armed only once the budget has passed with an attempt still
             // running: the router's own 504 before Envoy gives up (B81).
@@ -358,6 +382,7 @@ impl ExtProc {
                     Woken::Ceiling => {
                         // The attempt goes on (B15); this caller has waited
                         // all Envoy would, and gets the router's reason.
+                        let parked = resolving.parked();
                         resolving.abandon(Abandon::Timeout);
                         let (verdict, label) = verdict::resume_timeout(&target.actor);
                         if let Some(suppressed) = self.resume_errors.allow(Instant::now()) {
@@ -374,6 +399,15 @@ impl ExtProc {
                             label,
                             ResumeLabel::Unknown,
                         );
+                        end_route(
+                            pending.trace,
+                            target.actor.as_str(),
+                            label,
+                            parked,
+                            &verdict,
+                            place,
+                            received,
+                        );
                         return Some(response_for(&verdict, pending.protocol));
                     }
                     Woken::Gone => {}
@@ -384,6 +418,16 @@ impl ExtProc {
                     (Abandon::Canceled, RouteOutcome::Cancelled)
                 };
                 log::debug!("stream for {} ended while waiting ({})", target.actor, label.name());
+                if let Some(trace) = pending.trace.take() {
+                    trace.end(RouteEnd {
+                        actor: target.actor.as_str(),
+                        parked: resolving.parked(),
+                        outcome: label.name(),
+                        rejected: None,
+                        flight: place,
+                        elapsed: received.elapsed(),
+                    });
+                }
                 resolving.abandon(reason);
                 self.observe(received, label, ResumeLabel::Unknown);
                 return None;
@@ -395,6 +439,7 @@ impl ExtProc {
                 self.log_rejection(&target.actor, r, &outcome.result);
             }
             self.finish(&pending.line, target.actor.as_str(), &verdict, received, label, outcome.resume);
+            end_route(pending.trace, target.actor.as_str(), label, outcome.parked, &verdict, place, received);
             Some(response_for(&verdict, pending.protocol))
         }
     }
@@ -486,6 +531,46 @@ impl ExtProc {
     fn observe(&self, received: Instant, outcome: RouteOutcome, resume: ResumeLabel) {
         self.metrics.observe_route(outcome, resume, received.elapsed().as_secs_f64());
     }
+}
+
+/// The route span of a stream whose metadata carries a sampled
+/// `traceparent` (B121, B123): Envoy's ext_proc span is its parent.
+fn route_trace(tracer: &Tracer, ctx: &RpcContext<'_>) -> Option<Box<RouteTrace>> {
+    let (mut traceparent, mut tracestate) = (None, None);
+    for (key, value) in ctx.request_headers().iter() {
+        match key {
+            TRACEPARENT => traceparent = Some(value),
+            TRACESTATE => tracestate = Some(value),
+            _ => {}
+        }
+    }
+    let parent = sampled_parent(traceparent?, tracestate)?;
+    Some(Box::new(RouteTrace::new(tracer.clone(), parent)))
+}
+
+/// Ends a request's route span, if it has one, with its verdict (B121).
+fn end_route(
+    trace: Option<Box<RouteTrace>>,
+    actor: &str,
+    label: RouteOutcome,
+    parked: bool,
+    verdict: &Verdict,
+    flight: Option<FlightPlace>,
+    received: Instant,
+) {
+    let Some(trace) = trace else { return };
+    let rejected = match verdict {
+        Verdict::Route { .. } => None,
+        Verdict::Reject(r) => Some((r.reason, r.status)),
+    };
+    trace.end(RouteEnd {
+        actor,
+        parked,
+        outcome: label.name(),
+        rejected,
+        flight,
+        elapsed: received.elapsed(),
+    });
 }
 
 /// Sends one reply. The send future holds the message, so it lives on the
@@ -595,6 +680,9 @@ struct Pending {
     protocol: ClientProtocol,
     /// The caller's band (B115).
     band: Band,
+    /// Its route span, when its stream is sampled (B121); boxed, so that an
+    /// untraced request pays a pointer.
+    trace: Option<Box<RouteTrace>>,
 }
 
 /// Why a waiting request woke before its outcome.

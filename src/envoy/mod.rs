@@ -14,7 +14,8 @@
 //!
 //! May depend on: `parking` (a stream's wait), `ateapi` (which actor, what
 //! a resume returned), `ops` (metrics, logs, the status page's recent
-//! requests), `cli` (the bootstrap reads the configuration), `proto`.
+//! requests), `cli` (the bootstrap reads the configuration), `trace` (a
+//! sampled stream's route span), `proto`.
 
 pub mod bootstrap;
 

@@ -47,6 +47,8 @@ use crate::parking::clock::Clock;
 use crate::parking::groups::{DispatchOrder, Group, GroupKey, GroupSnapshot, PoolMemory, POOL_MEMORY_BOUND};
 use crate::parking::share::{AtespaceShares, ShareHold, SharePolicy};
 use crate::parking::timer::{Scheduler, TimerId};
+use crate::trace::context::SpanContext;
+use crate::trace::span::{AttemptTrace, FlightTrace, RouteTrace};
 
 /// Starts `ResumeActor` attempts without waiting for them: the seam between
 /// the flights and the control plane, so that the parking logic runs in
@@ -68,6 +70,8 @@ pub struct AttemptDone {
     /// Dropped once the flight has the result: the attempt's place among the
     /// calls open at once (B97, `calls::CallPermit`).
     _guard: Option<Box<dyn Send>>,
+    /// The attempt's span, when its flight is traced (B121).
+    trace: Option<AttemptTrace>,
 }
 
 impl AttemptDone {
@@ -94,8 +98,18 @@ impl AttemptDone {
         AttemptDone { _guard: Some(Box::new(guard)), ..self }
     }
 
+    /// The `traceparent` the call carries, naming the attempt's span, when
+    /// its flight is traced (B122).
+    pub fn traceparent(&self) -> Option<String> {
+        self.trace.as_ref().map(|attempt| attempt.span.traceparent())
+    }
+
     /// Reports the attempt's result to its flight.
     pub fn complete(self, result: AttemptResult) {
+        if let (Some(flight), Some(attempt)) = (&self.flight.trace, &self.trace) {
+            let code = result.as_ref().map_or_else(|e| e.code, |_| Code::Ok);
+            flight.attempt_answered(attempt, self.flight.actor.as_str(), code as i64);
+        }
         Inner::on_attempt(&self.table, &self.flight, result);
     }
 }
@@ -227,6 +241,8 @@ pub struct Flight {
     started: Instant,
     deadline: Instant,
     state: Mutex<FlightState>,
+    /// The flight's span in its leader's trace, when that is traced (B121).
+    trace: Option<FlightTrace>,
 }
 
 struct FlightState {
@@ -316,6 +332,11 @@ impl Flight {
     /// waiting on it now; `Sheddable` when none does.
     pub fn band(&self) -> Band {
         self.state.lock().band()
+    }
+
+    /// The flight's resume span, when it is traced (B121).
+    pub fn resume_span(&self) -> Option<SpanContext> {
+        self.trace.as_ref().map(|t| t.resume)
     }
 
     /// The finished outcome, if any (B24's re-check).
@@ -476,7 +497,19 @@ impl FlightTable {
     /// is dropped (B78). Creating one fails when the actor's atespace has its
     /// share of flights in progress (B79) or `max_flights` are (B58), the
     /// share checked first; joining never does.
+    #[cfg(any(test, feature = "testkit"))]
     pub fn join(&self, actor: &ActorId, band: Band) -> Result<(Caller, Role), FlightRefusal> {
+        self.join_traced(actor, band, None)
+    }
+
+    /// As [`FlightTable::join`], for a caller whose route span is `route`:
+    /// a flight it creates is traced under that span (B121).
+    pub fn join_traced(
+        &self,
+        actor: &ActorId,
+        band: Band,
+        route: Option<&RouteTrace>,
+    ) -> Result<(Caller, Role), FlightRefusal> {
         let created = {
             let mut shard = self.inner.shard(actor).lock();
             if let Some(flight) = shard.get(actor) {
@@ -520,6 +553,7 @@ impl FlightTable {
                     grouped: None,
                     probe_of: None,
                 }),
+                trace: route.map(FlightTrace::led_by),
             });
             shard.insert(actor.clone(), Arc::clone(&flight));
             flight
@@ -602,12 +636,14 @@ impl Inner {
     }
 
     fn start_attempt(inner: &Arc<Inner>, flight: &Arc<Flight>) {
-        {
+        let number = {
             let mut state = flight.state.lock();
             state.attempts += 1;
             state.attempt_started = Some(inner.clock.now());
-        }
-        let done = AttemptDone { table: Arc::clone(inner), flight: Arc::clone(flight), _guard: None };
+            state.attempts
+        };
+        let trace = flight.trace.as_ref().map(|t| t.attempt(number));
+        let done = AttemptDone { table: Arc::clone(inner), flight: Arc::clone(flight), _guard: None, trace };
         inner.resumer.start(&flight.actor, done);
     }
 
@@ -885,9 +921,13 @@ impl Inner {
         let (wake, timer, share) =
             (state.waiters.take_all(), state.deadline_timer.take(), state.share.take());
         let grouped = state.grouped.take();
+        let ended = flight.trace.as_ref().map(|_| (trace_outcome(&state.phase), state.attempts));
         drop(state);
         drop(shard);
         drop(share);
+        if let (Some(trace), Some((outcome, attempts))) = (&flight.trace, ended) {
+            trace.ended(flight.actor.as_str(), outcome, attempts);
+        }
         self.leave_group(grouped, &flight.actor);
         if let Some(timer) = timer {
             self.scheduler.cancel(timer);
@@ -904,6 +944,18 @@ impl Inner {
         if state.callers == 0 && matches!(state.phase, Phase::Retrying { attempt_running: false, .. }) {
             self.abandon(shard, flight, state);
         }
+    }
+}
+
+/// How an ended flight's span says it ended (B121).
+fn trace_outcome(phase: &Phase) -> &'static str {
+    match phase {
+        Phase::Done(outcome) => match **outcome {
+            FlightOutcome::Resumed(_) => "resumed",
+            FlightOutcome::BudgetExhausted(_) => "budget_exhausted",
+            FlightOutcome::Failed(_) => "failed",
+        },
+        _ => "abandoned",
     }
 }
 

@@ -18,8 +18,9 @@
 //! seam, time the `Clock` and `Scheduler` seams, so the unit tests script
 //! all three.
 //!
-//! May depend on: `ateapi`'s vocabulary only (`target`, `resume`), and
-//! `proto` (headers, for a caller's deadline).
+//! May depend on: `ateapi`'s vocabulary only (`target`, `resume`),
+//! `trace`'s spans (a traced flight's and its attempts'), and `proto`
+//! (headers, for a caller's deadline).
 
 pub mod backoff;
 pub mod band;

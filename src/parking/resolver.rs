@@ -36,6 +36,7 @@ use crate::parking::flight::{
 use crate::parking::lot::{LotDecision, ParkingLot, Refusal, Release, Slot, WaitOutcome};
 use crate::parking::share::{AtespaceShares, ShareHold, SharePolicy};
 use crate::parking::timer::{sleep_until, Scheduler, Sleep};
+use crate::trace::span::{FlightPlace, RouteTrace};
 
 /// B21's per-caller `resume` label.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -177,11 +178,24 @@ impl Resolver {
     /// Starts resolving `actor` for one caller of `band` (B115) whose own
     /// deadline, if it has one, is `deadline` (B68). Dropping the returned
     /// future abandons the wait as [`Abandon::Canceled`].
+    #[cfg(any(test, feature = "testkit"))]
     pub fn resolve(&self, actor: &ActorId, deadline: Option<Instant>, band: Band) -> Resolve {
+        self.resolve_traced(actor, deadline, band, None)
+    }
+
+    /// As [`Resolver::resolve`], for a caller whose route span is `route`:
+    /// a flight it leads is traced under it (B121).
+    pub fn resolve_traced(
+        &self,
+        actor: &ActorId,
+        deadline: Option<Instant>,
+        band: Band,
+        route: Option<&RouteTrace>,
+    ) -> Resolve {
         // The share first: a caller refused it starts no flight (B80).
         let held = self.held.try_take(actor);
         let joined = match &held {
-            Some(_) => self.flights.join(actor, band).map_err(|refusal| match refusal {
+            Some(_) => self.flights.join_traced(actor, band, route).map_err(|refusal| match refusal {
                 FlightRefusal::TableFull => ResolveError::FlightsFull,
                 FlightRefusal::AtespaceFull => ResolveError::AtespaceFlightsFull,
             }),
@@ -247,6 +261,18 @@ impl Resolve {
     /// flight.
     pub fn overtime(&self) -> Option<FlightWait> {
         self.flight.as_ref().map(|f| f.wait(Until::OvertimeOrDone))
+    }
+
+    /// This caller's place on its flight, for its route span (B121); `None`
+    /// when it was refused one, or once it has its answer.
+    pub fn flight_place(&self) -> Option<FlightPlace> {
+        let flight = self.flight.as_ref()?;
+        Some(FlightPlace { leader: self.role == Role::Leader, resume: flight.resume_span() })
+    }
+
+    /// Whether this caller holds a lot slot: past its park transition.
+    pub fn parked(&self) -> bool {
+        matches!(self.stage, Stage::Parked { .. })
     }
 
     /// Stops waiting, recording `reason` for a held slot (B27, B33).

@@ -487,6 +487,21 @@ impl Metrics {
         self.inner.flights_rejected.inc();
     }
 
+    /// `atenet_router_trace_spans_dropped_total`, registered by its first
+    /// call: a router without `--otlp-traces-address` has no such series
+    /// (B124).
+    pub fn trace_spans_dropped(&self) -> IntCounter {
+        let dropped = counter(
+            "atenet_router_trace_spans_dropped_total",
+            "Spans not exported: the exporter's queue was full, or their batch's export failed.",
+        );
+        // Called once per router, each with its own registry.
+        if let Err(e) = self.inner.registry.register(Box::new(dropped.clone())) {
+            log::error!("atenet_router_trace_spans_dropped_total not registered: {e}");
+        }
+        dropped
+    }
+
     /// `atenet_router_flights_abandoned_total`, for the flight table (B78).
     pub fn flights_abandoned(&self) -> IntCounter {
         self.inner.flights_abandoned.clone()

@@ -8,7 +8,8 @@
 //!
 //! May depend on: `proto`, the router's time and duration helpers
 //! (`parking::timer`, `cli::godur`, `telemetry::logging`'s JSON strings) and the
-//! shared vocabulary (`actor::resume::Code`, `parking::deadline`). The
+//! shared vocabulary (`actor::resume::Code`, `parking::deadline`,
+//! `trace::context` for a traced load). The
 //! router never depends on them.
 
 pub mod load;

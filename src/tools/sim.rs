@@ -332,6 +332,13 @@ impl Sim {
                         .find(|(key, _)| key.eq_ignore_ascii_case("authorization"))
                         .map(|(_, value)| String::from_utf8_lossy(value).into_owned());
                     *state.last_authorization.lock() = authorization;
+                    // Logged with the answer, so that a test sees which trace
+                    // each call continued (B122).
+                    let traceparent = ctx
+                        .request_headers()
+                        .iter()
+                        .find(|(key, _)| key.eq_ignore_ascii_case("traceparent"))
+                        .map(|(_, value)| String::from_utf8_lossy(value).into_owned());
                     let (id, answer, after) = state.answer(&request);
                     let deadline = Instant::now() + answer.delay;
                     let scheduler: Arc<dyn Scheduler> = state.timer.clone();
@@ -359,7 +366,7 @@ impl Sim {
                             after(&state);
                         }
                         let now = Instant::now();
-                        state.log_answer(&id, &answer);
+                        state.log_answer(&id, &answer, traceparent.as_deref());
                         state
                             .answered
                             .lock()
@@ -678,13 +685,17 @@ impl State {
     }
 
     /// One line of the answer log for an answer sent to `id`.
-    fn log_answer(&self, id: &str, answer: &Answer) {
-        let fields = match (answer.code, answer.ips.first()) {
+    /// `traceparent` is the call's, when it carried one.
+    fn log_answer(&self, id: &str, answer: &Answer, traceparent: Option<&str>) {
+        let mut fields = match (answer.code, answer.ips.first()) {
             (Code::Ok, Some(ip)) => {
                 format!(",\"code\":\"OK\",\"ip\":{},\"resumed\":{}", json_string(ip), answer.resumed)
             }
             (code, _) => format!(",\"code\":\"{}\"", code.name()),
         };
+        if let Some(traceparent) = traceparent {
+            fields.push_str(&format!(",\"traceparent\":{}", json_string(traceparent)));
+        }
         self.log_line(&fields, id);
     }
 
@@ -833,7 +844,7 @@ mod tests {
             if let Some(after) = after {
                 after(&state);
             }
-            state.log_answer(actor, &answer);
+            state.log_answer(actor, &answer, None);
         };
         answer("demo/actor-0");
         answer("demo/actor-1");

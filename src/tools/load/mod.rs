@@ -723,6 +723,9 @@ pub fn verdict_key(reply: &ProcessingResponse) -> String {
 pub struct Envoy {
     client: Arc<Client>,
     timer: Arc<TimerThread>,
+    /// Every stream carries a new sampled `traceparent`, as Envoy's do when
+    /// it traces every request (B121).
+    traced: bool,
 }
 
 impl Envoy {
@@ -746,7 +749,16 @@ impl Envoy {
             builder = builder.raw_cfg_int(c"grpc.use_local_subchannel_pool".into(), 1);
         }
         let channel = builder.connect(&target.to_string());
-        Envoy { client: Arc::new(Client::new(channel)), timer: TimerThread::start_observed(None) }
+        Envoy {
+            client: Arc::new(Client::new(channel)),
+            timer: TimerThread::start_observed(None),
+            traced: false,
+        }
+    }
+
+    /// The same client, sending a new sampled `traceparent` on every stream.
+    pub fn traced(self) -> Envoy {
+        Envoy { traced: true, ..self }
     }
 
     /// One request: the verdict key, `grpc-error <code>`, or
@@ -756,7 +768,18 @@ impl Envoy {
     /// The timeout is the client's own timer, not a gRPC deadline: the
     /// router must not see a deadline Envoy never sends.
     pub async fn request(&self, actor: &str, grpc_timeout: Option<&str>, timeout: Duration) -> String {
-        let (mut tx, mut rx) = match self.client.duplex_streaming(&EXT_PROC_PROCESS, CallOption::default()) {
+        let mut options = CallOption::default();
+        if self.traced {
+            let parent = crate::trace::context::SpanContext {
+                trace_id: fastrand::u128(1..).to_be_bytes(),
+                span_id: crate::trace::context::new_span_id(),
+            };
+            let mut headers = grpcio::MetadataBuilder::with_capacity(1);
+            if headers.add_str(crate::trace::context::TRACEPARENT, &parent.traceparent()).is_ok() {
+                options = options.headers(headers.build());
+            }
+        }
+        let (mut tx, mut rx) = match self.client.duplex_streaming(&EXT_PROC_PROCESS, options) {
             Ok(call) => call,
             Err(e) => return format!("{GRPC_ERROR} {e}"),
         };
