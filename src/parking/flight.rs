@@ -822,13 +822,23 @@ impl Inner {
             {
                 let mut state = next.state.lock();
                 state.grouped = None;
-                let runnable = self.clock.now() < next.deadline && state.callers > 0;
-                if let (true, Phase::Retrying { attempt_running: false, last }) = (runnable, &state.phase) {
+                // Not waiting any more (it ended, or its callers left), or
+                // waiting: sent now, or, its budget over before its turn
+                // came and its deadline check still to run, ended as that
+                // check would have ended it (B113).
+                if let (true, Phase::Retrying { attempt_running: false, last }) =
+                    (state.callers > 0, &state.phase)
+                {
                     let last = last.clone();
-                    state.phase = Phase::Retrying { attempt_running: true, last };
-                    state.probe_of = Some(key.clone());
-                    drop(state);
-                    return Inner::start_attempt(self, &next);
+                    if self.clock.now() >= next.deadline {
+                        drop(state);
+                        self.finish(&next, last.code, FlightOutcome::BudgetExhausted(last));
+                    } else {
+                        state.phase = Phase::Retrying { attempt_running: true, last };
+                        state.probe_of = Some(key.clone());
+                        drop(state);
+                        return Inner::start_attempt(self, &next);
+                    }
                 }
             }
             if let Some(group) = self.groups.lock().get_mut(key) {
@@ -1686,6 +1696,22 @@ pub(crate) mod tests {
         assert_eq!(pending(&h), ["demo/b"]);
         h.resumer.answer(&actor("b"), freed("p"));
         assert_eq!(pending(&h), ["demo/c"]);
+    }
+
+    #[test]
+    fn b113_a_flight_whose_turn_comes_after_its_budget_ends_exhausted() {
+        let h = grouped_harness(1_000, 100);
+        let callers = saturated(&h, &["demo/a", "demo/b"], "p", 0);
+        h.scheduler.advance(Duration::from_millis(100));
+        assert_eq!(pending(&h), ["demo/a"]);
+        // The timer thread runs late: b's budget is over and its deadline
+        // check has not run when a's probe frees a worker.
+        h.clock.advance(Duration::from_secs(1));
+        h.resumer.answer(&actor("a"), freed("p"));
+        assert!(h.resumer.pending_actors().is_empty(), "no call past the budget");
+        assert!(matches!(callers[1].outcome().as_deref(), Some(FlightOutcome::BudgetExhausted(_))));
+        h.scheduler.advance(Duration::from_secs(1));
+        assert!(h.table.is_empty() && h.table.groups().is_empty());
     }
 
     #[test]
