@@ -270,7 +270,7 @@ struct FlightState {
     /// (B109); `None` while it runs or retries alone.
     grouped: Option<(GroupKey, DispatchOrder)>,
     /// The group whose probe the running attempt is (B110).
-    probe_of: Option<GroupKey>,
+    probe_of: Option<(GroupKey, u64)>,
 }
 
 impl FlightState {
@@ -610,7 +610,7 @@ impl FlightTable {
                     .oldest_since()
                     .map_or(Duration::ZERO, |at| now.saturating_duration_since(at)),
                 last_answer: group.last_answer,
-                probe_open: group.probe_open,
+                probe_open: group.probe_open(),
             })
             .collect();
         views.sort_by(|a, b| b.waiting.cmp(&a.waiting).then_with(|| a.key.cmp(&b.key)));
@@ -655,14 +655,14 @@ impl Inner {
                 inner.finish(flight, Code::Ok, FlightOutcome::Resumed(resumed));
                 // A worker freed, and more may follow: the group's next
                 // flight goes at once (B110).
-                return inner.group_answered(probe_of, Code::Ok, true);
+                return inner.probe_answered(probe_of, Code::Ok);
             }
             Err(error) => error,
         };
         let code = error.code;
         if !code.is_retryable(inner.policy.parking_enabled) {
             inner.finish(flight, code, FlightOutcome::Failed(error));
-            return inner.group_answered(probe_of, code, true);
+            return inner.probe_answered(probe_of, code);
         }
         let now = inner.clock.now();
         if now >= flight.deadline {
@@ -670,7 +670,7 @@ impl Inner {
             // sees a park transition first, so none can take a slot (or be
             // shed) for a flight that has already ended (B24).
             inner.finish(flight, code, FlightOutcome::BudgetExhausted(error));
-            return inner.group_answered(probe_of, code, true);
+            return inner.probe_answered(probe_of, code);
         }
         let group = match inner.policy.dispatch {
             Dispatch::SaturationGroup => GroupKey::for_answer(code, &flight.actor, &inner.pools.lock()),
@@ -685,7 +685,7 @@ impl Inner {
             if state.callers == 0 {
                 state.last_code = Some(code);
                 inner.abandon(shard, flight, state);
-                return inner.group_answered(probe_of, code, true);
+                return inner.probe_answered(probe_of, code);
             }
             drop(shard);
             state.last_code = Some(code);
@@ -707,13 +707,18 @@ impl Inner {
         };
         // Waiters re-register when they are polled again, if they still wait.
         wake.into_iter().for_each(Waker::wake);
-        let from_probe = probe_of.is_some() && probe_of == group;
-        if !from_probe {
-            // The probe's answer was about its actor, not the group's pool.
-            inner.group_answered(probe_of, code, true);
-        }
-        if let Some(key) = group {
-            return inner.group_answered(Some(key), code, from_probe);
+        match (probe_of, group) {
+            (Some((probed, id)), Some(key)) if probed == key => {
+                return inner.group_answered(Some(key), code, Some(id));
+            }
+            (probe_of, group) => {
+                // A probe's answer about its actor, not the group's pool,
+                // only closes the probe.
+                inner.probe_answered(probe_of, code);
+                if let Some(key) = group {
+                    return inner.group_answered(Some(key), code, None);
+                }
+            }
         }
         let Some(next) = next else { return };
         // A retry due at or after the deadline would never start (B19), so
@@ -750,18 +755,29 @@ impl Inner {
         }
     }
 
-    /// Group `key` heard `code`, from its probe or from a flight's first
-    /// attempt: decides when it sends its next flight (B110). While its
-    /// answers are retryable, one retry interval after the answer, growing
-    /// while it stays saturated; after the probe's success at once.
-    fn group_answered(self: &Arc<Self>, key: Option<GroupKey>, code: Code, from_probe: bool) {
+    /// The answer of probe `probe` (if the attempt was one), whatever
+    /// group its flight goes to next.
+    fn probe_answered(self: &Arc<Self>, probe: Option<(GroupKey, u64)>, code: Code) {
+        if let Some((key, id)) = probe {
+            self.group_answered(Some(key), code, Some(id));
+        }
+    }
+
+    /// Group `key` heard `code`, from its probe `probe` or from another
+    /// attempt (a first one, or an earlier probe's late answer): decides
+    /// when it sends its next flight (B110). While its answers are
+    /// retryable, one delay after the answer, growing while it stays
+    /// saturated; after a success at once.
+    fn group_answered(self: &Arc<Self>, key: Option<GroupKey>, code: Code, probe: Option<u64>) {
         let Some(key) = key else { return };
         let now = self.clock.now();
         let release_now = {
             let mut groups = self.groups.lock();
             let Some(group) = groups.get_mut(&key) else { return };
-            if from_probe {
-                group.probe_open = false;
+            if let Some(id) = probe {
+                if let (true, Some(timer)) = group.close_probe(id) {
+                    self.scheduler.cancel(timer);
+                }
             }
             group.last_answer = code;
             group.last_answer_at = now;
@@ -779,10 +795,10 @@ impl Inner {
                     }
                     true
                 }
-                // The probe will answer, or the next is due already: a first
+                // The probe will answer, or the next is due already: another
                 // attempt's answer moves no timer, so that arrivals cannot
                 // postpone the group forever.
-                _ if group.probe_open || group.timer.is_some() => false,
+                _ if group.probe_open() || group.timer.is_some() => false,
                 _ => {
                     let at = now + group.next_delay();
                     let (inner, key) = (Arc::clone(self), key.clone());
@@ -796,22 +812,50 @@ impl Inner {
         }
     }
 
+    /// Probe `id` of pool or atespace group `key` has had no answer for the
+    /// group's latest delay: an answer that slow is no refusal (a full pool
+    /// refuses at once) but a resume under way, so the group sends its next
+    /// flight without waiting for it (B110).
+    fn probe_overdue(self: &Arc<Self>, key: &GroupKey, id: u64) {
+        {
+            let mut groups = self.groups.lock();
+            let Some(group) = groups.get_mut(key) else { return };
+            group.patience_timer = None;
+            if !group.close_probe(id).0 {
+                return;
+            }
+            if group.idle() {
+                groups.remove(key);
+                return;
+            }
+        }
+        self.release(key);
+    }
+
     /// Sends group `key`'s next flight, unless its probe is open (B110):
     /// the first by [`DispatchOrder`], atespaces in turns (B111). A flight
     /// that can no longer run (its budget passed) is skipped.
     fn release(self: &Arc<Self>, key: &GroupKey) {
         loop {
-            let next = {
+            let (next, id) = {
                 let mut groups = self.groups.lock();
                 let Some(group) = groups.get_mut(key) else { return };
                 group.timer = None;
-                if group.probe_open {
+                if group.probe_open() {
                     return;
                 }
                 match group.pop_next() {
                     Some(flight) => {
-                        group.probe_open = true;
-                        flight
+                        let (id, patience) = group.open_probe();
+                        // A control plane that does not answer is no
+                        // resume under way: its group waits.
+                        if *key != GroupKey::ControlPlane {
+                            let (inner, overdue) = (Arc::clone(self), key.clone());
+                            let at = self.clock.now() + patience;
+                            let task = Box::new(move || inner.probe_overdue(&overdue, id));
+                            group.patience_timer = Some(self.scheduler.schedule(at, task));
+                        }
+                        (flight, id)
                     }
                     None => {
                         groups.remove(key);
@@ -835,14 +879,16 @@ impl Inner {
                         self.finish(&next, last.code, FlightOutcome::BudgetExhausted(last));
                     } else {
                         state.phase = Phase::Retrying { attempt_running: true, last };
-                        state.probe_of = Some(key.clone());
+                        state.probe_of = Some((key.clone(), id));
                         drop(state);
                         return Inner::start_attempt(self, &next);
                     }
                 }
             }
             if let Some(group) = self.groups.lock().get_mut(key) {
-                group.probe_open = false;
+                if let (true, Some(timer)) = group.close_probe(id) {
+                    self.scheduler.cancel(timer);
+                }
             }
         }
     }
@@ -1671,7 +1717,7 @@ pub(crate) mod tests {
         h.scheduler.advance(Duration::from_millis(100));
         assert_eq!(pending(&h), ["demo/a0"], "the oldest first");
         h.resumer.answer(&ActorId::parse("demo/a0").unwrap(), full());
-        h.scheduler.advance(Duration::from_secs(1));
+        h.scheduler.advance(Duration::from_millis(200));
         assert_eq!(pending(&h), ["demo/a0"], "its budget still ends first");
         h.resumer.answer(&ActorId::parse("demo/a0").unwrap(), freed("p"));
         assert_eq!(pending(&h), ["demo/a1"]);
@@ -1690,7 +1736,7 @@ pub(crate) mod tests {
         assert_eq!(pending(&h), ["demo/c"], "a critical joiner lifts the youngest flight");
         h.resumer.answer(&actor("c"), full());
         drop(critical);
-        h.scheduler.advance(Duration::from_secs(1));
+        h.scheduler.advance(Duration::from_millis(200));
         assert_eq!(pending(&h), ["demo/a"], "its band back to standard: the budget decides");
         h.resumer.answer(&actor("a"), freed("p"));
         assert_eq!(pending(&h), ["demo/b"]);
@@ -1742,7 +1788,7 @@ pub(crate) mod tests {
         // joins the group without sending another flight while a's is open.
         let _d = h.table.join(&d, Band::Standard).unwrap();
         h.resumer.answer(&d, full());
-        h.scheduler.advance(Duration::from_secs(1));
+        h.scheduler.advance(Duration::from_millis(50));
         assert_eq!(pending(&h), ["demo/a"], "one attempt open");
         h.resumer.answer(&actor("a"), full());
         let mut calls = 0;
@@ -1793,13 +1839,18 @@ pub(crate) mod tests {
         let h = grouped_harness(60_000, 100);
         let _callers = saturated(&h, &["demo/a", "demo/b"], "p", 0);
         h.scheduler.advance(Duration::from_millis(100));
+        h.resumer.answer(&actor("a"), full());
         let (_c, _) = h.table.join(&actor("c"), Band::Standard).unwrap();
         let (_d, _) = h.table.join(&actor("d"), Band::Standard).unwrap();
         h.resumer.answer(&actor("c"), err(Code::FailedPrecondition, "suspending"));
         h.resumer.answer(&actor("d"), err(Code::Aborted, "conflict"));
-        assert_eq!(h.table.groups().iter().map(|g| g.waiting).sum::<usize>(), 1, "only b waits in a group");
+        assert_eq!(
+            h.table.groups().iter().map(|g| g.waiting).sum::<usize>(),
+            2,
+            "only a and b wait in a group"
+        );
         h.scheduler.advance(Duration::from_millis(100));
-        assert_eq!(pending(&h), ["demo/a", "demo/c", "demo/d"], "each on its own schedule (B17)");
+        assert_eq!(pending(&h), ["demo/c", "demo/d"], "each on its own schedule (B17)");
     }
 
     #[test]
@@ -1821,10 +1872,25 @@ pub(crate) mod tests {
         drop(callers);
     }
 
+    /// One caller each on flights whose first answer was Unavailable: they
+    /// wait in the control plane's group, whose probe holds it however long
+    /// it runs.
+    fn unavailable(h: &Harness, names: &[&str]) -> Vec<Caller> {
+        names
+            .iter()
+            .map(|name| {
+                let a = ActorId::parse(name).unwrap();
+                let caller = h.table.join(&a, Band::Standard).unwrap().0;
+                h.resumer.answer(&a, err(Code::Unavailable, "down"));
+                caller
+            })
+            .collect()
+    }
+
     #[test]
     fn b113_a_flight_waiting_in_its_group_ends_at_its_budget_without_a_call() {
         let h = grouped_harness(1_000, 100);
-        let callers = saturated(&h, &["demo/a", "demo/b", "demo/c"], "p", 0);
+        let callers = unavailable(&h, &["demo/a", "demo/b", "demo/c"]);
         h.scheduler.advance(Duration::from_millis(100));
         assert_eq!(pending(&h), ["demo/a"], "a's attempt hangs");
         let calls = |name: &str| h.resumer.calls(&actor(name));
@@ -1841,6 +1907,38 @@ pub(crate) mod tests {
         assert_eq!(h.table.groups()[0].waiting, 0);
         h.resumer.answer(&actor("a"), freed("p"));
         assert!(h.table.groups().is_empty() && h.table.is_empty());
+    }
+
+    #[test]
+    fn b110_a_probe_unanswered_for_the_delay_no_longer_holds_its_pools_group() {
+        let h = grouped_harness(60_000, 100);
+        let _callers = saturated(&h, &["demo/a", "demo/b", "demo/c"], "p", 0);
+        h.scheduler.advance(Duration::from_millis(100));
+        assert_eq!(pending(&h), ["demo/a"]);
+        // a's resume is under way (a full pool refuses at once): one delay
+        // later the group sends b.
+        h.scheduler.advance(Duration::from_millis(99));
+        assert_eq!(pending(&h), ["demo/a"], "held for one delay");
+        h.scheduler.advance(Duration::from_millis(1));
+        assert_eq!(pending(&h), ["demo/a", "demo/b"]);
+        // b's refusal closes b's probe and puts b back first in line; a's
+        // late success is a worker freed, and sends b again at once.
+        h.resumer.answer(&actor("b"), full());
+        assert_eq!(pending(&h), ["demo/a"]);
+        h.resumer.answer(&actor("a"), freed("p"));
+        assert_eq!(pending(&h), ["demo/b"]);
+        assert_eq!(h.table.groups()[0].waiting, 1, "c still waits");
+    }
+
+    #[test]
+    fn b110_the_control_planes_group_waits_for_its_probe_however_long() {
+        let h = grouped_harness(60_000, 100);
+        let _callers = unavailable(&h, &["x/a", "y/b"]);
+        h.scheduler.advance(Duration::from_secs(10));
+        assert_eq!(pending(&h), ["x/a"], "one attempt open");
+        h.resumer.answer(&ActorId::parse("x/a").unwrap(), err(Code::Unavailable, "down"));
+        h.scheduler.advance(Duration::from_millis(200));
+        assert_eq!(pending(&h), ["y/b"], "then the other atespace's turn");
     }
 
     fn caller_in_overtime(caller: &Caller) -> bool {

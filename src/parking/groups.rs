@@ -163,8 +163,16 @@ pub struct Group<T> {
     /// The atespaces with waiting entries, whose turn is next first.
     turns: VecDeque<Arc<str>>,
     waiting: usize,
-    /// Whether the group's probe has an attempt open (B110).
-    pub probe_open: bool,
+    /// The group's open attempt (its probe) while the group waits for its
+    /// answer (B110), by number, so that a late answer of an earlier probe
+    /// is told apart.
+    probe: Option<u64>,
+    probes_sent: u64,
+    /// When the group stops waiting for its open probe.
+    pub patience_timer: Option<TimerId>,
+    /// How long an open probe holds the group: the latest delay.
+    patience: Duration,
+    interval: Duration,
     /// When the group sends its next flight, if it is due to.
     pub timer: Option<TimerId>,
     /// The delay between the group's answers and its next attempt.
@@ -189,7 +197,11 @@ impl<T> Group<T> {
             queues: HashMap::new(),
             turns: VecDeque::new(),
             waiting: 0,
-            probe_open: false,
+            probe: None,
+            probes_sent: 0,
+            patience_timer: None,
+            patience: policy.interval,
+            interval: policy.interval,
             timer: None,
             backoff: Backoff::new(policy),
             last_answer: answer,
@@ -204,18 +216,42 @@ impl<T> Group<T> {
 
     /// Whether the group can be forgotten: nothing waits, nothing is open.
     pub fn idle(&self) -> bool {
-        self.waiting == 0 && !self.probe_open
+        self.waiting == 0 && self.probe.is_none()
+    }
+
+    /// Whether the group waits for its probe's answer.
+    pub fn probe_open(&self) -> bool {
+        self.probe.is_some()
+    }
+
+    /// Opens a probe: its number, and how long the group waits for it.
+    pub fn open_probe(&mut self) -> (u64, Duration) {
+        self.probes_sent += 1;
+        self.probe = Some(self.probes_sent);
+        (self.probes_sent, self.patience)
+    }
+
+    /// Stops waiting for probe `id`, with the timer that would have, if it
+    /// is the open one; false for an earlier probe's late answer.
+    pub fn close_probe(&mut self, id: u64) -> (bool, Option<TimerId>) {
+        if self.probe != Some(id) {
+            return (false, None);
+        }
+        self.probe = None;
+        (true, self.patience_timer.take())
     }
 
     /// The delay before the next attempt while the group stays saturated:
     /// the flights' own schedule (B17), capped at [`DELAY_CAP_INTERVALS`].
     pub fn next_delay(&mut self) -> Duration {
-        self.backoff.next_random_delay_capped(DELAY_CAP_INTERVALS)
+        self.patience = self.backoff.next_random_delay_capped(DELAY_CAP_INTERVALS);
+        self.patience
     }
 
     /// A worker freed: the delays start again from one interval.
     pub fn reset_delay(&mut self) {
         self.backoff.reset();
+        self.patience = self.interval;
     }
 
     pub fn insert(&mut self, atespace: &Arc<str>, order: DispatchOrder, item: T, now: Instant) {

@@ -783,8 +783,8 @@ def test_saturated_pool_parks_and_serves_every_request_at_its_worker():
 LATE_SCRIPT = """
 demo/late     ResourceExhausted  0s      -          false  no free workers available
 demo/late     OK                 8500ms  127.0.1.7  true   -
-demo/too-late ResourceExhausted  0s      -          false  no free workers available
-demo/too-late OK                 20s     127.0.1.7  true   -
+late/too-late ResourceExhausted  0s      -          false  no free workers available
+late/too-late OK                 20s     127.0.1.7  true   -
 """
 
 
@@ -794,13 +794,16 @@ def late():
     its ceiling 11 s. Both restores start at about 50 ms and pass the
     budget: one answers at 8.5 s (past the message timeout, inside the
     override), one at 20 s (past the ceiling). Beside it, the same 8.5 s
-    restore with late serve off (`late.off`), all at once."""
+    restore with late serve off (`late.off`), all at once. The two actors
+    are in atespaces of their own: in one, the second would wait in their
+    saturation group behind the first's 8.5 s attempt (B110) and end at its
+    budget (B113)."""
     flags = ["--parked-request-budget", "1s", "--parked-request-retry-interval", "50ms"]
     common = dict(script=LATE_SCRIPT, sim_flags=["--actors", "0"], workers=1, echo_hosts=8)
     with Stack(router_flags=flags + ["--late-serve-limit", "10s"], **common) as s, \
             Stack(router_flags=flags + ["--late-serve-limit", "0"], **common) as off:
         futures = fire({"demo/late": (h1, (s, "demo/late", "/demo/late")),
-                        "demo/too-late": (h1, (s, "demo/too-late", "/demo/too-late")),
+                        "demo/too-late": (h1, (s, "late/too-late", "/demo/too-late")),
                         "off": (h1, (off, "demo/late", "/off"))})
         s.replies = {a: f.result() for a, f in futures.items()}
         s.wait_access_log(lambda e: e["path"] == "/demo/too-late")
@@ -825,7 +828,7 @@ def test_the_router_answers_504_before_envoys_ceiling(late):
     reply = late.replies["demo/too-late"]
     assert reply.status == 504, reply
     assert reply.headers.get("x-atenet-reason") == "atenet_resume_timeout", reply
-    assert reply.body == b"actor demo/too-late request timed out: ateapi has not answered the resume"
+    assert reply.body == b"actor late/too-late request timed out: ateapi has not answered the resume"
     assert 9.9 <= reply.elapsed < 11, "1 s before budget + limit (11 s), Envoy's ceiling"
     entry = late.wait_access_log(lambda e: e["path"] == "/demo/too-late")
     assert entry["response_code_details"] == "atenet_resume_timeout", entry

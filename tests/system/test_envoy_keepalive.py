@@ -23,8 +23,11 @@ from envoy_stack import LOOPBACK, FleetStack, Stack, admin_stats
 
 WORKER = "127.0.1.1"  # the echo worker's first host: the sim's worker 0
 # A fixed retry interval, and a budget far beyond what any wait here takes.
+# The script refuses each actor on its own, not a pool: every flight retries
+# on its own (in a saturation group the oldest would take every probe).
 ROUTER_FLAGS = ["--parked-request-budget", "60s", "--parked-request-retry-interval", "250ms",
-                "--parked-request-retry-factor", "1", "--parked-request-retry-jitter", "0"]
+                "--parked-request-retry-factor", "1", "--parked-request-retry-jitter", "0",
+                "--parked-request-dispatch", "per-flight"]
 
 
 def script(actors, refusals):

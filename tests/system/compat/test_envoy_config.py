@@ -10,6 +10,9 @@ import pytest
 import yaml
 from envoy.config.bootstrap.v3 import bootstrap_pb2
 # Registers the typed_config types the bootstrap names.
+from envoy.config.trace.v3 import opentelemetry_pb2  # noqa: F401
+from envoy.extensions.common.matching.v3 import extension_matcher_pb2
+from envoy.extensions.filters.common.matcher.action.v3 import skip_action_pb2  # noqa: F401
 from envoy.extensions.access_loggers.stream.v3 import stream_pb2
 from envoy.extensions.filters.http.ext_proc.v3 import ext_proc_pb2
 from envoy.extensions.filters.http.header_mutation.v3 import header_mutation_pb2
@@ -21,6 +24,7 @@ from envoy.extensions.resource_monitors.fixed_heap.v3 import fixed_heap_pb2
 from envoy.extensions.clusters.dns.v3 import dns_cluster_pb2
 from envoy.extensions.retry.host.previous_hosts.v3 import previous_hosts_pb2  # noqa: F401
 from envoy.extensions.upstreams.http.v3 import http_protocol_options_pb2
+from envoy.type.matcher.v3 import http_inputs_pb2  # noqa: F401
 from google.protobuf import json_format, symbol_database
 from protoc_gen_validate.validator import ValidationFailed, validate_all
 
@@ -96,6 +100,7 @@ def unpack_hcm(listener):
     ("--routers", "10.0.0.1:50051,10.0.0.2:50051,[fd00::3]:50051"),
     ("--routers", "atenet-router-fleet.atenet.svc.cluster.local:50051"),
     ("--extproc-address", "unix:/var/run/atenet/extproc.sock"),
+    ("--otlp-traces-address", "otel-collector:4317", "--trace-sample-percent", "100"),
 ])
 def test_passes_envoys_own_validation_rules(flags):
     errors = pgv_errors(envoy_config(*flags))
@@ -118,7 +123,8 @@ def test_defaults_field_by_field():
     assert bootstrap.admin.address.socket_address.port_value == 9901
     assert listener.address.socket_address.port_value == 8080
     assert [f.name for f in hcm.http_filters] == [
-        "envoy.filters.http.header_mutation", "envoy.filters.http.ext_proc", "envoy.filters.http.router"]
+        "envoy.filters.http.match_delegate", "envoy.filters.http.header_mutation",
+        "envoy.filters.http.ext_proc", "envoy.filters.http.router"]
     assert ext_proc.grpc_service.envoy_grpc.cluster_name == "atenet_router"
     assert not ext_proc.grpc_service.HasField("timeout"), "Envoy's ext_proc does not read it"
     assert not ext_proc.HasField("mutation_rules"), "the router mutates nothing that needs it"
@@ -261,7 +267,16 @@ ROUTER_CONTROL = ["x-envoy-retry-on", "x-envoy-retry-grpc-on", "x-envoy-max-retr
 
 
 def removed_headers(hcm):
-    first = hcm.http_filters[0]
+    filters = list(hcm.http_filters)
+    if filters[0].name == "envoy.filters.http.match_delegate":
+        # B116: only an untrusted client's ate-priority goes before it.
+        matched = extension_matcher_pb2.ExtensionWithMatcher()
+        assert filters[0].typed_config.Unpack(matched)
+        priority = header_mutation_pb2.HeaderMutation()
+        assert matched.extension_config.typed_config.Unpack(priority)
+        assert [m.remove for m in priority.mutations.request_mutations] == ["ate-priority"]
+        filters = filters[1:]
+    first = filters[0]
     assert first.name == "envoy.filters.http.header_mutation", "first, before any filter reads a header"
     mutation = header_mutation_pb2.HeaderMutation()
     assert first.typed_config.Unpack(mutation)
