@@ -57,7 +57,7 @@ use crate::proto::EXT_PROC_PROCESS;
 use crate::telemetry::logging::Throttle;
 use crate::telemetry::metrics::{AtespaceShare, Metrics};
 use crate::telemetry::recent::{Answered, RecentRequests, RecentVerdict};
-use crate::trace::context::{sampled_parent, TRACEPARENT, TRACESTATE};
+use crate::trace::context::parent_in;
 use crate::trace::span::{FlightPlace, RouteEnd, RouteTrace, Tracer};
 
 /// The dynamic-metadata namespace Envoy's ORIGINAL_DST cluster reads (B7).
@@ -536,15 +536,7 @@ impl ExtProc {
 /// The route span of a stream whose metadata carries a sampled
 /// `traceparent` (B121, B123): Envoy's ext_proc span is its parent.
 fn route_trace(tracer: &Tracer, ctx: &RpcContext<'_>) -> Option<Box<RouteTrace>> {
-    let (mut traceparent, mut tracestate) = (None, None);
-    for (key, value) in ctx.request_headers().iter() {
-        match key {
-            TRACEPARENT => traceparent = Some(value),
-            TRACESTATE => tracestate = Some(value),
-            _ => {}
-        }
-    }
-    let parent = sampled_parent(traceparent?, tracestate)?;
+    let parent = parent_in(ctx.request_headers().iter())?;
     Some(Box::new(RouteTrace::new(tracer.clone(), parent)))
 }
 

@@ -34,10 +34,15 @@ pub struct Parent {
     pub tracestate: String,
 }
 
+/// The longest `tracestate` carried on (W3C's limit); a longer one is
+/// dropped, not cut, as cutting could leave a vendor's entry half.
+pub const TRACESTATE_MAX: usize = 512;
+
 /// The parent in a stream's `traceparent`, when it is valid and sampled;
 /// `None` otherwise, and then nothing is traced (B123): Envoy's sampling
-/// decides, the router starts no trace of its own.
-pub fn sampled_parent(traceparent: &[u8], tracestate: Option<&[u8]>) -> Option<Parent> {
+/// decides, the router starts no trace of its own. `tracestate` is the
+/// header's values, in order, joined as one list.
+pub fn sampled_parent(traceparent: &[u8], tracestate: &[&[u8]]) -> Option<Parent> {
     let text = std::str::from_utf8(traceparent).ok()?.trim();
     let mut fields = text.split('-');
     let (version, trace_id, span_id, flags) =
@@ -53,8 +58,25 @@ pub fn sampled_parent(traceparent: &[u8], tracestate: Option<&[u8]>) -> Option<P
     if trace_id == [0; 16] || span_id == [0; 8] || flags & 1 == 0 {
         return None;
     }
-    let tracestate = tracestate.and_then(|s| std::str::from_utf8(s).ok()).unwrap_or_default().trim();
-    Some(Parent { context: SpanContext { trace_id, span_id }, tracestate: tracestate.to_string() })
+    let values: Option<Vec<&str>> =
+        tracestate.iter().map(|v| std::str::from_utf8(v).ok().map(str::trim)).collect();
+    let tracestate = values.map(|v| v.join(",")).filter(|s| s.len() <= TRACESTATE_MAX).unwrap_or_default();
+    Some(Parent { context: SpanContext { trace_id, span_id }, tracestate })
+}
+
+/// The sampled parent a stream's metadata names (B123): exactly one
+/// `traceparent` (two name no one parent), and its `tracestate` values.
+pub fn parent_in<'a>(metadata: impl Iterator<Item = (&'a str, &'a [u8])>) -> Option<Parent> {
+    let (mut traceparents, mut tracestate) = (Vec::new(), Vec::new());
+    for (key, value) in metadata {
+        match key {
+            TRACEPARENT => traceparents.push(value),
+            TRACESTATE => tracestate.push(value),
+            _ => {}
+        }
+    }
+    let [traceparent] = traceparents[..] else { return None };
+    sampled_parent(traceparent, &tracestate)
 }
 
 /// A random, non-zero span id.
@@ -99,7 +121,7 @@ mod tests {
 
     #[test]
     fn b123_a_sampled_parent_is_read_with_its_state() {
-        let parent = sampled_parent(ENVOY.as_bytes(), Some(b"congo=t61rcWkgMzE")).unwrap();
+        let parent = sampled_parent(ENVOY.as_bytes(), &[b"congo=t61rcWkgMzE"]).unwrap();
         assert_eq!(hex(&parent.context.trace_id), "0af7651916cd43dd8448eb211c80319c");
         assert_eq!(hex(&parent.context.span_id), "b7ad6b7169203331");
         assert_eq!(parent.tracestate, "congo=t61rcWkgMzE");
@@ -119,18 +141,38 @@ mod tests {
             "",
             "garbage",
         ] {
-            assert_eq!(sampled_parent(bad.as_bytes(), None), None, "{bad:?}");
+            assert_eq!(sampled_parent(bad.as_bytes(), &[]), None, "{bad:?}");
         }
         let later = "01-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01-what-comes";
         assert!(
-            sampled_parent(later.as_bytes(), None).is_some(),
+            sampled_parent(later.as_bytes(), &[]).is_some(),
             "a later version's extra fields are ignored"
         );
     }
 
     #[test]
+    fn b123_one_traceparent_names_the_parent_two_name_none() {
+        let one = [("grpc-timeout", &b"1S"[..]), (TRACEPARENT, ENVOY.as_bytes()), (TRACESTATE, b"a=1")];
+        assert_eq!(parent_in(one.into_iter()).unwrap().tracestate, "a=1");
+        let two = [(TRACEPARENT, &b"garbage"[..]), (TRACEPARENT, ENVOY.as_bytes())];
+        assert_eq!(parent_in(two.into_iter()), None);
+        assert_eq!(parent_in([(TRACESTATE, &b"a=1"[..])].into_iter()), None);
+    }
+
+    #[test]
+    fn b123_tracestate_values_join_and_an_oversized_one_is_dropped() {
+        let joined = sampled_parent(ENVOY.as_bytes(), &[b"a=1", b" b=2 "]).unwrap();
+        assert_eq!(joined.tracestate, "a=1,b=2");
+        let long = format!("a={}", "x".repeat(TRACESTATE_MAX));
+        assert_eq!(sampled_parent(ENVOY.as_bytes(), &[long.as_bytes()]).unwrap().tracestate, "");
+        let at_limit = format!("a={}", "x".repeat(TRACESTATE_MAX - 2));
+        assert_eq!(sampled_parent(ENVOY.as_bytes(), &[at_limit.as_bytes()]).unwrap().tracestate, at_limit);
+        assert_eq!(sampled_parent(ENVOY.as_bytes(), &[b"a=1", b"\xff"]).unwrap().tracestate, "");
+    }
+
+    #[test]
     fn a_child_keeps_the_trace_and_takes_a_new_id() {
-        let parent = sampled_parent(ENVOY.as_bytes(), None).unwrap().context;
+        let parent = sampled_parent(ENVOY.as_bytes(), &[]).unwrap().context;
         let child = parent.child();
         assert_eq!(child.trace_id, parent.trace_id);
         assert_ne!(child.span_id, parent.span_id);

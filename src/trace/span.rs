@@ -251,7 +251,7 @@ pub(crate) mod tests {
     }
 
     pub(crate) fn envoy_parent() -> Parent {
-        sampled_parent(b"00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01", Some(b"k=v")).unwrap()
+        sampled_parent(b"00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01", &[b"k=v"]).unwrap()
     }
 
     #[test]
