@@ -46,7 +46,7 @@ pub fn parse_command(args: &[String]) -> Result<Command, ConfigError> {
     };
     match command {
         "serve" => Ok(config(command, Purpose::Serve)?.map_or_else(Command::Help, Command::Serve)),
-        // The bootstrap names no ateapi setting: no credentials needed (B96).
+        // The bootstrap names no ateapi setting: no credentials needed.
         "envoy-config" => match config(command, Purpose::Bootstrap)? {
             // `serve --port-extproc 0` takes any free port, which a
             // bootstrap written beforehand cannot name (B70).

@@ -1,5 +1,5 @@
 //! The control plane: where ateapi is, how it is reached and authenticated
-//! (B53), and how many ResumeActor calls may be open at once (B97).
+//! (B53), and how many ResumeActor calls may be open at once.
 
 use std::path::PathBuf;
 
@@ -23,7 +23,7 @@ pub struct Ateapi {
     pub address: String,
     /// How ateapi is reached: always set for [`Purpose::Serve`]; `None` only
     /// for a bootstrap given neither `--ateapi-ca-file` nor
-    /// `--ateapi-insecure` (B96), which no router can start with.
+    /// `--ateapi-insecure`, which no router can start with.
     pub transport: Option<AteapiTransport>,
     /// A bearer token file, sent as `authorization: Bearer ...` (TLS only).
     pub token_file: Option<PathBuf>,

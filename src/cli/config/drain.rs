@@ -1,6 +1,5 @@
-//! The drain: how long it waits and for what (B40, B43), the Envoy it
-//! drains, the file it leaves when done, and how many Envoys send this
-//! router streams (B85).
+//! The drain: how long it waits and for what, the Envoy it drains, the
+//! file it leaves when done, and how many Envoys send this router streams.
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -38,7 +37,7 @@ pub struct Drain {
 
 impl Drain {
     /// The drain flags; the drain must outlast the longest wait of a parked
-    /// caller (B46: unless parking is off).
+    /// caller (B37), unless parking is off (B46).
     pub(super) fn from_args(args: &ServeArgs, parking: &Parking) -> Result<Drain, ConfigError> {
         let delay = non_negative("--drain-delay", &args.drain_delay)?;
         let explicit = non_negative("--drain-timeout", &args.drain_timeout)?;

@@ -36,17 +36,17 @@ pub struct EnvoyBootstrap {
     /// Envoy's metrics listener port.
     pub port_stats: u16,
     /// Where Envoy takes a request for internal and keeps its x-envoy-*
-    /// headers (B67).
+    /// headers.
     pub trusted_ranges: Vec<CidrRange>,
-    /// The heap bound of Envoy's overload manager, in bytes (B90).
+    /// The heap bound of Envoy's overload manager, in bytes.
     pub max_heap: u64,
-    /// How long Envoy keeps an idle client connection (B76).
+    /// How long Envoy keeps an idle client connection.
     pub idle_timeout: Duration,
     /// The route timeout Envoy applies to proxied requests; zero: none.
     pub route_timeout: Duration,
     /// Envoy's TLS to the router as given; see [`EnvoyBootstrap::router_tls`].
     pub router_tls: EnvoyRouterTlsFlags,
-    /// `--routers` (B87): the fleet the router cluster spans; empty for a
+    /// `--routers`: the fleet the router cluster spans; empty for a
     /// sidecar's one router.
     pub routers: Vec<RouterHost>,
 }
@@ -76,7 +76,7 @@ pub struct EnvoyRouterTls {
 impl EnvoyBootstrap {
     /// The bootstrap's flags. Envoy's admin, at `admin_port` (the drain's
     /// `--envoy-admin-address`), shares Envoy's ports with its listeners, so
-    /// no two of them may be the same (B67, B70).
+    /// no two of them may be the same (B70).
     pub(super) fn from_args(args: &ServeArgs, admin_port: u16) -> Result<EnvoyBootstrap, ConfigError> {
         let route_timeout = route_timeout(args)?;
         let listen_ip = args.envoy_listen_address.trim().parse().map_err(|_| {
@@ -184,7 +184,7 @@ fn route_timeout(args: &ServeArgs) -> Result<Duration, ConfigError> {
     Ok(timeout)
 }
 
-/// `--envoy-idle-timeout`: bounded both ways, since it bounds the drain.
+/// `--envoy-idle-timeout` (B76): bounded both ways, since it bounds the drain.
 /// Envoy reads 0 as never, which would hold a drain for good.
 fn idle_timeout(args: &ServeArgs) -> Result<Duration, ConfigError> {
     let timeout = non_negative("--envoy-idle-timeout", &args.envoy_idle_timeout)?;
@@ -198,7 +198,7 @@ fn idle_timeout(args: &ServeArgs) -> Result<Duration, ConfigError> {
     Ok(timeout)
 }
 
-/// `--envoy-max-heap`.
+/// `--envoy-max-heap` (B90).
 fn max_heap(args: &ServeArgs) -> Result<u64, ConfigError> {
     let bad = |why: String| {
         invalid(format!(

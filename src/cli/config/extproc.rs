@@ -1,5 +1,5 @@
 //! The ext_proc listener: where it listens (TCP, or a Unix socket beside
-//! Envoy: B98), its transport (B86), and how much it takes at once.
+//! Envoy), its transport, and how much it takes at once.
 
 use std::fmt;
 use std::net::SocketAddr;
@@ -37,13 +37,13 @@ pub struct ExtProc {
     pub tls: Option<ExtprocTls>,
     /// `--extproc-insecure`: plaintext off the loopback, knowingly.
     pub insecure: bool,
-    /// Envoy's circuit breaker for the ext_proc cluster (B39).
+    /// Envoy's circuit breaker for the ext_proc cluster.
     pub max_requests: u64,
-    /// Requests one atespace may hold at once, on any attempt (B80).
+    /// Requests one atespace may hold at once, on any attempt.
     pub max_requests_per_atespace: SharePolicy,
-    /// Open ext_proc streams at most (B74).
+    /// Open ext_proc streams at most.
     pub max_streams: usize,
-    /// gRPC completion-queue threads (B72).
+    /// gRPC completion-queue threads.
     pub grpc_threads: usize,
 }
 
@@ -85,8 +85,8 @@ impl fmt::Display for ExtprocListen {
     }
 }
 
-/// A Unix socket for ext_proc (B99): its public path, and the mode and
-/// group it has from the moment that path names it.
+/// A Unix socket for ext_proc: its public path, and the mode and group it
+/// has from the moment that path names it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct UnixSocket {
     /// Absolute; short enough for `sun_path` with a private suffix.
@@ -164,7 +164,7 @@ fn stream_cap(flag: i64, breaker: u64, envoys: u32) -> Result<usize, ConfigError
     }
 }
 
-/// `--grpc-threads`: 0 is one per core this process may run on.
+/// `--grpc-threads` (B72): 0 is one per core this process may run on.
 fn grpc_threads(flag: i64) -> Result<usize, ConfigError> {
     match usize::try_from(flag) {
         Ok(0) => Ok(std::thread::available_parallelism().map_or(2, |n| n.get()).min(MAX_GRPC_THREADS)),

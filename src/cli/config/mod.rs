@@ -1,4 +1,4 @@
-//! Validation and the values derived from the flags (B37, B38, B46).
+//! Validation and the values derived from the flags (B37).
 //!
 //! Every flag ([`crate::cli::flags`]) is validated and normalised here, once,
 //! before any socket opens; the rest of the router reads only the effective
@@ -60,18 +60,18 @@ pub struct Config {
 }
 
 /// The derived flight cap is never below this, so that a small lot (or none)
-/// still leaves room for many actors resuming at once (B58).
+/// still leaves room for many actors resuming at once.
 const MIN_FLIGHT_MAX: usize = 4096;
 
 /// What the derived drain timeout allows past the budget, at least: room
-/// for the last attempt's answer and the verdict's way back (B40).
+/// for the last attempt's answer and the verdict's way back.
 const DRAIN_SLACK: Duration = Duration::from_secs(15);
 
 /// What Envoy already grants past the budget: its ext_proc message timeout
 /// is budget + 5 s, so the router's own verdict always arrives first.
 pub const MESSAGE_TIMEOUT_MARGIN: Duration = Duration::from_secs(5);
 
-/// What the drain's Envoy window adds to Envoy's idle timeout (B76).
+/// What the drain's Envoy window adds to Envoy's idle timeout.
 /// Measured on 1.40: at its idle timeout a connection starts the connection
 /// manager's drain and is closed its drain timeout (5 s) and about 1 s
 /// later.
@@ -86,16 +86,16 @@ impl Config {
 
     /// As [`Config::from_args`], for `purpose`: a bootstrap needs no ateapi
     /// transport, but every ateapi flag given is checked as `serve` checks
-    /// it (B96).
+    /// it.
     ///
     /// The components are built in an order where each reads only those
     /// before it, and what it reads is passed in plainly:
     /// - the drain must outlast a parked caller's longest wait, the budget
-    ///   and the late-serve limit (B40, B46);
-    /// - ext_proc's circuit breaker must hold the lot (B39), and its stream
-    ///   cap the breaker of every Envoy the drain counts (B85);
+    ///   and the late-serve limit;
+    /// - ext_proc's circuit breaker must hold the lot, and its stream cap
+    ///   the breaker of every Envoy the drain counts;
     /// - Envoy's admin, whose address the drain calls, must not share a
-    ///   port with the bootstrap's listeners (B70);
+    ///   port with the bootstrap's listeners;
     /// - the router's own listeners, ext_proc's and the admin endpoints',
     ///   must not share one either.
     pub fn from_args_for(args: &ServeArgs, purpose: Purpose) -> Result<Config, ConfigError> {

@@ -14,8 +14,8 @@ use crate::parking::share::SharePolicy;
 /// concurrent-resume conflicts (B18, B22).
 pub(super) const UNPARKED_BUDGET: Duration = Duration::from_secs(15);
 
-/// The largest lot: the derived circuit breaker, twice the lot (B39), must
-/// fit Envoy's `max_requests`, a UInt32 (B70).
+/// The largest lot: the derived circuit breaker, twice the lot, must fit
+/// Envoy's `max_requests`, a UInt32 (B70).
 const MAX_LOT: i64 = (u32::MAX / 2) as i64;
 
 /// The shortest retry interval: at a factor of 1 and no jitter a flight
@@ -30,32 +30,32 @@ const MAX_RETRY_FACTOR: f64 = 100.0;
 /// (their validation rule is `lte: 3600s`).
 const MAX_ENVOY_MESSAGE_TIMEOUT: Duration = Duration::from_secs(3600);
 
-/// Parking settings after normalisation (B38).
+/// Parking settings after normalisation.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Parking {
-    /// False when `--parked-request-max` <= 0 (B22).
+    /// False when `--parked-request-max` <= 0.
     pub enabled: bool,
     /// Lot size; 0 when disabled.
     pub max: usize,
-    /// Slots one atespace may hold at once; 0: no cap (B69).
+    /// Slots one atespace may hold at once; 0: no cap.
     pub max_per_atespace: usize,
-    /// Slots sheddable callers may hold at once (B117).
+    /// Slots sheddable callers may hold at once.
     pub max_sheddable: usize,
     /// The flight budget: the flag when enabled, 15 s when disabled.
     pub budget: Duration,
     /// The flag value after normalisation, shown on the status page.
     pub configured_budget: Duration,
     pub backoff: BackoffPolicy,
-    /// Whether saturated flights wait in groups or retry alone (B114).
+    /// Whether saturated flights wait in groups or retry alone.
     pub dispatch: Dispatch,
-    /// Flights in progress at once at most (B58).
+    /// Flights in progress at once at most.
     pub flight_max: usize,
-    /// Flights one atespace may have in progress (B79).
+    /// Flights one atespace may have in progress.
     pub flight_max_per_atespace: SharePolicy,
-    /// Whether a parked caller's own deadline is honoured (B68).
+    /// Whether a parked caller's own deadline is honoured.
     pub caller_deadlines: bool,
-    /// How long past the budget a late verdict may still arrive (B49); zero
-    /// when late serve is disabled.
+    /// How long past the budget a late verdict may still arrive; zero when
+    /// late serve is disabled.
     pub late_serve_limit: Duration,
 }
 

@@ -16,8 +16,8 @@ pub struct Telemetry {
     pub tracing: Option<Tracing>,
 }
 
-/// Where traces go, and how much Envoy samples (B123). One type, as the
-/// sample percent means something only with a collector to export to.
+/// Where traces go, and how much Envoy samples. One type, as the sample
+/// percent means something only with a collector to export to.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Tracing {
     /// The OTLP/gRPC collector, `HOST:PORT`.
