@@ -100,7 +100,7 @@ impl Config {
     ///   must not share one either.
     pub fn from_args_for(args: &ServeArgs, purpose: Purpose) -> Result<Config, ConfigError> {
         let parking = Parking::from_args(args)?;
-        let ateapi = ateapi::Ateapi::from_args(args, purpose)?;
+        let ateapi = Ateapi::from_args(args, purpose)?;
         let drain = Drain::from_args(args, &parking)?;
         let extproc = ExtProc::from_args(args, &parking, drain.envoys)?;
         let admin = Admin::from_args(args)?;
