@@ -59,7 +59,7 @@ fn hand_over(
     config: &Config,
     stops: &crossbeam_channel::Receiver<i32>,
 ) -> Result<u32, NotServing> {
-    if config.extproc.tcp().is_some_and(|addr| addr.port() == 0) {
+    if config.extproc.listen.tcp().is_some_and(|addr| addr.port() == 0) {
         return Err(NotServing::Failed(
             "--port-extproc 0: a successor would listen on another port than Envoy's".into(),
         ));
@@ -72,7 +72,7 @@ fn hand_over(
 }
 
 fn serve(config: &Config) -> ExitCode {
-    logging::init(config.log_level, config.log_format);
+    logging::init(config.telemetry.log_level, config.telemetry.log_format);
     process::install_panic_policy();
     match process::raise_fd_limit() {
         Ok((old, new)) if old != new => debug!("open-file limit raised from {old} to {new}"),
@@ -87,7 +87,7 @@ fn serve(config: &Config) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    if let Some(marker) = &config.drain_complete_file {
+    if let Some(marker) = &config.drain.complete_file {
         match drain::remove_stale_marker(marker) {
             Ok(true) => info!("removed stale drain marker {}", marker.display()),
             Ok(false) => {}
@@ -119,7 +119,7 @@ fn serve(config: &Config) -> ExitCode {
         version::describe("atenet-router"),
         router.extproc(),
         router.metrics_addr(),
-        config.ateapi_address,
+        config.ateapi.address,
         if config.parking.enabled {
             format!("on (max {}, budget {})", config.parking.max, godur::format(config.parking.budget))
         } else {
@@ -146,7 +146,7 @@ fn serve(config: &Config) -> ExitCode {
                     Ok(pid) => {
                         signals.handed_over();
                         info!("handover: successor {pid} serves; finishing the streams this router holds");
-                        let (finished, cut) = router.hand_over(config.drain_timeout, &signals.stops);
+                        let (finished, cut) = router.hand_over(config.drain.timeout, &signals.stops);
                         info!(
                             "handover complete: {}",
                             if finished { "every stream finished".to_string() } else { format!("{cut} streams cut") }

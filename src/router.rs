@@ -63,15 +63,16 @@ const START_LOCK_PATIENCE: Duration = Duration::from_secs(30);
 /// each, which the router holds until it has bound them all, so that two
 /// routers started at once do not both find them free.
 fn claim_ports(config: &Config) -> Result<StartLock, StartError> {
-    let http = [("metrics listener", Some(config.metrics_addr)), ("status page", config.status_addr)];
-    let ports = config.extproc.tcp().into_iter().chain(http.iter().filter_map(|(_, addr)| *addr));
+    let http =
+        [("metrics listener", Some(config.admin.metrics_addr)), ("status page", config.admin.status_addr)];
+    let ports = config.extproc.listen.tcp().into_iter().chain(http.iter().filter_map(|(_, addr)| *addr));
     let mut guarded: Vec<Guarded> =
         ports.filter(|a| a.port() != 0).map(|a| Guarded::port(a.port())).collect();
-    if let ExtprocListen::Unix(socket) = &config.extproc {
+    if let ExtprocListen::Unix(socket) = &config.extproc.listen {
         guarded.extend(Guarded::socket_path(&socket.path));
     }
     let lock = StartLock::take(guarded, START_LOCK_PATIENCE).map_err(StartError::StartLock)?;
-    match &config.extproc {
+    match &config.extproc.listen {
         ExtprocListen::Tcp(addr) => crate::lifecycle::listen::ensure_free(*addr)
             .map_err(|source| StartError::ExtProcTaken { addr: *addr, source })?,
         ExtprocListen::Unix(socket) => {
@@ -211,7 +212,7 @@ pub const MAX_MESSAGE_BYTES: i32 = 16 * 1024 * 1024;
 /// per cluster; the excess absorbs streams Envoy has reset but the router has
 /// not yet seen end.
 pub fn max_streams_per_connection(config: &Config) -> i32 {
-    i32::try_from(config.extproc_max_requests.saturating_mul(2)).unwrap_or(i32::MAX)
+    i32::try_from(config.extproc.max_requests.saturating_mul(2)).unwrap_or(i32::MAX)
 }
 
 /// The most often a peer may ping an ext_proc connection on which the
@@ -395,12 +396,12 @@ impl Router {
     /// every listener is bound and the socket named, and a failure at any
     /// step leaves nothing running.
     fn start_as(config: &Config, role: Role) -> Result<Router, StartError> {
-        let transport = config.ateapi_transport.as_ref().ok_or(StartError::NoAteapiTransport)?;
+        let transport = config.ateapi.transport.as_ref().ok_or(StartError::NoAteapiTransport)?;
         // Held until every listener is bound and the socket named (B75).
         let lock = match role {
             Role::First => Some(claim_ports(config)?),
             Role::Successor => {
-                if let ExtprocListen::Unix(socket) = &config.extproc {
+                if let ExtprocListen::Unix(socket) = &config.extproc.listen {
                     socket_path::check_kind(&socket.path).map_err(StartError::ExtProcSocket)?;
                 }
                 None
@@ -422,7 +423,7 @@ impl Router {
         let metrics = Metrics::new();
         // Checked before anything starts, so that bad files leave nothing
         // running (B70, B86).
-        let extproc_tls = match &config.extproc_tls {
+        let extproc_tls = match &config.extproc.tls {
             Some(tls) => Some(
                 ServerCredentialFiles::load(
                     ServerFiles {
@@ -436,17 +437,18 @@ impl Router {
             ),
             None => None,
         };
-        let env =
-            Arc::new(EnvBuilder::new().cq_count(config.grpc_threads).name_prefix("atenet-grpc").build());
+        let env = Arc::new(
+            EnvBuilder::new().cq_count(config.extproc.grpc_threads).name_prefix("atenet-grpc").build(),
+        );
         metrics.set_lot_max(config.parking.max);
         let timer = TimerThread::start_observed(Some(metrics.timer_lateness()));
 
         let ateapi = Arc::new(
             AteapiClient::connect(
                 Arc::clone(&env),
-                &config.ateapi_address,
+                &config.ateapi.address,
                 transport,
-                config.ateapi_token_file.as_deref(),
+                config.ateapi.token_file.as_deref(),
                 config.ateapi_connect_timeout(),
                 metrics.clone(),
             )
@@ -456,14 +458,14 @@ impl Router {
             budget: config.parking.budget,
             backoff: config.parking.backoff,
             parking_enabled: config.parking.enabled,
-            max_flights: config.flight_max,
-            atespace_share: config.flight_max_per_atespace,
+            max_flights: config.parking.flight_max,
+            atespace_share: config.parking.flight_max_per_atespace,
             dispatch: config.parking.dispatch,
         };
         let calls = CallGate::new(
             ateapi.clone(),
-            config.ateapi_max_calls,
-            config.ateapi_max_calls_per_atespace,
+            config.ateapi.max_calls,
+            config.ateapi.max_calls_per_atespace,
             timer.clone(),
             metrics.call_gauges(),
         );
@@ -483,27 +485,27 @@ impl Router {
         let resolver = Resolver::new(
             flights,
             lot,
-            config.extproc_max_requests_per_atespace,
+            config.extproc.max_requests_per_atespace,
             Arc::new(SystemClock),
             timer.clone(),
         );
-        let tracer = config.tracing.as_ref().and_then(|tracing| start_tracing(tracing, &metrics));
+        let tracer = config.telemetry.tracing.as_ref().and_then(|tracing| start_tracing(tracing, &metrics));
         let ready = Arc::new(AtomicBool::new(true));
         let health = Health::new();
         let recent = Arc::new(RecentRequests::default());
-        let streams = StreamSlots::new(config.extproc_max_streams, metrics.clone());
+        let streams = StreamSlots::new(config.extproc.max_streams, metrics.clone());
         let endings = StreamEndings::new();
         let extproc = ExtProc::new(
             resolver.clone(),
             metrics.clone(),
             ExtProcSettings {
-                worker_port: config.worker_port,
-                worker_networks: config.worker_networks.clone(),
-                late_serve_limit: config.late_serve_limit,
+                worker_port: config.workers.port,
+                worker_networks: config.workers.networks.clone(),
+                late_serve_limit: config.parking.late_serve_limit,
                 message_timeout: config.message_timeout(),
                 ready: Arc::clone(&ready),
                 recent: Arc::clone(&recent),
-                caller_deadlines: config.caller_deadlines,
+                caller_deadlines: config.parking.caller_deadlines,
                 streams: Arc::clone(&streams),
                 endings: Arc::clone(&endings),
                 scheduler: timer.clone(),
@@ -569,10 +571,10 @@ impl Router {
             .map_err(StartError::ExtProcServer)?;
         let credentials =
             extproc_tls.as_ref().map_or_else(ServerCredentials::insecure, |tls| tls.credentials());
-        let (extproc, extproc_bound) = match &config.extproc {
+        let (extproc, extproc_bound) = match &config.extproc.listen {
             ExtprocListen::Tcp(addr) => {
                 let port = grpc.add_listening_port(addr.to_string(), credentials).map_err(|source| {
-                    StartError::ExtProcListen { addr: config.extproc.to_string(), source }
+                    StartError::ExtProcListen { addr: config.extproc.listen.to_string(), source }
                 })?;
                 let addr = SocketAddr::new(addr.ip(), port);
                 (ExtprocListen::Tcp(addr), BoundTo::Inet(addr))
@@ -585,14 +587,14 @@ impl Router {
                 let added = grpc.add_listening_port(format!("unix:{}", private.display()), credentials);
                 drop(narrowed);
                 added.map_err(|source| StartError::ExtProcListen {
-                    addr: config.extproc.to_string(),
+                    addr: config.extproc.listen.to_string(),
                     source,
                 })?;
-                (config.extproc.clone(), BoundTo::Unix(private))
+                (config.extproc.listen.clone(), BoundTo::Unix(private))
             }
         };
         if let Some(extproc_addr) = extproc.tcp().filter(|a| !a.ip().is_loopback()) {
-            match &config.extproc_tls {
+            match &config.extproc.tls {
                 None => log::warn!(
                     "ext_proc listens on {extproc_addr} in plaintext (--extproc-insecure): anyone who reaches \
                      the port can route requests and read their headers, so a firewall or network policy \
@@ -617,13 +619,13 @@ impl Router {
             }
         };
         let http = HttpServer::start(
-            config.metrics_addr,
+            config.admin.metrics_addr,
             "atenet-metrics",
             Limits::default(),
             http::metrics_handler(metrics.clone(), Arc::clone(&ready), sample),
         )
         .map_err(|source| StartError::Http { what: "metrics listener", source })?;
-        let status = match config.status_addr {
+        let status = match config.admin.status_addr {
             None => None,
             Some(addr) => {
                 // The charts' samples (B91): a task on the timer thread, no
@@ -696,7 +698,7 @@ impl Router {
             status,
         } = bound;
         let mut refreshes: Vec<Refresh> = Vec::new();
-        if *transport != AteapiTransport::Insecure || config.ateapi_token_file.is_some() {
+        if *transport != AteapiTransport::Insecure || config.ateapi.token_file.is_some() {
             let ateapi = Arc::clone(&ateapi);
             refreshes.push(Box::new(move || ateapi.refresh()));
         }

@@ -195,7 +195,7 @@ impl StatusPage {
             atespaces_total,
             groups,
             groups_total,
-            ateapi_address: self.config.ateapi_address.clone(),
+            ateapi_address: self.config.ateapi.address.clone(),
             connectivity: self.ateapi.connectivity(),
             attempts,
             verdicts: self.recent.verdict_counts(),
@@ -724,98 +724,103 @@ pub fn effective_flags(config: &Config) -> Vec<(&'static str, String)> {
     let opt = |v: &Option<String>| v.clone().unwrap_or_default();
     let path =
         |p: &Option<std::path::PathBuf>| p.as_ref().map(|p| p.display().to_string()).unwrap_or_default();
-    let (ca, cert, name) = match &config.ateapi_transport {
+    let (ca, cert, name) = match &config.ateapi.transport {
         None | Some(AteapiTransport::Insecure) => (String::new(), String::new(), String::new()),
         Some(AteapiTransport::Tls { ca_file, client_cert, server_name }) => {
             (ca_file.display().to_string(), path(client_cert), opt(server_name))
         }
     };
     let parking = &config.parking;
-    let (extproc_tls, router_tls) = (config.extproc_tls.as_ref(), &config.envoy_router_tls);
-    let (extproc_address, socket) = match &config.extproc {
+    let (extproc_tls, router_tls) = (config.extproc.tls.as_ref(), &config.envoy.router_tls);
+    let (extproc_address, socket) = match &config.extproc.listen {
         ExtprocListen::Tcp(addr) => (addr.ip().to_string(), None),
-        ExtprocListen::Unix(socket) => (config.extproc.to_string(), Some(socket)),
+        ExtprocListen::Unix(socket) => (config.extproc.listen.to_string(), Some(socket)),
     };
     vec![
-        ("--ateapi-address", config.ateapi_address.clone()),
-        ("--ateapi-insecure", (config.ateapi_transport == Some(AteapiTransport::Insecure)).to_string()),
+        ("--ateapi-address", config.ateapi.address.clone()),
+        ("--ateapi-insecure", (config.ateapi.transport == Some(AteapiTransport::Insecure)).to_string()),
         ("--ateapi-ca-file", ca),
         ("--ateapi-client-cert", cert),
         ("--ateapi-server-name", name),
-        ("--ateapi-token-file", path(&config.ateapi_token_file)),
-        ("--ateapi-max-calls", config.ateapi_max_calls.to_string()),
-        ("--ateapi-max-calls-per-atespace", config.ateapi_max_calls_per_atespace.to_string()),
+        ("--ateapi-token-file", path(&config.ateapi.token_file)),
+        ("--ateapi-max-calls", config.ateapi.max_calls.to_string()),
+        ("--ateapi-max-calls-per-atespace", config.ateapi.max_calls_per_atespace.to_string()),
         ("--extproc-address", extproc_address),
-        ("--port-extproc", config.extproc.tcp().map_or(String::new(), |a| a.port().to_string())),
+        ("--port-extproc", config.extproc.listen.tcp().map_or(String::new(), |a| a.port().to_string())),
         ("--extproc-socket-mode", socket.map_or(String::new(), |s| format!("{:04o}", s.mode))),
         ("--extproc-socket-group", socket.and_then(|s| s.group).map_or(String::new(), |g| g.to_string())),
         ("--extproc-cert-file", extproc_tls.map_or(String::new(), |t| t.cert_file.display().to_string())),
         ("--extproc-key-file", extproc_tls.map_or(String::new(), |t| t.key_file.display().to_string())),
         ("--extproc-client-ca-file", extproc_tls.map_or(String::new(), |t| path(&t.client_ca_file))),
-        ("--extproc-insecure", config.extproc_insecure.to_string()),
-        ("--metrics-listen-addr", config.metrics_addr.to_string()),
-        ("--status-port", config.status_addr.map_or("disabled".into(), |a| a.port().to_string())),
-        ("--status-address", config.status_addr.map_or(String::new(), |a| a.ip().to_string())),
+        ("--extproc-insecure", config.extproc.insecure.to_string()),
+        ("--metrics-listen-addr", config.admin.metrics_addr.to_string()),
+        ("--status-port", config.admin.status_addr.map_or("disabled".into(), |a| a.port().to_string())),
+        ("--status-address", config.admin.status_addr.map_or(String::new(), |a| a.ip().to_string())),
         ("--parked-request-budget", godur::format(parking.configured_budget)),
         ("--parked-request-max", parking.max.to_string()),
         ("--parked-request-max-per-atespace", parking.max_per_atespace.to_string()),
         ("--parked-request-max-sheddable", parking.max_sheddable.to_string()),
-        ("--caller-deadlines", config.caller_deadlines.to_string()),
+        ("--caller-deadlines", config.parking.caller_deadlines.to_string()),
         ("--parked-request-retry-interval", godur::format(parking.backoff.interval)),
         ("--parked-request-retry-factor", parking.backoff.factor.to_string()),
         ("--parked-request-retry-jitter", parking.backoff.jitter.to_string()),
         ("--parked-request-dispatch", parking.dispatch.name().to_string()),
-        ("--extproc-max-requests", config.extproc_max_requests.to_string()),
-        ("--extproc-max-streams", config.extproc_max_streams.to_string()),
-        ("--flight-max", config.flight_max.to_string()),
-        ("--flight-max-per-atespace", config.flight_max_per_atespace.to_string()),
-        ("--extproc-max-requests-per-atespace", config.extproc_max_requests_per_atespace.to_string()),
-        ("--grpc-threads", config.grpc_threads.to_string()),
-        ("--worker-port", config.worker_port.to_string()),
+        ("--extproc-max-requests", config.extproc.max_requests.to_string()),
+        ("--extproc-max-streams", config.extproc.max_streams.to_string()),
+        ("--flight-max", config.parking.flight_max.to_string()),
+        ("--flight-max-per-atespace", config.parking.flight_max_per_atespace.to_string()),
+        ("--extproc-max-requests-per-atespace", config.extproc.max_requests_per_atespace.to_string()),
+        ("--grpc-threads", config.extproc.grpc_threads.to_string()),
+        ("--worker-port", config.workers.port.to_string()),
         (
             "--worker-networks",
             config
-                .worker_networks
+                .workers
+                .networks
                 .iter()
                 .map(|r| format!("{}/{}", r.ip, r.prefix))
                 .collect::<Vec<_>>()
                 .join(","),
         ),
-        ("--envoys", config.envoys.to_string()),
-        ("--drain-delay", godur::format(config.drain_delay)),
-        ("--drain-timeout", godur::format(config.drain_timeout)),
-        ("--envoy-admin-address", opt(&config.envoy_admin_address)),
-        ("--drain-complete-file", path(&config.drain_complete_file)),
-        ("--envoy-idle-timeout", godur::format(config.envoy_idle_timeout)),
-        ("--route-timeout", godur::format(config.route_timeout)),
-        ("--late-serve-limit", godur::format(config.late_serve_limit)),
-        ("--envoy-listen-address", config.envoy_listen_ip.to_string()),
+        ("--envoys", config.drain.envoys.to_string()),
+        ("--drain-delay", godur::format(config.drain.delay)),
+        ("--drain-timeout", godur::format(config.drain.timeout)),
+        ("--envoy-admin-address", opt(&config.drain.envoy_admin_address)),
+        ("--drain-complete-file", path(&config.drain.complete_file)),
+        ("--envoy-idle-timeout", godur::format(config.envoy.idle_timeout)),
+        ("--route-timeout", godur::format(config.envoy.route_timeout)),
+        ("--late-serve-limit", godur::format(config.parking.late_serve_limit)),
+        ("--envoy-listen-address", config.envoy.listen_ip.to_string()),
         (
             "--envoy-trusted-ranges",
             config
-                .envoy_trusted_ranges
+                .envoy
+                .trusted_ranges
                 .iter()
                 .map(|r| format!("{}/{}", r.ip, r.prefix))
                 .collect::<Vec<_>>()
                 .join(","),
         ),
-        ("--envoy-max-heap", size::format(config.envoy_max_heap)),
+        ("--envoy-max-heap", size::format(config.envoy.max_heap)),
         ("--envoy-router-ca-file", path(&router_tls.ca_file)),
         ("--envoy-router-cert-file", path(&router_tls.cert_file)),
         ("--envoy-router-key-file", path(&router_tls.key_file)),
         ("--envoy-router-server-name", opt(&router_tls.server_name)),
         ("--envoy-sds-dir", path(&router_tls.sds_dir)),
-        ("--routers", config.routers.iter().map(ToString::to_string).collect::<Vec<_>>().join(",")),
-        ("--port-http", config.port_http.to_string()),
-        ("--port-health", config.port_health.to_string()),
-        ("--port-stats", config.port_stats.to_string()),
-        ("--otlp-traces-address", config.tracing.as_ref().map(|t| t.address.clone()).unwrap_or_default()),
+        ("--routers", config.envoy.routers.iter().map(ToString::to_string).collect::<Vec<_>>().join(",")),
+        ("--port-http", config.envoy.port_http.to_string()),
+        ("--port-health", config.envoy.port_health.to_string()),
+        ("--port-stats", config.envoy.port_stats.to_string()),
+        (
+            "--otlp-traces-address",
+            config.telemetry.tracing.as_ref().map(|t| t.address.clone()).unwrap_or_default(),
+        ),
         (
             "--trace-sample-percent",
-            config.tracing.as_ref().map_or_else(String::new, |t| t.sample_percent.to_string()),
+            config.telemetry.tracing.as_ref().map_or_else(String::new, |t| t.sample_percent.to_string()),
         ),
-        ("--log-level", config.log_level.as_str().to_lowercase()),
-        ("--log-format", config.log_format.to_string()),
+        ("--log-level", config.telemetry.log_level.as_str().to_lowercase()),
+        ("--log-format", config.telemetry.log_format.to_string()),
     ]
 }
 

@@ -46,12 +46,13 @@ pub fn parse_command(args: &[String]) -> Result<Command, ConfigError> {
     };
     match command {
         "serve" => Ok(config(command, Purpose::Serve)?.map_or_else(Command::Help, Command::Serve)),
-        // The bootstrap names no ateapi setting: no credentials needed (B96).
+        // The bootstrap names no ateapi setting: no credentials needed.
         "envoy-config" => match config(command, Purpose::Bootstrap)? {
             // `serve --port-extproc 0` takes any free port, which a
             // bootstrap written beforehand cannot name (B70).
             Ok(config)
-                if config.routers.is_empty() && config.extproc.tcp().is_some_and(|a| a.port() == 0) =>
+                if config.envoy.routers.is_empty()
+                    && config.extproc.listen.tcp().is_some_and(|a| a.port() == 0) =>
             {
                 Err(ConfigError::new(
                     "envoy-config needs the ext_proc port Envoy connects to: \
@@ -60,9 +61,9 @@ pub fn parse_command(args: &[String]) -> Result<Command, ConfigError> {
             }
             Ok(config) => {
                 // Envoy's side of ext_proc TLS is checked here only (B86).
-                crate::cli::config::envoy_router_tls(&config)?;
-                if !config.routers.is_empty() {
-                    crate::cli::fleet::check_fleet_drain_delay(config.drain_delay)
+                config.envoy.router_tls(&config.extproc)?;
+                if !config.envoy.routers.is_empty() {
+                    crate::cli::fleet::check_fleet_drain_delay(config.drain.delay)
                         .map_err(ConfigError::new)?;
                 }
                 Ok(Command::EnvoyConfig(config))

@@ -18,7 +18,7 @@ use std::time::Duration;
 /// it resolves to), and a bound on the bootstrap a typo can produce.
 pub const MAX_ROUTERS: usize = 64;
 
-/// How often each Envoy checks each router's gRPC health (B84, B87),
+/// How often each Envoy checks each router's gRPC health (B84),
 /// traffic or not (`no_traffic_interval` is the same: a cluster only
 /// ext_proc uses counts as idle in Envoy 1.40).
 pub const HEALTH_CHECK_INTERVAL: Duration = Duration::from_secs(1);
@@ -34,7 +34,8 @@ pub const HEALTH_CHECK_TIMEOUT: Duration = Duration::from_secs(1);
 pub const MIN_FLEET_DRAIN_DELAY: Duration =
     Duration::from_secs(2 * HEALTH_CHECK_INTERVAL.as_secs() + HEALTH_CHECK_TIMEOUT.as_secs());
 
-/// `envoy-config --routers` with the routers' `--drain-delay` (B87).
+/// `envoy-config --routers` with the routers' `--drain-delay`: at least
+/// [`MIN_FLEET_DRAIN_DELAY`].
 pub fn check_fleet_drain_delay(drain_delay: Duration) -> Result<(), String> {
     if drain_delay < MIN_FLEET_DRAIN_DELAY {
         return Err(invalid(format!(

@@ -1,7 +1,7 @@
-//! Value parsers for the flags: durations, ports, addresses, CIDR lists,
-//! a group's id; each error names its flag. What the values must satisfy
-//! together, and what is derived from them, is the configuration's
-//! (`config`); these know no rule of the router.
+//! Value parsers for the flags: durations, ports, addresses, CIDR lists;
+//! each error names its flag. What the values must satisfy together, and
+//! what is derived from them, is the configuration's (`config`); these
+//! know no rule of the router.
 
 use std::fmt;
 use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
@@ -143,26 +143,4 @@ pub fn listen_addr(flag: &str, value: &str) -> Result<SocketAddr, ConfigError> {
         return Ok(SocketAddr::from(([0, 0, 0, 0], port)));
     }
     socket_addr(flag, host, port)
-}
-
-/// A group's id from its number or its name (the group database, as
-/// `getgrnam(3)` reads it).
-pub fn group_id(group: &str) -> Result<u32, ConfigError> {
-    if let Ok(gid) = group.parse::<u32>() {
-        return Ok(gid);
-    }
-    let unknown = || invalid(format!("--extproc-socket-group: no group {group:?}"));
-    let name = std::ffi::CString::new(group).map_err(|_| unknown())?;
-    let mut buf = vec![0u8; 16 * 1024];
-    // SAFETY: all-zero is a valid `group`; getgrnam_r writes into it and
-    // into `buf`, whose length it is told, and sets `found` to it or null.
-    let mut entry: libc::group = unsafe { std::mem::zeroed() };
-    let mut found: *mut libc::group = std::ptr::null_mut();
-    let r = unsafe {
-        libc::getgrnam_r(name.as_ptr(), &mut entry, buf.as_mut_ptr().cast(), buf.len(), &mut found)
-    };
-    if r != 0 || found.is_null() {
-        return Err(unknown());
-    }
-    Ok(entry.gr_gid)
 }

@@ -86,7 +86,7 @@ pub const FLEET_MIN_ENVOY_VERSION: &str = "1.37";
 /// The oldest Envoy a fleet's bootstrap works on; `None` for a sidecar's,
 /// which needs no more than the bootstrap's own minimum.
 pub fn fleet_min_envoy_version(config: &Config) -> Option<&'static str> {
-    (!config.routers.is_empty()).then_some(FLEET_MIN_ENVOY_VERSION)
+    (!config.envoy.routers.is_empty()).then_some(FLEET_MIN_ENVOY_VERSION)
 }
 
 fn seconds(d: Duration) -> String {
@@ -100,7 +100,7 @@ fn seconds(d: Duration) -> String {
 /// an entry out when its value is empty: such a stream lands on any
 /// router, which answers it as B3 says.)
 pub fn ext_proc_metadata(config: &Config) -> String {
-    if config.routers.is_empty() {
+    if config.envoy.routers.is_empty() {
         return String::new();
     }
     format!(
@@ -118,7 +118,7 @@ pub fn ext_proc_metadata(config: &Config) -> String {
 /// `previous_hosts` predicate makes each retry choose again elsewhere.
 /// Empty for a sidecar.
 pub fn ext_proc_retry_hosts(config: &Config) -> String {
-    if config.routers.is_empty() {
+    if config.envoy.routers.is_empty() {
         return String::new();
     }
     "                  # A fleet (B87): each retry goes to a router not tried yet.\n\
@@ -139,10 +139,10 @@ pub fn router_cluster(
     transport_socket: &str,
     limits: &ConnectionLimits,
 ) -> String {
-    if config.routers.is_empty() {
+    if config.envoy.routers.is_empty() {
         sidecar_cluster(config, name, transport_socket, limits)
     } else {
-        fleet_cluster(config, name, &config.routers, transport_socket, limits)
+        fleet_cluster(config, name, &config.envoy.routers, transport_socket, limits)
     }
 }
 
@@ -157,13 +157,13 @@ fn breaker(config: &Config) -> String {
          \x20     - priority: DEFAULT\n\
          \x20       max_requests: {breaker}\n\
          \x20       max_retries: {breaker}\n",
-        breaker = config.extproc_max_requests
+        breaker = config.extproc.max_requests
     )
 }
 
 fn sidecar_cluster(config: &Config, name: &str, transport_socket: &str, limits: &ConnectionLimits) -> String {
     let (buffer_limit, http2_options) = limits.render();
-    let address = match &config.extproc {
+    let address = match &config.extproc.listen {
         ExtprocListen::Tcp(addr) => {
             let ip = match addr.ip() {
                 ip if ip.is_unspecified() => IpAddr::V4(Ipv4Addr::LOCALHOST),

@@ -81,17 +81,17 @@ impl DrainPlan {
     }
 
     pub fn from_config(config: &Config) -> DrainPlan {
-        let fleet = config.is_fleet_router();
+        let fleet = config.drain.is_fleet_router();
         DrainPlan {
-            delay: config.drain_delay,
+            delay: config.drain.delay,
             // No Envoy belongs to a fleet router: draining one would take
             // its listeners from every other router's streams.
-            envoy_admin: config.envoy_admin_address.clone().filter(|_| !fleet),
+            envoy_admin: config.drain.envoy_admin_address.clone().filter(|_| !fleet),
             fleet,
             envoy_window: config.envoy_drain_window(),
             poll_every: Duration::from_millis(250),
-            timeout: config.drain_timeout,
-            marker: config.drain_complete_file.clone(),
+            timeout: config.drain.timeout,
+            marker: config.drain.complete_file.clone(),
         }
     }
 }
