@@ -8,30 +8,22 @@ router read.
 """
 
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 from envoy_stack import LOOPBACK, Stack
 from test_envoy_edge import UNTRUSTED_SOURCE, h1
 
+ROOT = Path(__file__).resolve().parents[2]
+
 # Every actor waits for a worker for the whole budget.
-SCRIPT = "\n".join(f"demo/a{i}  ResourceExhausted  0s  -  false  no free workers available" for i in range(5))
+SCRIPT = "\n".join(f"demo/a{i}  ResourceExhausted  0s  -  false  no free workers available" for i in range(5)) + \
+    "\ndemo/ok  OK  0s  127.0.1.1  true  -\n"
 FLAGS = ["--parked-request-budget", "6s", "--parked-request-retry-interval", "50ms",
          "--parked-request-max", "2", "--envoy-trusted-ranges", "127.0.0.1/32"]
 
-# The operator's route (docs/priority.md): requests under /checkout are
-# critical, whatever the client sent.
-CHECKOUT_ROUTE = """              - match: { prefix: "/checkout" }
-                typed_per_filter_config:
-                  envoy.filters.http.header_mutation:
-                    "@type": type.googleapis.com/envoy.extensions.filters.http.header_mutation.v3.HeaderMutationPerRoute
-                    mutations:
-                      request_mutations:
-                      - append:
-                          header: { key: ate-priority, value: critical }
-                          append_action: OVERWRITE_IF_EXISTS_OR_ADD
-                route:
-                  cluster: atenet_workers
-                  timeout: 300s
-"""
+# The operator's route, as docs/priority.md gives it: requests under
+# /checkout are critical, whatever the client sent.
+CHECKOUT_ROUTE = (ROOT / "docs" / "priority.md").read_text().split("```yaml\n")[1].split("```")[0]
 CATCH_ALL = '              - match: { prefix: "/" }\n                route:\n'
 
 
@@ -70,3 +62,13 @@ def test_b116_an_untrusted_clients_critical_cannot_preempt_and_a_routes_band_doe
                  for path in ["/forged", "/checkout/pay", "/trusted", "/fill/first"]}
         assert bands == {"/forged": None, "/checkout/pay": "critical", "/trusted": "CRITICAL",
                          "/fill/first": None}, bands
+        # The documented route, served: the worker gets the band and the
+        # port the router chose, as the catch-all route's requests do.
+        served = h1(s, "demo/ok", "/checkout/ok", [("ate-priority", "sheddable")], source=UNTRUSTED_SOURCE)
+        plain = h1(s, "demo/ok", "/plain", source=UNTRUSTED_SOURCE)
+        assert (served.status, plain.status) == (200, 200), (served, plain)
+        seen, plain_seen = served.echoed()["headers"], plain.echoed()["headers"]
+        assert seen.get("ate-priority") == "critical", seen
+        assert "ate-priority" not in plain_seen, plain_seen
+        port = plain_seen.get("x-ate-target-port")
+        assert port is not None and seen.get("x-ate-target-port") == port, (seen, plain_seen)
