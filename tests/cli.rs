@@ -203,6 +203,13 @@ fn b37_bad_flags_exit_nonzero_naming_the_flag() {
         (&["serve", "--ateapi-insecure", "--otlp-traces-address", "collector"], "--otlp-traces-address"),
         (&["envoy-config", "--otlp-traces-address", "collector:0"], "--otlp-traces-address"),
         (&["serve", "--ateapi-insecure", "--otlp-traces-address", ":4317"], "--otlp-traces-address"),
+        // Hosts no resolver finds, and an IPv6 address without brackets.
+        (&["serve", "--ateapi-insecure", "--otlp-traces-address", "a\u{1}b:1"], "--otlp-traces-address"),
+        (&["envoy-config", "--otlp-traces-address", "h..:1"], "--otlp-traces-address"),
+        (&["envoy-config", "--otlp-traces-address", "a_b:1"], "--otlp-traces-address"),
+        (&["envoy-config", "--otlp-traces-address", "-x:1"], "--otlp-traces-address"),
+        (&["envoy-config", "--otlp-traces-address", "::1:4317"], "--otlp-traces-address"),
+        (&["envoy-config", "--otlp-traces-address", "[otel]:4317"], "--otlp-traces-address"),
         (&["serve", "--ateapi-insecure", "--port-extproc", "abc"], "--port-extproc"),
         (&["serve", "--ateapi-insecure", "--parked-request-budget", "5"], "--parked-request-budget"),
         (&["serve", "--ateapi-insecure", "--ateapi-ca-file", "/tmp/ca.pem"], "--ateapi-insecure"),

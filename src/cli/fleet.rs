@@ -13,6 +13,8 @@ use std::fmt;
 use std::net::IpAddr;
 use std::time::Duration;
 
+use crate::cli::values::is_dns_name;
+
 /// The most routers `--routers` may name: far beyond any fleet one Envoy
 /// hashes over (a headless Service counts as one entry, however many pods
 /// it resolves to), and a bound on the bootstrap a typo can produce.
@@ -150,22 +152,6 @@ fn parse_entry(entry: &str) -> Result<RouterHost, String> {
         return Err(invalid(format!("{entry:?}: an unspecified address names no router")));
     }
     Ok(RouterHost { host, port })
-}
-
-/// A DNS name as Envoy resolves it: dot-separated labels of letters,
-/// digits and inner hyphens, 253 characters at most; one trailing dot
-/// (a fully qualified name) is allowed.
-fn is_dns_name(host: &str) -> bool {
-    let name = host.strip_suffix('.').unwrap_or(host);
-    !name.is_empty()
-        && name.len() <= 253
-        && name.split('.').all(|label| {
-            (1..=63).contains(&label.len())
-                && label.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
-                && !label.starts_with('-')
-                && !label.ends_with('-')
-        })
-        && name.rsplit('.').next().is_some_and(|tld| !tld.bytes().all(|b| b.is_ascii_digit()))
 }
 
 #[cfg(test)]

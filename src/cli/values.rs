@@ -144,3 +144,18 @@ pub fn listen_addr(flag: &str, value: &str) -> Result<SocketAddr, ConfigError> {
     }
     socket_addr(flag, host, port)
 }
+/// A DNS name as Envoy resolves it: dot-separated labels of letters,
+/// digits and inner hyphens, 253 characters at most; one trailing dot
+/// (a fully qualified name) is allowed.
+pub fn is_dns_name(host: &str) -> bool {
+    let name = host.strip_suffix('.').unwrap_or(host);
+    !name.is_empty()
+        && name.len() <= 253
+        && name.split('.').all(|label| {
+            (1..=63).contains(&label.len())
+                && label.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
+                && !label.starts_with('-')
+                && !label.ends_with('-')
+        })
+        && name.rsplit('.').next().is_some_and(|tld| !tld.bytes().all(|b| b.is_ascii_digit()))
+}
