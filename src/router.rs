@@ -53,7 +53,7 @@ enum Role {
 }
 
 /// How long a starting router waits for another one that is starting on
-/// one of its ports or its socket's path (B75): a start takes
+/// one of its ports or its socket's path: a start takes
 /// milliseconds, a wait this long means the other one hangs.
 const START_LOCK_PATIENCE: Duration = Duration::from_secs(30);
 
@@ -90,7 +90,7 @@ fn claim_ports(config: &Config) -> Result<StartLock, StartError> {
     Ok(lock)
 }
 
-/// How often a drain looks whether only silent streams are left (B74).
+/// How often a drain looks whether only silent streams are left.
 const SILENT_CHECK: Duration = Duration::from_millis(50);
 /// How long only silent streams must be left before the drain closes them:
 /// Envoy's first message follows its stream's opening within milliseconds.
@@ -107,7 +107,7 @@ enum StopEnded {
 }
 
 /// How long a stop waits for the statuses streams are sending by
-/// themselves before it sends gRPC's GOAWAY (B104): each is one write.
+/// themselves before it sends gRPC's GOAWAY: each is one write.
 const STATUS_PATIENCE: Duration = Duration::from_secs(1);
 /// How long a stopped router waits for gRPC core to close its ext_proc
 /// connections, the last verdicts written.
@@ -168,7 +168,7 @@ impl std::fmt::Display for StartError {
 impl StartError {
     /// Whether the error is in what the operator gave (a credential file),
     /// so that a restart cannot fix it: the process then exits as for a
-    /// refused flag (B70). A port taken by another process may free up, and
+    /// refused flag. A port taken by another process may free up, and
     /// is not.
     pub fn is_configuration(&self) -> bool {
         match self {
@@ -381,13 +381,13 @@ struct Bound {
 impl Router {
     /// Starts every component. Binds the ext_proc port, the metrics listener
     /// and the status page; fails without leaving anything running, and when
-    /// any of those ports is held already, even by a router (B75).
+    /// any of those ports is held already, even by a router.
     pub fn start(config: &Config) -> Result<Router, StartError> {
         Router::start_as(config, Role::First)
     }
 
     /// As [`Router::start`], sharing the ports of the predecessor that
-    /// started this process for a handover (B75).
+    /// started this process for a handover.
     pub fn start_successor(config: &Config) -> Result<Router, StartError> {
         Router::start_as(config, Role::Successor)
     }
@@ -397,7 +397,7 @@ impl Router {
     /// step leaves nothing running.
     fn start_as(config: &Config, role: Role) -> Result<Router, StartError> {
         let transport = config.ateapi.transport.as_ref().ok_or(StartError::NoAteapiTransport)?;
-        // Held until every listener is bound and the socket named (B75).
+        // Held until every listener is bound and the socket named.
         let lock = match role {
             Role::First => Some(claim_ports(config)?),
             Role::Successor => {
@@ -545,14 +545,14 @@ impl Router {
             endings,
             extproc,
         } = parts;
-        // SO_REUSEPORT, so that a successor can bind beside this router
-        // (B75); claim_ports has refused a port some other router holds.
+        // SO_REUSEPORT, so that a successor can bind beside this router;
+        // claim_ports has refused a port some other router holds.
         let args = ChannelBuilder::new(Arc::clone(&env))
             .reuse_port(true)
             .max_concurrent_stream(max_streams_per_connection(config))
             .max_receive_message_len(MAX_MESSAGE_BYTES)
             .max_send_message_len(MAX_MESSAGE_BYTES)
-            // Envoy pings every connection every second (B102), streams or
+            // Envoy pings every connection every second, streams or
             // not, while a parked stream sends nothing for seconds. gRPC's
             // documented policy takes such pings for abuse (one per 5 minutes
             // without data, one per 2 hours without streams; the third strike
@@ -800,7 +800,7 @@ impl Router {
     /// Hands over to a successor that serves the same ports (B75): the HTTP
     /// listeners stop first, so that probes and scrapes reach only the
     /// successor, then as [`Router::stop`]; `lifecycle::listeners` says how
-    /// no queued connection is reset (B95).
+    /// no queued connection is reset.
     pub fn hand_over<T>(mut self, timeout: Duration, interrupt: &Receiver<T>) -> (bool, usize) {
         let servers: Vec<HttpServer> = [self.http.take(), self.status.take()].into_iter().flatten().collect();
         std::thread::scope(|scope| {
@@ -814,13 +814,13 @@ impl Router {
     }
 
     /// Before this router starts a successor on a Unix socket: gives its
-    /// socket a second name (B100).
+    /// socket a second name.
     pub fn keep_socket_name(&self) {
         listeners::keep_socket_name(&self.extproc, &self.extproc_bound, self.socket_inode);
     }
 
     /// After a hand-over that failed: takes the socket's path back if the
-    /// successor took it (B100).
+    /// successor took it.
     pub fn reclaim_socket_name(&self) {
         listeners::reclaim_socket_name(&self.extproc, &self.extproc_bound, self.socket_inode);
     }
@@ -841,7 +841,7 @@ impl Router {
     /// Returns whether every stream finished, and how many were cut.
     ///
     /// The gRPC health service keeps its answer: a drain has already said
-    /// NOT_SERVING, and a hand-over must not (B84).
+    /// NOT_SERVING, and a hand-over must not.
     pub fn stop<T>(mut self, timeout: Duration, interrupt: &Receiver<T>) -> (bool, usize) {
         self.ready.store(false, Ordering::Release);
         // Every status the router sent by itself goes out before the

@@ -2,7 +2,7 @@
 //!
 //! Each stream is a future spawned on a grpcio completion-queue thread. It
 //! answers every message Envoy sends before the verdict with exactly one
-//! reply of the matching kind (B9); a `request_headers` message is resolved
+//! reply of the matching kind; a `request_headers` message is resolved
 //! to a routing verdict.
 //! While a request waits for its actor, the task also watches its own call:
 //! when the client (or Envoy) resets it or its deadline passes, dropping the
@@ -11,11 +11,11 @@
 //! late verdict (`override_message_timeout`).
 //!
 //! The request_headers verdict is the stream's last message: the call's OK
-//! status goes out right behind it and the task ends (B77), rather than
+//! status goes out right behind it and the task ends, rather than
 //! reading on until Envoy resets the stream. That saves a read, a wake-up
 //! and a status batch that would fail on the reset. Once the router stops,
 //! Envoy ends each stream instead, so that gRPC never closes a connection
-//! on a verdict Envoy has not read (B104, `ending`).
+//! on a verdict Envoy has not read (`ending`).
 
 use std::future::Future;
 use std::pin::Pin;
@@ -60,7 +60,7 @@ use crate::telemetry::recent::{Answered, RecentRequests, RecentVerdict};
 use crate::trace::context::parent_in;
 use crate::trace::span::{FlightPlace, RouteEnd, RouteTrace, Tracer};
 
-/// The dynamic-metadata namespace Envoy's ORIGINAL_DST cluster reads (B7).
+/// The dynamic-metadata namespace Envoy's ORIGINAL_DST cluster reads.
 pub const ORIGINAL_DST_NAMESPACE: &str = "envoy.filters.listener.original_dst";
 
 /// Serves ext_proc streams.
@@ -85,7 +85,7 @@ pub struct ExtProc {
     scheduler: Arc<dyn Scheduler>,
     routing_failures: Throttle,
     resume_errors: Throttle,
-    /// With `--otlp-traces-address` only (B121).
+    /// With `--otlp-traces-address` only.
     tracer: Option<Tracer>,
 }
 
@@ -110,11 +110,11 @@ pub struct ExtProcSettings {
     pub endings: Arc<StreamEndings>,
     /// Closes silent streams.
     pub scheduler: Arc<dyn Scheduler>,
-    /// Where route spans go, with `--otlp-traces-address` (B121).
+    /// Where route spans go, with `--otlp-traces-address`.
     pub tracer: Option<Tracer>,
 }
 
-/// The status of a stream refused at `--extproc-max-streams` (B74).
+/// The status of a stream refused at `--extproc-max-streams`.
 const STREAMS_FULL: &str = "atenet-router: too many ext_proc streams open (--extproc-max-streams)";
 
 impl ExtProc {
@@ -229,7 +229,7 @@ impl ExtProc {
                     },
                 };
                 match self.endings.begin() {
-                    // Nothing follows the verdict on this stream (B77).
+                    // Nothing follows the verdict on this stream.
                     Ending::Close(closing) => {
                         let _ = verdict_then_status(sink, verdict).await;
                         drop(closing);
@@ -264,7 +264,7 @@ impl ExtProc {
     }
 
     /// Everything about a message that needs no waiting: the empty reply of
-    /// its kind (B9), or the 404 for a bad target (B4), or the target to
+    /// its kind, or the 404 for a bad target (B4), or the target to
     /// resolve. The message itself, headers included, is dropped here, so a
     /// parked request keeps only what its verdict and the status page need.
     fn prepare(&self, request: ProcessingRequest, trace: &mut Option<Box<RouteTrace>>) -> Prepared {
@@ -326,7 +326,7 @@ impl ExtProc {
         async move {
             let (target, received) = (&pending.target, pending.received);
             // A stream reset before its request was even read costs nothing
-            // more: no flight, no ResumeActor call (B58). A client that sends
+            // more: no flight, no ResumeActor call. A client that sends
             // random actors and resets at once loads the control plane only
             // with the requests that outlive their own reading.
             if Gone::now(sink) {
@@ -380,7 +380,7 @@ impl ExtProc {
                         }
                     }
                     Woken::Ceiling => {
-                        // The attempt goes on (B15); this caller has waited
+                        // The attempt goes on; this caller has waited
                         // all Envoy would, and gets the router's reason.
                         let parked = resolving.parked();
                         resolving.abandon(Abandon::Timeout);
@@ -540,7 +540,7 @@ fn route_trace(tracer: &Tracer, ctx: &RpcContext<'_>) -> Option<Box<RouteTrace>>
     Some(Box::new(RouteTrace::new(tracer.clone(), parent)))
 }
 
-/// Ends a request's route span, if it has one, with its verdict (B121).
+/// Ends a request's route span, if it has one, with its verdict.
 fn end_route(
     trace: Option<Box<RouteTrace>>,
     actor: &str,
@@ -602,15 +602,13 @@ pub enum Classified {
     /// No known request kind: nothing to answer.
     Ignore,
     /// request_headers for an actor, what its headers say about its
-    /// caller's patience, the protocol its client reads, and its band
-    /// (B115).
+    /// caller's patience, the protocol its client reads, and its band.
     Route(Target, RequestLine, CallerTimeout, ClientProtocol, Priority),
     /// request_headers naming no valid actor: the 404.
     InvalidTarget(RequestLine, ClientProtocol),
 }
 
-/// How the client reads a rejection: an HTTP status, or a gRPC status
-/// (B73).
+/// How the client reads a rejection: an HTTP status, or a gRPC status.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ClientProtocol {
     Http,
@@ -670,9 +668,9 @@ struct Pending {
     /// The caller's own deadline.
     deadline: Option<Instant>,
     protocol: ClientProtocol,
-    /// The caller's band (B115).
+    /// The caller's band.
     band: Band,
-    /// Its route span, when its stream is sampled (B121); boxed, so that an
+    /// Its route span, when its stream is sampled; boxed, so that an
     /// untraced request pays a pointer.
     trace: Option<Box<RouteTrace>>,
 }
@@ -686,7 +684,7 @@ enum Woken {
 }
 
 /// How long before Envoy would answer 504 itself the router answers a
-/// caller still waiting on a running attempt (B81): room for the timer's
+/// caller still waiting on a running attempt: room for the timer's
 /// and the completion queue's lateness on a loaded host.
 const ENVOY_CEILING_MARGIN: Duration = Duration::from_secs(1);
 
@@ -778,7 +776,7 @@ fn override_timeout(limit: Duration) -> ProcessingResponse {
 /// with `RemoteStopped` once the call is finished, and otherwise leaves this
 /// task's waker registered on that operation; so polling `poll_ready` is a
 /// precise, allocation-free cancel signal. Relies on grpcio 0.13's sink, which
-/// `tests/parking.rs` (B27) exercises.
+/// `tests/parking.rs` exercises.
 struct Gone<'a> {
     sink: &'a mut DuplexSink<ProcessingResponse>,
 }
@@ -820,7 +818,7 @@ fn empty_reply(request: &processing_request::Request) -> ProcessingResponse {
     reply
 }
 
-/// The wire form of a verdict (B6, B7, B10, B73).
+/// The wire form of a verdict (B6, B7, B10).
 pub fn response_for(verdict: &Verdict, protocol: ClientProtocol) -> ProcessingResponse {
     match verdict {
         Verdict::Route { actor, worker, target_port, set_actor_header } => {
@@ -886,7 +884,7 @@ fn immediate(rejection: &Rejection, protocol: ClientProtocol) -> ProcessingRespo
     reply
 }
 
-/// A header set as `raw_value` only, replacing any existing value (B6):
+/// A header set as `raw_value` only, replacing any existing value:
 /// `append` unset, which Envoy reads as overwrite, and `append_action`
 /// OVERWRITE_IF_EXISTS_OR_ADD for processors that read that instead.
 fn overwrite(key: &str, value: &str) -> HeaderValueOption {

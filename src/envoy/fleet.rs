@@ -1,5 +1,5 @@
 //! The router cluster of the generated bootstrap (docs/envoy.md): one
-//! router beside its Envoy, or with `--routers` a fleet (B87) that every
+//! router beside its Envoy, or with `--routers` a fleet that every
 //! Envoy hashes over, so that all requests for an actor, from every Envoy,
 //! reach the same router and share its one flight.
 //!
@@ -25,15 +25,15 @@ const ACTOR_FILTER_STATE: &str = "dev.ate.target.actor";
 pub const ACTOR_FS_METADATA: &str = "ate-target-actor-fs";
 
 /// Connections one Envoy may hold to one router: one carries its whole
-/// circuit breaker (the router allows 2 x the breaker per connection,
-/// B52); a hand-over (B75) or a GOAWAY has a second open while the first
+/// circuit breaker (the router allows 2 x the breaker per connection);
+/// a hand-over or a GOAWAY has a second open while the first
 /// drains; twice that for headroom. (Envoy 1.40's per-host breaker takes
 /// only `max_connections`.)
 const ROUTER_HOST_MAX_CONNECTIONS: u32 = 4;
 
 /// How often Envoy re-resolves a router name (a headless Service): a new
 /// router pod gets its share within this; a leaving one is out of the
-/// rotation sooner, by its health (B85).
+/// rotation sooner, by its health.
 const DNS_REFRESH: &str = "5s";
 
 /// How often Envoy pings each of its connections to a router (B102), in
@@ -41,7 +41,7 @@ const DNS_REFRESH: &str = "5s";
 /// still holding the connection open) answers no ping, and Envoy closes the
 /// connection [`ROUTER_KEEPALIVE_TIMEOUT`] later: the streams on it that the
 /// router had not answered, parked ones above all, are then retried on
-/// another router (B87) instead of waiting for their message timeout.
+/// another router instead of waiting for their message timeout.
 pub const ROUTER_KEEPALIVE_INTERVAL: Duration = Duration::from_secs(1);
 /// How long Envoy waits for a ping's answer before it closes the
 /// connection: three intervals, so that a router that is only slow (a
@@ -59,7 +59,7 @@ pub struct ConnectionLimits {
 
 impl ConnectionLimits {
     /// The cluster's buffer limit line and its HTTP/2 options, with the
-    /// keepalive of B102.
+    /// keepalive.
     fn render(&self) -> (String, String) {
         (
             format!("    per_connection_buffer_limit_bytes: {}\n", self.buffer_bytes),
@@ -93,8 +93,8 @@ fn seconds(d: Duration) -> String {
     format!("{}s", d.as_secs())
 }
 
-/// The ext_proc `grpc_service.initial_metadata` of a fleet (B87): the
-/// actor, from the header (B1: its first value) or the filter state (B2),
+/// The ext_proc `grpc_service.initial_metadata` of a fleet: the
+/// actor, from the header (its first value) or the filter state,
 /// copied onto the side stream, which carries no client header of its
 /// own, for the cluster's hash policy. Empty for a sidecar. (Envoy leaves
 /// an entry out when its value is empty: such a stream lands on any
@@ -131,8 +131,8 @@ pub fn ext_proc_retry_hosts(config: &Config) -> String {
 }
 
 /// The router cluster, named `name`: the one router at `--extproc-address`
-/// (a sidecar), or the fleet of `--routers`. `transport_socket` is its TLS
-/// (B86), if any, already rendered.
+/// (a sidecar), or the fleet of `--routers`. `transport_socket` is its TLS,
+/// if any, already rendered.
 pub fn router_cluster(
     config: &Config,
     name: &str,

@@ -8,18 +8,18 @@
 //!
 //! A flight's life is one [`Phase`] at a time, changed only under its lock,
 //! by the events that move it on: an attempt's result ([`AttemptDone`]), its
-//! retry timer, its deadline. Attempts are never cancelled (B15): a
+//! retry timer, its deadline. Attempts are never cancelled: a
 //! cancelled restore would strand the worker the control plane already
 //! claimed for it. So the budget stops new attempts, but a running one is
-//! always awaited (B19).
+//! always awaited.
 //!
 //! A flight retries only for callers. Each caller holds a [`Caller`] from
 //! its join until it has its answer or goes away; when the last one leaves,
-//! the flight starts no new attempt (B78): one running is still awaited
-//! (B15), and its result still serves anyone who joins meanwhile, but a
+//! the flight starts no new attempt: one running is still awaited,
+//! and its result still serves anyone who joins meanwhile, but a
 //! flight whose callers were all shed, or whose clients all left, stops
 //! calling the control plane and gives its place in the table back. No
-//! atespace holds more than its share of the table (B79).
+//! atespace holds more than its share of the table.
 //!
 //! The table is sharded by actor id so that unrelated actors never contend on
 //! one mutex; a shard lock is held only to look up, insert or remove, and to
@@ -68,26 +68,26 @@ pub struct AttemptDone {
     table: Arc<Inner>,
     flight: Arc<Flight>,
     /// Dropped once the flight has the result: the attempt's place among the
-    /// calls open at once (B97, `calls::CallPermit`).
+    /// calls open at once (`calls::CallPermit`).
     _guard: Option<Box<dyn Send>>,
-    /// The attempt's span, when its flight is traced (B121).
+    /// The attempt's span, when its flight is traced.
     trace: Option<AttemptTrace>,
 }
 
 impl AttemptDone {
     /// When the flight's budget ends: an attempt that has not reached the
     /// control plane by then (no connection, no free call) need not be
-    /// awaited (B82, B97).
+    /// awaited.
     pub fn budget_deadline(&self) -> Instant {
         self.flight.deadline
     }
 
-    /// The flight's band now (B115, B120): the highest of its callers'.
+    /// The flight's band now: the highest of its callers'.
     pub fn band(&self) -> Band {
         self.flight.band()
     }
 
-    /// Whether any request still waits on the flight (B78): an attempt not
+    /// Whether any request still waits on the flight: an attempt not
     /// sent yet need not be sent when none does.
     pub fn has_callers(&self) -> bool {
         self.flight.state.lock().callers > 0
@@ -99,7 +99,7 @@ impl AttemptDone {
     }
 
     /// The `traceparent` the call carries, naming the attempt's span, when
-    /// its flight is traced (B122).
+    /// its flight is traced.
     pub fn traceparent(&self) -> Option<String> {
         self.trace.as_ref().map(|attempt| attempt.span.traceparent())
     }
@@ -126,7 +126,7 @@ pub struct FlightPolicy {
     pub max_flights: usize,
     /// Flights one atespace may have in progress at once.
     pub atespace_share: SharePolicy,
-    /// Whether saturated flights wait in groups or retry alone (B109).
+    /// Whether saturated flights wait in groups or retry alone.
     pub dispatch: Dispatch,
 }
 
@@ -151,7 +151,7 @@ pub enum FlightOutcome {
     Failed(ResumeError),
 }
 
-/// Whether a caller created the flight or joined it (B21).
+/// Whether a caller created the flight or joined it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Role {
     Leader,
@@ -173,7 +173,7 @@ pub enum FlightEvent {
 /// What a [`FlightWait`] waits for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Until {
-    /// The park transition or the end (B23 phase 1).
+    /// The park transition or the end (phase 1).
     ParkedOrDone,
     /// The end (phase 2).
     Done,
@@ -196,13 +196,13 @@ pub enum Until {
 /// ```
 #[derive(Debug)]
 enum Phase {
-    /// The first attempt runs; callers wait for it (B23 phase 1).
+    /// The first attempt runs; callers wait for it (phase 1).
     First,
     /// Past the park transition: an attempt runs or the retry timer is set.
     /// `last` is the latest retryable error, which budget exhaustion wraps.
     Retrying { attempt_running: bool, last: ResumeError },
-    /// The budget passed with an attempt still running; it is awaited
-    ///. `last` is the retryable error before it, if any.
+    /// The budget passed with an attempt still running; it is awaited.
+    /// `last` is the retryable error before it, if any.
     Overtime { last: Option<ResumeError> },
     /// Finished: the outcome every caller reads.
     Done(Arc<FlightOutcome>),
@@ -217,7 +217,7 @@ impl Phase {
         matches!(self, Phase::Done(_) | Phase::Abandoned)
     }
 
-    /// Whether the flight is past its park transition (B23).
+    /// Whether the flight is past its park transition.
     fn parked(&self) -> bool {
         matches!(self, Phase::Retrying { .. } | Phase::Overtime { last: Some(_) })
     }
@@ -236,12 +236,12 @@ impl Phase {
 /// One in-progress resume of one actor.
 pub struct Flight {
     actor: ActorId,
-    /// The flight's creation number, its group order's tie-break (B111).
+    /// The flight's creation number, its group order's tie-break.
     arrival: u64,
     started: Instant,
     deadline: Instant,
     state: Mutex<FlightState>,
-    /// The flight's span in its leader's trace, when that is traced (B121).
+    /// The flight's span in its leader's trace, when that is traced.
     trace: Option<FlightTrace>,
 }
 
@@ -249,7 +249,7 @@ struct FlightState {
     phase: Phase,
     /// Callers holding a [`Caller`] on this flight.
     callers: usize,
-    /// Those callers by [`Band`] (B115).
+    /// Those callers by [`Band`].
     bands: [usize; 3],
     /// This flight's place in its atespace's share, given back when
     /// it leaves the table.
@@ -266,15 +266,15 @@ struct FlightState {
     /// the flight ends early: most flights end in a millisecond, and their
     /// checks should not keep the timer busy for a whole budget.
     deadline_timer: Option<TimerId>,
-    /// The saturation group the flight waits in, and its place there
-    /// (B109); `None` while it runs or retries alone.
+    /// The saturation group the flight waits in, and its place there;
+    /// `None` while it runs or retries alone.
     grouped: Option<(GroupKey, DispatchOrder)>,
-    /// The group whose probe the running attempt is (B110).
+    /// The group whose probe the running attempt is.
     probe_of: Option<(GroupKey, u64)>,
 }
 
 impl FlightState {
-    /// The highest band among the callers (B115); `Sheddable` with none.
+    /// The highest band among the callers; `Sheddable` with none.
     fn band(&self) -> Band {
         Band::ALL.into_iter().rev().find(|b| self.bands[*b as usize] > 0).unwrap_or(Band::Sheddable)
     }
@@ -328,18 +328,18 @@ impl Flight {
         }
     }
 
-    /// The band the flight acts with (B115): the highest of the callers
+    /// The band the flight acts with: the highest of the callers
     /// waiting on it now; `Sheddable` when none does.
     pub fn band(&self) -> Band {
         self.state.lock().band()
     }
 
-    /// The flight's resume span, when it is traced (B121).
+    /// The flight's resume span, when it is traced.
     pub fn resume_span(&self) -> Option<SpanContext> {
         self.trace.as_ref().map(|t| t.resume)
     }
 
-    /// The finished outcome, if any (B24's re-check).
+    /// The finished outcome, if any.
     pub fn outcome(&self) -> Option<Arc<FlightOutcome>> {
         match &self.state.lock().phase {
             Phase::Done(outcome) => Some(Arc::clone(outcome)),
@@ -452,11 +452,11 @@ struct Inner {
     shares: Arc<AtespaceShares>,
     /// `atenet_router_flights_abandoned_total`.
     abandoned: IntCounter,
-    /// The saturation groups (B109). Taken after a flight's lock, never
+    /// The saturation groups. Taken after a flight's lock, never
     /// before one: a group's next flight is taken out under this lock and
     /// started after it is released.
     groups: Mutex<HashMap<GroupKey, Group<Arc<Flight>>>>,
-    /// The pool each recently resumed actor runs on (B109).
+    /// The pool each recently resumed actor runs on.
     pools: Mutex<PoolMemory>,
     arrivals: AtomicU64,
 }
@@ -465,7 +465,7 @@ const SHARDS: usize = 64;
 
 impl FlightTable {
     /// A table under `policy`; `abandoned` counts the flights that ended
-    /// for want of callers (B78).
+    /// for want of callers.
     pub fn new(
         policy: FlightPolicy,
         clock: Arc<dyn Clock>,
@@ -494,7 +494,7 @@ impl FlightTable {
 
     /// Joins the actor's flight, or creates it and starts its first attempt
     /// at once (B14, B15). The [`Caller`] keeps the flight retrying until it
-    /// is dropped (B78). Creating one fails when the actor's atespace has its
+    /// is dropped. Creating one fails when the actor's atespace has its
     /// share of flights in progress (B79) or `max_flights` are (B58), the
     /// share checked first; joining never does.
     #[cfg(any(test, feature = "testkit"))]
@@ -517,7 +517,7 @@ impl FlightTable {
                 return Ok((Caller::new(&self.inner, flight, band), Role::Joiner));
             }
             let share = self.inner.shares.try_take(actor).ok_or(FlightRefusal::AtespaceFull)?;
-            // Exact under any concurrency, as the lot is (B29): the count
+            // Exact under any concurrency, as the lot is: the count
             // only rises here, and only below the cap.
             let max = self.inner.policy.max_flights;
             if self
@@ -558,8 +558,8 @@ impl FlightTable {
             shard.insert(actor.clone(), Arc::clone(&flight));
             flight
         };
-        // Callers learn when the budget passes with an attempt still running
-        // (B19): late serve asks Envoy for more time (B49), and every caller
+        // Callers learn when the budget passes with an attempt still running:
+        // late serve asks Envoy for more time, and every caller
         // gets its own answer before Envoy's ceiling (B81).
         let (inner, flight) = (Arc::clone(&self.inner), Arc::clone(&created));
         let timer =
@@ -574,7 +574,7 @@ impl FlightTable {
         self.inner.active.load(Ordering::Acquire)
     }
 
-    /// True when no flight is in progress (B30).
+    /// True when no flight is in progress.
     #[cfg(any(test, feature = "testkit"))]
     pub fn is_empty(&self) -> bool {
         self.len() == 0
@@ -597,7 +597,7 @@ impl FlightTable {
         groups.values().filter(|g| g.waiting() > 0).fold((0, 0), |(n, w), g| (n + 1, w + g.waiting()))
     }
 
-    /// Views of the saturation groups, the most waiting first (B112).
+    /// Views of the saturation groups, the most waiting first.
     pub fn groups(&self) -> Vec<GroupSnapshot> {
         let now = self.inner.clock.now();
         let groups = self.inner.groups.lock();
@@ -654,7 +654,7 @@ impl Inner {
                 inner.pools.lock().remember(&flight.actor, &resumed.worker_pool);
                 inner.finish(flight, Code::Ok, FlightOutcome::Resumed(resumed));
                 // A worker freed, and more may follow: the group's next
-                // flight goes at once (B110).
+                // flight goes at once.
                 return inner.probe_answered(probe_of, Code::Ok);
             }
             Err(error) => error,
@@ -666,9 +666,9 @@ impl Inner {
         }
         let now = inner.clock.now();
         if now >= flight.deadline {
-            // No retry can start (B19): the flight ends here, and no caller
+            // No retry can start: the flight ends here, and no caller
             // sees a park transition first, so none can take a slot (or be
-            // shed) for a flight that has already ended (B24).
+            // shed) for a flight that has already ended.
             inner.finish(flight, code, FlightOutcome::BudgetExhausted(error));
             return inner.probe_answered(probe_of, code);
         }
@@ -696,7 +696,7 @@ impl Inner {
             let next = match &group {
                 // Waits in its group, entered under the flight's lock so
                 // that its end (which takes it out) cannot come first; its
-                // deadline check ends it at its budget (B113).
+                // deadline check ends it at its budget.
                 Some(key) => {
                     inner.enter_group(flight, &mut state, key, now);
                     None
@@ -721,14 +721,14 @@ impl Inner {
             }
         }
         let Some(next) = next else { return };
-        // A retry due at or after the deadline would never start (B19), so
+        // A retry due at or after the deadline would never start, so
         // wake at the deadline instead and end there.
         let (at, retry) = if next < flight.deadline { (next, true) } else { (flight.deadline, false) };
         let (inner2, flight2) = (Arc::clone(inner), Arc::clone(flight));
         inner.scheduler.schedule(at, Box::new(move || Inner::on_timer(&inner2, &flight2, retry)));
     }
 
-    /// Puts a flight into group `key` (B109, B111); the flight's lock is
+    /// Puts a flight into group `key` (B109); the flight's lock is
     /// the caller's.
     fn enter_group(&self, flight: &Arc<Flight>, state: &mut FlightState, key: &GroupKey, now: Instant) {
         let order =
@@ -832,7 +832,7 @@ impl Inner {
         self.release(key);
     }
 
-    /// Sends group `key`'s next flight, unless its probe is open (B110):
+    /// Sends group `key`'s next flight, unless its probe is open:
     /// the first by [`DispatchOrder`], atespaces in turns (B111). A flight
     /// that can no longer run (its budget passed) is skipped.
     fn release(self: &Arc<Self>, key: &GroupKey) {
@@ -869,7 +869,7 @@ impl Inner {
                 // Not waiting any more (it ended, or its callers left), or
                 // waiting: sent now, or, its budget over before its turn
                 // came and its deadline check still to run, ended as that
-                // check would have ended it (B113).
+                // check would have ended it.
                 if let (true, Phase::Retrying { attempt_running: false, last }) =
                     (state.callers > 0, &state.phase)
                 {
@@ -949,7 +949,7 @@ impl Inner {
         self.leave_table(shard, flight, state);
     }
 
-    /// Ends a flight nobody waits for (B78); the locks are the caller's.
+    /// Ends a flight nobody waits for; the locks are the caller's.
     fn abandon(
         &self,
         shard: MutexGuard<'_, HashMap<ActorId, Arc<Flight>>>,
@@ -992,7 +992,7 @@ impl Inner {
     }
 
     /// A caller left: with no caller left and no attempt running, the flight
-    /// ends now rather than at its next retry (B78).
+    /// ends now rather than at its next retry.
     fn leave(&self, flight: &Arc<Flight>, band: Band) {
         let shard = self.shard(&flight.actor).lock();
         let mut state = flight.state.lock();
@@ -1003,7 +1003,7 @@ impl Inner {
     }
 }
 
-/// How an ended flight's span says it ended (B121).
+/// How an ended flight's span says it ended.
 fn trace_outcome(phase: &Phase) -> &'static str {
     match phase {
         Phase::Done(outcome) => match **outcome {

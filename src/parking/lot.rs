@@ -1,19 +1,18 @@
 //! The parking lot: a fixed number of slots for parked requests (B23-B30),
-//! shared fairly between atespaces (B69) and ordered by priority band
-//! (B117, B118).
+//! shared fairly between atespaces and ordered by priority band.
 //!
 //! Admission decides under one lock which slots are held, by band and in
 //! the order they were taken, so with max K and any number of callers
 //! racing, exactly K are held (B29), and a caller that takes a lower band's
-//! slot (B118) takes it from exactly one holder. Only callers at the park
+//! slot takes it from exactly one holder. Only callers at the park
 //! transition take the lock: a request served on its first attempt never
-//! does (B24). Each atespace's share is counted under its shard's lock,
+//! does. Each atespace's share is counted under its shard's lock,
 //! taken first, so a tenant at its cap is refused without ever holding
 //! (even for an instant) a slot another tenant could have had. A [`Slot`]
 //! is a guard: it is released exactly once, by [`Slot::release`] (which
 //! consumes it), on drop, or by the newcomer that preempts it (whichever
 //! takes it out of the lot's book first), and records that caller's own
-//! parked time (B27, B32).
+//! parked time.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -36,9 +35,9 @@ pub enum WaitOutcome {
     Canceled,
     Timeout,
     Error,
-    /// The caller's own deadline (its headers, B68) passed while parked.
+    /// The caller's own deadline (its headers) passed while parked.
     Deadline,
-    /// A caller of a higher band took the slot (B118).
+    /// A caller of a higher band took the slot.
     Preempted,
 }
 
@@ -113,7 +112,7 @@ impl LotDecision {
     }
 }
 
-/// The lot's instruments (B31-B34, B55), resolved to their label values
+/// The lot's instruments, resolved to their label values
 /// once, so that recording touches only atomics.
 #[derive(Clone)]
 pub struct LotInstruments {
@@ -123,7 +122,7 @@ pub struct LotInstruments {
     /// [`Band`].
     pub rejected: [IntCounter; 3],
     /// `atenet_router_parking_preempted_total`, by the preempted caller's
-    /// [`Band`] (B118).
+    /// [`Band`].
     pub preempted: [IntCounter; 3],
     /// `atenet_router_parking_early_rejected_total`.
     pub early_rejected: IntCounter,
@@ -153,7 +152,7 @@ impl LotInstruments {
 /// The bounded set of parked requests.
 pub struct ParkingLot {
     max: usize,
-    /// Sheddable callers parked at most (B117).
+    /// Sheddable callers parked at most.
     max_sheddable: usize,
     /// Slots held; changed only under `book`'s lock, read without it.
     active: AtomicUsize,
@@ -164,7 +163,7 @@ pub struct ParkingLot {
     served: Mutex<ServedParks>,
 }
 
-/// What the lot has learnt from served parks: the one estimate (B48, B68).
+/// What the lot has learnt from served parks: the one estimate.
 #[derive(Default)]
 struct ServedParks {
     /// Exponentially weighted mean of served parks, in seconds.
@@ -176,7 +175,7 @@ struct ServedParks {
 }
 
 /// The slots held, by band, each band's by the order they were taken: the
-/// newest of the lowest band is the one a higher band takes (B118).
+/// newest of the lowest band is the one a higher band takes.
 #[derive(Default)]
 struct Book {
     by_band: [BTreeMap<u64, Arc<Ticket>>; 3],
@@ -221,16 +220,16 @@ pub enum Refusal {
 /// Weight of the newest sample in [`ParkingLot::estimate`]'s mean.
 const SERVED_WAIT_ALPHA: f64 = 0.2;
 /// With no park served for this long, one caller per this long is admitted
-/// despite the estimate (B68).
+/// despite the estimate.
 pub const PROBE_INTERVAL: Duration = Duration::from_secs(1);
 /// Retry-After never promises more than this.
 const MAX_RETRY_AFTER_SECS: u64 = 60;
 
 impl ParkingLot {
     /// A lot of `max` slots (`max` > 0; a zero lot means parking is off and
-    /// no lot exists at all, B22), of which one atespace may hold
+    /// no lot exists at all), of which one atespace may hold
     /// `max_per_atespace` (0: no cap), and sheddable callers at most
-    /// `max_sheddable` (B117).
+    /// `max_sheddable`.
     pub fn new(
         max: usize,
         max_per_atespace: usize,
@@ -255,7 +254,7 @@ impl ParkingLot {
         self.active.load(Ordering::Acquire)
     }
 
-    /// Slots held now by each band, lowest first (B119).
+    /// Slots held now by each band, lowest first.
     pub fn active_by_band(&self) -> [usize; 3] {
         let book = self.book.lock();
         Band::ALL.map(|b| book.by_band[b as usize].len())
@@ -264,7 +263,7 @@ impl ParkingLot {
     /// How long a parked request has recently taken from park to serve: an
     /// exponentially weighted mean of served parks, so it follows the pool's
     /// current state. `None` before any park was served. The one estimate
-    /// behind `Retry-After` (B48) and early rejection (B68).
+    /// behind `Retry-After` and early rejection.
     pub fn estimate(&self) -> Option<Duration> {
         self.served.lock().mean.map(|mean| Duration::from_secs_f64(mean.max(0.0)))
     }
@@ -366,7 +365,7 @@ impl ParkingLot {
         Ok(Slot { lot: Some(Arc::clone(self)), ticket })
     }
 
-    /// Settles a slot a higher band took (B118): already out of the book,
+    /// Settles a slot a higher band took: already out of the book,
     /// so no other release can happen; its wait is recorded once, here, and
     /// its holder woken to answer its client.
     fn preempt(&self, victim: &Ticket) {
@@ -385,13 +384,13 @@ impl ParkingLot {
     }
 
     /// The atespaces holding slots now, most slots first, at most `top`, and
-    /// how many hold slots in all (B93).
+    /// how many hold slots in all.
     pub fn atespaces(&self, top: usize) -> (Vec<AtespaceView>, usize) {
         self.shares.views(self.clock.now(), top)
     }
 
-    /// Frees a slot with `outcome`, unless a higher band took it first
-    /// (B118): whoever takes the ticket out of the book settles it. Whether
+    /// Frees a slot with `outcome`, unless a higher band took it first:
+    /// whoever takes the ticket out of the book settles it. Whether
     /// this call freed it.
     fn free(&self, ticket: &Ticket, outcome: WaitOutcome) -> bool {
         {
@@ -435,14 +434,14 @@ pub struct Slot {
 pub enum Release {
     /// Freed now, its wait recorded with the holder's outcome.
     Freed,
-    /// A higher band had taken it already (B118): its wait was recorded as
+    /// A higher band had taken it already: its wait was recorded as
     /// preempted, and the holder's answer is that it was preempted.
     Preempted,
 }
 
 impl Slot {
-    /// Releases the slot and records the wait with `outcome` (B32, B33),
-    /// unless a higher band took it first (B118).
+    /// Releases the slot and records the wait with `outcome`,
+    /// unless a higher band took it first.
     pub fn release(mut self, outcome: WaitOutcome) -> Release {
         match self.lot.take() {
             Some(lot) if !lot.free(&self.ticket, outcome) => Release::Preempted,
@@ -450,7 +449,7 @@ impl Slot {
         }
     }
 
-    /// Whether a higher band took this slot (B118); if not, `waker` is woken
+    /// Whether a higher band took this slot; if not, `waker` is woken
     /// when one does.
     pub fn preempted(&self, waker: &Waker) -> bool {
         let mut preemption = self.ticket.preemption.lock();
@@ -471,7 +470,7 @@ impl Drop for Slot {
     }
 }
 
-/// One atespace on the status page (B69).
+/// One atespace on the status page.
 #[derive(Clone, Debug, PartialEq)]
 pub struct AtespaceView {
     pub atespace: String,

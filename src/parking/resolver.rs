@@ -4,11 +4,11 @@
 //! The wait has two phases. Phase 1 lasts until the flight is done or hits
 //! its first retryable failure (the park transition). Only then does the
 //! caller take a lot slot, so a request resolved on the first attempt never
-//! competes for one and a full lot never slows traffic to running actors
-//! (B24). Phase 2 holds the slot until the flight is done.
+//! competes for one and a full lot never slows traffic to running actors.
+//! Phase 2 holds the slot until the flight is done.
 //!
 //! Every caller, on any attempt, holds a unit of its atespace's share of the
-//! requests the router holds (B80), from before it joins a flight until it
+//! requests the router holds, from before it joins a flight until it
 //! has its answer: a tenant whose first attempts are slow cannot take every
 //! stream Envoy lets through, and its excess is refused at once.
 //!
@@ -92,7 +92,7 @@ pub enum ResolveError {
     DeadlineTooShort(ResumeError),
     /// The caller's own deadline passed while it was parked.
     CallerDeadline,
-    /// A caller of a higher band took this caller's slot (B118).
+    /// A caller of a higher band took this caller's slot.
     Preempted,
 }
 
@@ -125,9 +125,9 @@ pub struct ResumeOutcome {
 /// Why a caller stopped waiting before its flight was done.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Abandon {
-    /// The client went away (B33 `canceled`).
+    /// The client went away (`canceled`).
     Canceled,
-    /// The ext_proc stream's own gRPC deadline passed (B33 `timeout`).
+    /// The ext_proc stream's own gRPC deadline passed (`timeout`).
     Timeout,
 }
 
@@ -146,7 +146,7 @@ pub struct Resolver {
 
 impl Resolver {
     /// A resolver over `flights` and `lot` in which each atespace holds
-    /// callers under `held_share` (B80).
+    /// callers under `held_share`.
     pub fn new(
         flights: FlightTable,
         lot: Option<Arc<ParkingLot>>,
@@ -168,15 +168,15 @@ impl Resolver {
     }
 
     /// Counts a caller whose stream ended before it asked for its actor:
-    /// gone before any lot decision (B55).
+    /// gone before any lot decision.
     pub fn note_left_early(&self) {
         if let Some(lot) = &self.lot {
             lot.note_decision(LotDecision::Left);
         }
     }
 
-    /// Starts resolving `actor` for one caller of `band` (B115) whose own
-    /// deadline, if it has one, is `deadline` (B68). Dropping the returned
+    /// Starts resolving `actor` for one caller of `band` whose own
+    /// deadline, if it has one, is `deadline`. Dropping the returned
     /// future abandons the wait as [`Abandon::Canceled`].
     #[cfg(any(test, feature = "testkit"))]
     pub fn resolve(&self, actor: &ActorId, deadline: Option<Instant>, band: Band) -> Resolve {
@@ -184,7 +184,7 @@ impl Resolver {
     }
 
     /// As [`Resolver::resolve`], for a caller whose route span is `route`:
-    /// a flight it leads is traced under it (B121).
+    /// a flight it leads is traced under it.
     pub fn resolve_traced(
         &self,
         actor: &ActorId,
@@ -216,7 +216,7 @@ impl Resolver {
         Resolve { stage, flight, held, role, account, deadline, band, resolver: self.clone() }
     }
 
-    /// What `atespace`'s callers hold now (B80).
+    /// What `atespace`'s callers hold now.
     #[cfg(any(test, feature = "testkit"))]
     pub fn held(&self, atespace: &str) -> usize {
         self.held.held(atespace)
@@ -237,12 +237,12 @@ pub struct Resolve {
     account: Account,
     /// The caller's own deadline.
     deadline: Option<Instant>,
-    /// The caller's band (B115).
+    /// The caller's band.
     band: Band,
     resolver: Resolver,
 }
 
-/// Where a caller is in its wait (B23).
+/// Where a caller is in its wait.
 enum Stage {
     /// Refused a share or a flight: the answer is ready.
     Refused(ResolveError),
@@ -263,7 +263,7 @@ impl Resolve {
         self.flight.as_ref().map(|f| f.wait(Until::OvertimeOrDone))
     }
 
-    /// This caller's place on its flight, for its route span (B121); `None`
+    /// This caller's place on its flight, for its route span; `None`
     /// when it was refused one, or once it has its answer.
     pub fn flight_place(&self) -> Option<FlightPlace> {
         let flight = self.flight.as_ref()?;
@@ -275,7 +275,7 @@ impl Resolve {
         matches!(self.stage, Stage::Parked { .. })
     }
 
-    /// Stops waiting, recording `reason` for a held slot (B27, B33).
+    /// Stops waiting, recording `reason` for a held slot.
     pub fn abandon(mut self, reason: Abandon) {
         self.account.exit = reason;
     }
@@ -313,7 +313,7 @@ impl Future for Resolve {
                     Poll::Ready(event) => event,
                     Poll::Pending => {
                         // The flight goes on; a higher band took this
-                        // caller's slot (B118), or its patience ended.
+                        // caller's slot, or its patience ended.
                         if this.account.preempted(cx) {
                             return Poll::Ready(this.refuse_parked(ResolveError::Preempted));
                         }
@@ -335,8 +335,8 @@ impl Future for Resolve {
                     return Poll::Ready(this.served(&outcome, false));
                 }
                 (FlightEvent::Done(outcome), _) => {
-                    // A caller whose slot was taken has its answer already
-                    // (B118): exactly one, whatever the flight did since.
+                    // A caller whose slot was taken has its answer already:
+                    // exactly one, whatever the flight did since.
                     return Poll::Ready(match this.account.close(wait_outcome(&outcome)) {
                         Closed::Preempted => this.refuse_parked(ResolveError::Preempted),
                         closed => this.served(&outcome, closed == Closed::Freed),
@@ -380,7 +380,7 @@ impl Resolve {
     }
 
     /// Refused after it held a slot; it leaves its flight as any departing
-    /// caller does (B78).
+    /// caller does.
     fn refuse_parked(&mut self, error: ResolveError) -> ResumeOutcome {
         ResumeOutcome { parked: true, ..self.refuse(error) }
     }
@@ -422,7 +422,7 @@ impl Account {
         self.state = AccountState::Settled;
     }
 
-    /// Served without a slot (B24): counted `fast`.
+    /// Served without a slot: counted `fast`.
     fn fast(&mut self) {
         if let (Some(lot), AccountState::Undecided) = (&self.lot, &self.state) {
             lot.note_decision(LotDecision::Fast);
@@ -430,8 +430,8 @@ impl Account {
         self.state = AccountState::Settled;
     }
 
-    /// The lot decision at the park transition: a slot, or shed (B26,
-    /// B69, B117, B118). Without a lot the caller simply waits on (B22).
+    /// The lot decision at the park transition: a slot, or shed.
+    /// Without a lot the caller simply waits on (B22).
     fn admit(&mut self, flight: &Arc<Flight>, band: Band) -> Result<(), Refusal> {
         let Some(lot) = &self.lot else { return Ok(()) };
         match lot.try_admit(flight.actor().atespace(), band) {
@@ -448,7 +448,7 @@ impl Account {
     }
 
     /// The caller's wait ended while it held a slot: release it with
-    /// `outcome`, unless a higher band took it first (B118).
+    /// `outcome`, unless a higher band took it first.
     fn close(&mut self, outcome: WaitOutcome) -> Closed {
         match std::mem::replace(&mut self.state, AccountState::Settled) {
             AccountState::Parked { slot, flight } => {
@@ -462,7 +462,7 @@ impl Account {
         }
     }
 
-    /// Whether a higher band took the caller's slot (B118), settled by the
+    /// Whether a higher band took the caller's slot, settled by the
     /// lot then; if not, the task is woken when one does.
     fn preempted(&mut self, cx: &Context<'_>) -> bool {
         let AccountState::Parked { slot, .. } = &self.state else { return false };
@@ -480,7 +480,7 @@ enum Closed {
     NoSlot,
     /// The slot was freed now.
     Freed,
-    /// A higher band had taken the slot (B118).
+    /// A higher band had taken the slot.
     Preempted,
 }
 

@@ -77,7 +77,7 @@ fn counter(name: &str, help: &str) -> IntCounter {
     IntCounter::new(name, help).expect("a valid metric name")
 }
 
-/// Which share of an atespace refused a caller (B79, B80): the `share`
+/// Which share of an atespace refused a caller: the `share`
 /// label of `atenet_router_atespace_refused_total`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum AtespaceShare {
@@ -98,7 +98,7 @@ impl AtespaceShare {
     }
 }
 
-/// Which certificate of the router's own an expiry gauge is about (B106):
+/// Which certificate of the router's own an expiry gauge is about:
 /// the `certificate` label of
 /// `atenet_router_certificate_expiry_timestamp_seconds`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -353,12 +353,12 @@ impl Metrics {
         self.inner.lot.clone()
     }
 
-    /// Records one request_headers exchange (B35).
+    /// Records one request_headers exchange.
     pub fn observe_route(&self, outcome: RouteOutcome, resume: ResumeLabel, seconds: f64) {
         self.inner.route[outcome as usize * ResumeLabel::ALL.len() + resume as usize].observe(seconds);
     }
 
-    /// Counts one ResumeActor attempt (B36).
+    /// Counts one ResumeActor attempt.
     pub fn count_attempt(&self, code: Code) {
         self.inner.attempts[code as usize].inc();
     }
@@ -368,9 +368,9 @@ impl Metrics {
         self.inner.attempts[code as usize].get()
     }
 
-    /// The parked-wait histogram (B32) of every outcome together: its
+    /// The parked-wait histogram of every outcome together: its
     /// bucket bounds, and the cumulative count of each bucket with `+Inf`
-    /// last, for the status page's wait percentiles (B91).
+    /// last, for the status page's wait percentiles.
     pub fn parked_wait_buckets(&self) -> (&'static [f64], Vec<u64>) {
         let mut cumulative = vec![0; WAIT_BUCKETS.len() + 1];
         for histogram in self.inner.lot.waits.iter().flatten() {
@@ -385,17 +385,17 @@ impl Metrics {
     }
 
     /// The longest parked wait recorded since the last call, which it
-    /// starts again (B91).
+    /// starts again.
     pub fn take_longest_parked_wait(&self) -> Duration {
         Duration::from_micros(self.inner.lot.longest_wait_micros.swap(0, Ordering::Relaxed))
     }
 
-    /// Requests shed by a full lot so far (B34).
+    /// Requests shed by a full lot so far.
     pub fn parking_rejected(&self) -> u64 {
         self.inner.lot.rejected.iter().map(IntCounter::get).sum()
     }
 
-    /// Counts a request whose `ate-priority` named no band (B115).
+    /// Counts a request whose `ate-priority` named no band.
     pub fn count_priority_unknown(&self) {
         self.inner.priority_unknown.inc();
     }
