@@ -126,8 +126,8 @@ pub fn saturation(report: &mut Report) {
         report.line(&format!(
             "| {mode} | {:.0} | {:.0} | {:.0} | {:.1}% | {:.0} | {:.0} | **{:.3}** | {:.3} | {:.3} | {:.0} ms | {:.0} ms |",
             pick(i, &|r| r.load.completed as f64),
-            pick(i, &|r| r.parked),
             pick(i, &n("200 routed")),
+            pick(i, &|r| r.parked),
             figures[i][1] * 100.0,
             pick(i, &|r| r.calls),
             pick(i, &|r| r.waiting_seconds),
@@ -158,6 +158,16 @@ pub fn saturation(report: &mut Report) {
         ("saturation: served wait p99, groups / per-flight", ratio(3), 1.0),
         ("saturation: served wait p50, groups / per-flight", ratio(2), 1.2),
     ];
+    for (i, mode) in MODES.iter().enumerate() {
+        let mut verdicts = std::collections::BTreeMap::<&str, u64>::new();
+        for round in &rounds[i] {
+            for (key, n) in &round.load.verdicts {
+                *verdicts.entry(key.as_str()).or_default() += *n;
+            }
+        }
+        let list: Vec<String> = verdicts.iter().map(|(key, n)| format!("{n} `{key}`")).collect();
+        report.line(&format!("\nVerdicts over the {ROUNDS} rounds, {mode}: {}.", list.join(", ")));
+    }
     report.line(&format!(
         "\nRetries (calls beyond each request's first) per waiting actor-second, groups / per-flight: **{:.3}x**.",
         ratio(4)

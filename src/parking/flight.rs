@@ -813,7 +813,7 @@ impl Inner {
     }
 
     /// Probe `id` of pool or atespace group `key` has had no answer for the
-    /// group's latest delay: an answer that slow is no refusal (a full pool
+    /// group's longest delay: an answer that slow is no refusal (a full pool
     /// refuses at once) but a resume under way, so the group sends its next
     /// flight without waiting for it (B110).
     fn probe_overdue(self: &Arc<Self>, key: &GroupKey, id: u64) {
@@ -1915,10 +1915,10 @@ pub(crate) mod tests {
         let _callers = saturated(&h, &["demo/a", "demo/b", "demo/c"], "p", 0);
         h.scheduler.advance(Duration::from_millis(100));
         assert_eq!(pending(&h), ["demo/a"]);
-        // a's resume is under way (a full pool refuses at once): one delay
-        // later the group sends b.
-        h.scheduler.advance(Duration::from_millis(99));
-        assert_eq!(pending(&h), ["demo/a"], "held for one delay");
+        // a's resume is under way (a full pool refuses at once): four
+        // intervals (the longest delay) later the group sends b.
+        h.scheduler.advance(Duration::from_millis(399));
+        assert_eq!(pending(&h), ["demo/a"], "held for the longest delay");
         h.scheduler.advance(Duration::from_millis(1));
         assert_eq!(pending(&h), ["demo/a", "demo/b"]);
         // b's refusal closes b's probe and puts b back first in line; a's

@@ -170,9 +170,9 @@ pub struct Group<T> {
     probes_sent: u64,
     /// When the group stops waiting for its open probe.
     pub patience_timer: Option<TimerId>,
-    /// How long an open probe holds the group: the latest delay.
+    /// How long an open probe holds the group: the longest delay, so that
+    /// a resume as quick as a retry interval or two never counts as slow.
     patience: Duration,
-    interval: Duration,
     /// When the group sends its next flight, if it is due to.
     pub timer: Option<TimerId>,
     /// The delay between the group's answers and its next attempt.
@@ -200,8 +200,7 @@ impl<T> Group<T> {
             probe: None,
             probes_sent: 0,
             patience_timer: None,
-            patience: policy.interval,
-            interval: policy.interval,
+            patience: policy.interval * DELAY_CAP_INTERVALS,
             timer: None,
             backoff: Backoff::new(policy),
             last_answer: answer,
@@ -244,14 +243,12 @@ impl<T> Group<T> {
     /// The delay before the next attempt while the group stays saturated:
     /// the flights' own schedule (B17), capped at [`DELAY_CAP_INTERVALS`].
     pub fn next_delay(&mut self) -> Duration {
-        self.patience = self.backoff.next_random_delay_capped(DELAY_CAP_INTERVALS);
-        self.patience
+        self.backoff.next_random_delay_capped(DELAY_CAP_INTERVALS)
     }
 
     /// A worker freed: the delays start again from one interval.
     pub fn reset_delay(&mut self) {
         self.backoff.reset();
-        self.patience = self.interval;
     }
 
     pub fn insert(&mut self, atespace: &Arc<str>, order: DispatchOrder, item: T, now: Instant) {
