@@ -513,7 +513,13 @@ fn more(h: &mut String, id: &str, what: &str, shown: usize, total: usize) {
     }
 }
 
-const FLIGHT_COLUMNS: &[(&str, bool)] = &[
+/// A card's columns: each name, and whether it holds a number.
+type Columns = &'static [(&'static str, bool)];
+
+const ATESPACE_COLUMNS: Columns =
+    &[("atespace", false), ("slots", true), ("oldest wait", true), ("shed by its cap (1 min)", true)];
+
+const FLIGHT_COLUMNS: Columns = &[
     ("actor", false),
     ("age", true),
     ("attempt", false),
@@ -523,7 +529,10 @@ const FLIGHT_COLUMNS: &[(&str, bool)] = &[
     ("budget left", true),
 ];
 
-const PARKED_COLUMNS: &[(&str, bool)] = &[
+const GROUP_COLUMNS: Columns =
+    &[("group", false), ("waiting", true), ("oldest wait", true), ("last answer", false), ("probe", false)];
+
+const PARKED_COLUMNS: Columns = &[
     ("actor", false),
     ("waiting", true),
     ("oldest", true),
@@ -531,6 +540,56 @@ const PARKED_COLUMNS: &[(&str, bool)] = &[
     ("last code", false),
     ("budget left", true),
 ];
+
+const RECENT_COLUMNS: Columns = &[
+    ("time", false),
+    ("method", false),
+    ("path", false),
+    ("actor", false),
+    ("verdict", false),
+    ("target", false),
+    ("duration", true),
+];
+
+/// A card that lists the first of many: its table, what it says when
+/// there is nothing to list, and its "showing" line's id, wording and
+/// total.
+struct Listing<'a> {
+    id: &'a str,
+    columns: Columns,
+    empty: &'a str,
+    more: (&'a str, &'a str, usize),
+}
+
+/// A [`Listing`]'s table of `cells`, one row each, or its quiet line.
+fn listing(h: &mut String, card: &Listing<'_>, cells: impl ExactSizeIterator<Item = Vec<String>>) {
+    let shown = cells.len();
+    if shown == 0 {
+        let _ = write!(h, "<p class=\"quiet\">{}</p>", card.empty);
+        return;
+    }
+    table_head(h, card.id, card.columns);
+    rows(h, card.columns, cells);
+    h.push_str("</tbody></table>");
+    let (id, what, total) = card.more;
+    more(h, id, what, shown, total);
+}
+
+/// Table rows, each cell labelled with its column.
+fn rows(h: &mut String, columns: Columns, cells: impl Iterator<Item = Vec<String>>) {
+    for row in cells {
+        h.push_str("<tr>");
+        for ((label, numeric), text) in columns.iter().zip(&row) {
+            cell(h, label, *numeric, text);
+        }
+        h.push_str("</tr>");
+    }
+}
+
+/// A duration as the page shows it: seconds, one decimal.
+fn seconds_text(d: Duration) -> String {
+    format!("{:.1}s", d.as_secs_f64())
+}
 
 /// The page's skeleton: each `{{slot}}` is filled in by [`fill`]. Its
 /// line breaks, and the indentation after them, are no part of the page.
@@ -594,119 +653,101 @@ fn fill(h: &mut String, slot: &str, s: &Snapshot) {
                 let _ = write!(h, "<tr><td>{}</td><td class=\"n\">{n}</td></tr>", escape(code));
             }
         }
-        "atespaces" => {
-            if s.atespaces.is_empty() {
-                h.push_str("<p class=\"quiet\">No atespace holds a slot.</p>");
-            } else {
-                let columns = [
-                    ("atespace", false),
-                    ("slots", true),
-                    ("oldest wait", true),
-                    ("shed by its cap (1 min)", true),
-                ];
-                table_head(h, "atespaces", &columns);
-                for a in &s.atespaces {
-                    h.push_str("<tr>");
-                    cell(h, "atespace", false, &escape(&a.atespace));
-                    cell(h, "slots", true, &count(a.slots));
-                    cell(h, "oldest wait", true, &format!("{:.1}s", a.oldest_wait.as_secs_f64()));
-                    cell(h, "shed by its cap (1 min)", true, &a.sheds_last_minute.to_string());
-                    h.push_str("</tr>");
-                }
-                h.push_str("</tbody></table>");
-                more(h, "atespaces-more", "the top", s.atespaces.len(), s.atespaces_total);
-            }
-        }
-        "flight-list" => {
-            if s.oldest_flights.is_empty() {
-                h.push_str("<p class=\"quiet\">No flight is in progress.</p>");
-            } else {
-                table_head(h, "flight-list", FLIGHT_COLUMNS);
-                for f in &s.oldest_flights {
-                    h.push_str("<tr>");
-                    cell(h, "actor", false, &escape(&f.actor));
-                    cell(h, "age", true, &format!("{:.1}s", f.age.as_secs_f64()));
-                    let attempt = f.attempt.map_or_else(
-                        || "retry pending".into(),
-                        |a| format!("running {:.1}s", a.as_secs_f64()),
-                    );
-                    cell(h, "attempt", false, &attempt);
-                    cell(h, "attempts", true, &f.attempts.to_string());
-                    cell(h, "last code", false, f.last_code);
-                    cell(h, "parked", true, &count(f.parked));
-                    cell(h, "budget left", true, &format!("{:.1}s", f.budget_left.as_secs_f64()));
-                    h.push_str("</tr>");
-                }
-                h.push_str("</tbody></table>");
-                more(h, "flights-more", "the oldest", s.oldest_flights.len(), s.flights);
-            }
-        }
-        "groups" => {
-            if s.groups.is_empty() {
-                h.push_str("<p class=\"quiet\">No flight waits for a full pool or the control plane.</p>");
-            } else {
-                let columns = [
-                    ("group", false),
-                    ("waiting", true),
-                    ("oldest wait", true),
-                    ("last answer", false),
-                    ("probe", false),
-                ];
-                table_head(h, "saturation-groups", &columns);
-                for g in &s.groups {
-                    h.push_str("<tr>");
-                    cell(h, "group", false, &escape(&g.key));
-                    cell(h, "waiting", true, &count(g.waiting));
-                    cell(h, "oldest wait", true, &format!("{:.1}s", g.oldest_wait.as_secs_f64()));
-                    cell(h, "last answer", false, g.last_answer.name());
-                    cell(h, "probe", false, if g.probe_open { "open" } else { "waiting" });
-                    h.push_str("</tr>");
-                }
-                h.push_str("</tbody></table>");
-                more(h, "saturation-groups-more", "the largest", s.groups.len(), s.groups_total);
-            }
-        }
-        "parked-actors" => {
-            if s.parked_actors.is_empty() {
-                h.push_str("<p class=\"quiet\">No actor has parked requests.</p>");
-            } else {
-                table_head(h, "parked-actors", PARKED_COLUMNS);
-                for a in &s.parked_actors {
-                    h.push_str("<tr>");
-                    cell(h, "actor", false, &escape(&a.actor));
-                    cell(h, "waiting", true, &count(a.parked));
-                    cell(h, "oldest", true, &format!("{:.1}s", a.age.as_secs_f64()));
-                    cell(h, "attempts", true, &a.attempts.to_string());
-                    cell(h, "last code", false, a.last_code);
-                    cell(h, "budget left", true, &format!("{:.1}s", a.budget_left.as_secs_f64()));
-                    h.push_str("</tr>");
-                }
-                h.push_str("</tbody></table>");
-                more(h, "parked-actors-more", "the oldest", s.parked_actors.len(), s.parked_actors_total);
-            }
-        }
+        "atespaces" => listing(
+            h,
+            &Listing {
+                id: "atespaces",
+                columns: ATESPACE_COLUMNS,
+                empty: "No atespace holds a slot.",
+                more: ("atespaces-more", "the top", s.atespaces_total),
+            },
+            s.atespaces.iter().map(|a| {
+                vec![
+                    escape(&a.atespace),
+                    count(a.slots),
+                    seconds_text(a.oldest_wait),
+                    a.sheds_last_minute.to_string(),
+                ]
+            }),
+        ),
+        "flight-list" => listing(
+            h,
+            &Listing {
+                id: "flight-list",
+                columns: FLIGHT_COLUMNS,
+                empty: "No flight is in progress.",
+                more: ("flights-more", "the oldest", s.flights),
+            },
+            s.oldest_flights.iter().map(|f| {
+                let attempt = f
+                    .attempt
+                    .map_or_else(|| "retry pending".into(), |a| format!("running {}", seconds_text(a)));
+                vec![
+                    escape(&f.actor),
+                    seconds_text(f.age),
+                    attempt,
+                    f.attempts.to_string(),
+                    f.last_code.to_string(),
+                    count(f.parked),
+                    seconds_text(f.budget_left),
+                ]
+            }),
+        ),
+        "groups" => listing(
+            h,
+            &Listing {
+                id: "saturation-groups",
+                columns: GROUP_COLUMNS,
+                empty: "No flight waits for a full pool or the control plane.",
+                more: ("saturation-groups-more", "the largest", s.groups_total),
+            },
+            s.groups.iter().map(|g| {
+                let probe = if g.probe_open { "open" } else { "waiting" };
+                vec![
+                    escape(&g.key),
+                    count(g.waiting),
+                    seconds_text(g.oldest_wait),
+                    g.last_answer.name().to_string(),
+                    probe.to_string(),
+                ]
+            }),
+        ),
+        "parked-actors" => listing(
+            h,
+            &Listing {
+                id: "parked-actors",
+                columns: PARKED_COLUMNS,
+                empty: "No actor has parked requests.",
+                more: ("parked-actors-more", "the oldest", s.parked_actors_total),
+            },
+            s.parked_actors.iter().map(|a| {
+                vec![
+                    escape(&a.actor),
+                    count(a.parked),
+                    seconds_text(a.age),
+                    a.attempts.to_string(),
+                    a.last_code.to_string(),
+                    seconds_text(a.budget_left),
+                ]
+            }),
+        ),
         "recent" => {
-            let columns = [
-                ("time", false),
-                ("method", false),
-                ("path", false),
-                ("actor", false),
-                ("verdict", false),
-                ("target", false),
-                ("duration", true),
-            ];
-            table_head(h, "recent-requests", &columns);
-            for r in &s.recent {
-                h.push_str("<tr>");
-                cell(h, "time", false, &escape(&crate::telemetry::logging::rfc3339(r.at)));
-                cell(h, "method", false, &escape(&r.method));
-                cell(h, "path", false, &escape(&r.path));
-                cell(h, "actor", false, &escape(&r.actor));
-                cell(h, "verdict", false, &escape(&r.verdict.to_string()));
-                cell(h, "target", false, &escape(&r.target));
-                cell(h, "duration", true, &format!("{:.1}ms", r.duration.as_secs_f64() * 1000.0));
-                h.push_str("</tr>");
-            }
+            table_head(h, "recent-requests", RECENT_COLUMNS);
+            rows(
+                h,
+                RECENT_COLUMNS,
+                s.recent.iter().map(|r| {
+                    vec![
+                        escape(&crate::telemetry::logging::rfc3339(r.at)),
+                        escape(&r.method),
+                        escape(&r.path),
+                        escape(&r.actor),
+                        escape(&r.verdict.to_string()),
+                        escape(&r.target),
+                        format!("{:.1}ms", r.duration.as_secs_f64() * 1000.0),
+                    ]
+                }),
+            );
         }
         "flags" => {
             for (flag, value) in &s.flags {
