@@ -461,6 +461,7 @@ impl Router {
             max_flights: config.parking.flight_max,
             atespace_share: config.parking.flight_max_per_atespace,
             dispatch: config.parking.dispatch,
+            fleet_size: config.parking.fleet_size,
         };
         let calls = CallGate::new(
             ateapi.clone(),

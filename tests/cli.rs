@@ -104,8 +104,8 @@ fn help_flags(program: &str, args: &[&str]) -> Vec<(String, String)> {
 fn b65_every_flag_of_every_help_names_its_default() {
     let parkload = env!("CARGO_BIN_EXE_parkload");
     let commands: [(&str, &[&str], usize); 4] = [
-        (ROUTER, &["serve", "--help"], 60),
-        (ROUTER, &["envoy-config", "--help"], 60),
+        (ROUTER, &["serve", "--help"], 61),
+        (ROUTER, &["envoy-config", "--help"], 61),
         (SIM, &["--help"], 20),
         (parkload, &["--help"], 16),
     ];

@@ -806,6 +806,7 @@ pub fn effective_flags(config: &Config) -> Vec<(&'static str, String)> {
         ("--parked-request-retry-factor", parking.backoff.factor.to_string()),
         ("--parked-request-retry-jitter", parking.backoff.jitter.to_string()),
         ("--parked-request-dispatch", parking.dispatch.name().to_string()),
+        ("--fleet-size", parking.fleet_size.to_string()),
         ("--extproc-max-requests", config.extproc.max_requests.to_string()),
         ("--extproc-max-streams", config.extproc.max_streams.to_string()),
         ("--flight-max", config.parking.flight_max.to_string()),

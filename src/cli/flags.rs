@@ -95,6 +95,9 @@ pub struct ServeArgs {
     /// how parked requests retry a full pool or an unavailable control plane: saturation-group (one flight of a pool at a time, in budget order) or per-flight (default: saturation-group)
     #[argh(option, default = "String::from(\"saturation-group\")")]
     pub parked_request_dispatch: String,
+    /// how many routers share the control plane's worker pools (a fleet behind hashing Envoys): each saturation group probes a full pool this many times less often, so that together they ask it as one router would (1..=1024) (default: 1)
+    #[argh(option, default = "1")]
+    pub fleet_size: i64,
     /// circuit breaker of the ext_proc cluster in Envoy (default: 0 = max(2 x lot, 1024))
     #[argh(option, default = "0")]
     pub extproc_max_requests: i64,

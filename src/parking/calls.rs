@@ -354,6 +354,7 @@ mod tests {
             max_flights: 100_000,
             atespace_share: SharePolicy::capped(100_000, 100_000),
             dispatch: crate::parking::backoff::Dispatch::SaturationGroup,
+            fleet_size: 1,
         };
         let table = FlightTable::new(
             policy,

@@ -128,6 +128,8 @@ pub struct FlightPolicy {
     pub atespace_share: SharePolicy,
     /// Whether saturated flights wait in groups or retry alone.
     pub dispatch: Dispatch,
+    /// Routers whose groups share the control plane's pools (B127).
+    pub fleet_size: u32,
 }
 
 /// Why no flight could be made for an actor that had none.
@@ -735,8 +737,9 @@ impl Inner {
             DispatchOrder { band: state.band(), budget_end: flight.deadline, arrival: flight.arrival };
         let atespace: Arc<str> = Arc::from(flight.actor.atespace());
         let mut groups = self.groups.lock();
-        let group =
-            groups.entry(key.clone()).or_insert_with(|| Group::new(self.policy.backoff, Code::Ok, now));
+        let group = groups
+            .entry(key.clone())
+            .or_insert_with(|| Group::new(self.policy.backoff, self.policy.fleet_size, Code::Ok, now));
         group.insert(&atespace, order, Arc::clone(flight), now);
         state.grouped = Some((key.clone(), order));
     }
@@ -788,8 +791,7 @@ impl Inner {
                 return;
             }
             match code {
-                Code::Ok => {
-                    group.reset_delay();
+                Code::Ok if group.worker_freed() => {
                     if let Some(timer) = group.timer.take() {
                         self.scheduler.cancel(timer);
                     }
@@ -1123,12 +1125,35 @@ pub(crate) mod tests {
         )
     }
 
+    /// A grouped harness of a router in a fleet of `fleet_size` (B127).
+    fn fleet_harness(budget_ms: u64, interval_ms: u64, fleet_size: u32) -> Harness {
+        harness_paced(
+            budget_ms,
+            interval_ms,
+            true,
+            SharePolicy::capped(100, 100),
+            Dispatch::SaturationGroup,
+            fleet_size,
+        )
+    }
+
     fn harness_dispatching(
         budget_ms: u64,
         interval_ms: u64,
         parking_enabled: bool,
         share: SharePolicy,
         dispatch: Dispatch,
+    ) -> Harness {
+        harness_paced(budget_ms, interval_ms, parking_enabled, share, dispatch, 1)
+    }
+
+    fn harness_paced(
+        budget_ms: u64,
+        interval_ms: u64,
+        parking_enabled: bool,
+        share: SharePolicy,
+        dispatch: Dispatch,
+        fleet_size: u32,
     ) -> Harness {
         let clock = ManualClock::new();
         let scheduler = ManualScheduler::new(clock.clone());
@@ -1141,6 +1166,7 @@ pub(crate) mod tests {
             max_flights: share.whole,
             atespace_share: share,
             dispatch,
+            fleet_size,
         };
         let table = FlightTable::new(
             policy,
@@ -1928,6 +1954,59 @@ pub(crate) mod tests {
         h.resumer.answer(&actor("a"), freed("p"));
         assert_eq!(pending(&h), ["demo/b"]);
         assert_eq!(h.table.groups()[0].waiting, 1, "c still waits");
+    }
+
+    #[test]
+    fn b127_a_fleet_routers_group_probes_at_the_fleets_pace() {
+        let h = fleet_harness(60_000, 100, 3);
+        let _callers = saturated(&h, &["demo/a", "demo/b", "demo/c"], "p", 0);
+        // One router's group would send a at 100 ms; a third of a fleet of
+        // three waits three intervals.
+        h.scheduler.advance(Duration::from_millis(299));
+        assert!(pending(&h).is_empty(), "paced by the fleet");
+        h.scheduler.advance(Duration::from_millis(1));
+        assert_eq!(pending(&h), ["demo/a"]);
+        // Its patience for an open probe is paced too: 4 x 300 ms.
+        h.scheduler.advance(Duration::from_millis(1_199));
+        assert_eq!(pending(&h), ["demo/a"], "held for the fleet's longest delay");
+        h.scheduler.advance(Duration::from_millis(1));
+        assert_eq!(pending(&h), ["demo/a", "demo/b"]);
+        h.resumer.answer(&actor("a"), full());
+        h.resumer.answer(&actor("b"), full());
+        let mut probes = 0;
+        for _ in 0..50 {
+            h.scheduler.advance(Duration::from_millis(100));
+            if let Some(probe) = h.resumer.pending_actors().first().cloned() {
+                probes += 1;
+                h.resumer.answer(&probe, full());
+            }
+        }
+        // 600 ms after the answers, then 1,200 ms (the cap, 4 x 300 ms) for
+        // good: 4 probes in 5 s where one router's group makes 13 (B110).
+        assert_eq!(probes, 4);
+        // A freed worker restarts the delays from the fleet's interval; the
+        // next flight goes then, not at once: the fleet's other groups are
+        // probing the pool too.
+        h.scheduler.advance(Duration::from_millis(1_200));
+        let probe = pending(&h);
+        assert_eq!(probe.len(), 1);
+        h.resumer.answer(&ActorId::parse(&probe[0]).unwrap(), freed("p"));
+        assert!(pending(&h).is_empty(), "no follow-up at once in a fleet");
+        h.scheduler.advance(Duration::from_millis(299));
+        assert!(pending(&h).is_empty());
+        h.scheduler.advance(Duration::from_millis(1));
+        assert_eq!(pending(&h).len(), 1, "one interval of the fleet's later");
+    }
+
+    #[test]
+    fn b127_a_fleet_paces_neither_first_attempts_nor_a_flights_own_retries() {
+        let h = fleet_harness(60_000, 100, 3);
+        let _callers = saturated(&h, &["demo/a"], "p", 0);
+        let (_c, _) = h.table.join(&actor("c"), Band::Standard).unwrap();
+        assert_eq!(pending(&h), ["demo/c"], "a first attempt goes out at once");
+        h.resumer.answer(&actor("c"), err(Code::FailedPrecondition, "suspending"));
+        h.scheduler.advance(Duration::from_millis(100));
+        assert_eq!(pending(&h), ["demo/c"], "its own schedule, one interval (B17)");
     }
 
     #[test]

@@ -177,6 +177,8 @@ pub struct Group<T> {
     pub timer: Option<TimerId>,
     /// The delay between the group's answers and its next attempt.
     backoff: Backoff,
+    /// Whether the group's router is alone on its pools (B127).
+    alone: bool,
     /// The group's latest answer and when it came.
     pub last_answer: Code,
     pub last_answer_at: Instant,
@@ -192,7 +194,10 @@ struct Entry<T> {
 pub const DELAY_CAP_INTERVALS: u32 = 4;
 
 impl<T> Group<T> {
-    pub fn new(policy: BackoffPolicy, answer: Code, now: Instant) -> Group<T> {
+    /// A group of a router in a fleet of `fleet_size` routers (1: alone),
+    /// whose delays and patience are `fleet_size` times one router's (B127).
+    pub fn new(policy: BackoffPolicy, fleet_size: u32, answer: Code, now: Instant) -> Group<T> {
+        let policy = BackoffPolicy { interval: policy.interval.saturating_mul(fleet_size.max(1)), ..policy };
         Group {
             queues: HashMap::new(),
             turns: VecDeque::new(),
@@ -203,6 +208,7 @@ impl<T> Group<T> {
             patience: policy.interval * DELAY_CAP_INTERVALS,
             timer: None,
             backoff: Backoff::new(policy),
+            alone: fleet_size <= 1,
             last_answer: answer,
             last_answer_at: now,
         }
@@ -246,9 +252,14 @@ impl<T> Group<T> {
         self.backoff.next_random_delay_capped(DELAY_CAP_INTERVALS)
     }
 
-    /// A worker freed: the delays start again from one interval.
-    pub fn reset_delay(&mut self) {
+    /// A worker freed: the delays start again from one interval. Whether
+    /// the next flight goes at once: alone, the router is the only one to
+    /// find the workers that may follow (B110); in a fleet, every router's
+    /// group is probing too, and a follow-up of each router's each success
+    /// would ask a full pool once more per router (B127).
+    pub fn worker_freed(&mut self) -> bool {
         self.backoff.reset();
+        self.alone
     }
 
     pub fn insert(&mut self, atespace: &Arc<str>, order: DispatchOrder, item: T, now: Instant) {
@@ -341,7 +352,7 @@ mod tests {
     fn b120_a_reordered_entry_keeps_its_wait_and_its_atespace_turn() {
         let base = Instant::now();
         let policy = BackoffPolicy { interval: Duration::from_millis(100), factor: 2.0, jitter: 0.0 };
-        let mut group: Group<&str> = Group::new(policy, Code::ResourceExhausted, base);
+        let mut group: Group<&str> = Group::new(policy, 1, Code::ResourceExhausted, base);
         let x: Arc<str> = Arc::from("x");
         group.insert(&x, order(1, 0, base), "first", base);
         group.insert(&x, order(2, 1, base), "second", base + Duration::from_secs(1));
@@ -364,7 +375,7 @@ mod tests {
     fn b111_atespaces_take_turns_in_order_within_each() {
         let base = Instant::now();
         let policy = BackoffPolicy { interval: Duration::from_millis(100), factor: 2.0, jitter: 0.0 };
-        let mut group: Group<&str> = Group::new(policy, Code::ResourceExhausted, base);
+        let mut group: Group<&str> = Group::new(policy, 1, Code::ResourceExhausted, base);
         let (x, y): (Arc<str>, Arc<str>) = (Arc::from("x"), Arc::from("y"));
         group.insert(&x, order(3, 0, base), "x3", base);
         group.insert(&x, order(1, 1, base), "x1", base);
@@ -379,11 +390,22 @@ mod tests {
     #[test]
     fn b110_the_delay_grows_by_the_factor_and_stops_at_its_cap() {
         let policy = BackoffPolicy { interval: Duration::from_millis(100), factor: 2.0, jitter: 0.0 };
-        let mut group: Group<()> = Group::new(policy, Code::ResourceExhausted, Instant::now());
+        let mut group: Group<()> = Group::new(policy, 1, Code::ResourceExhausted, Instant::now());
         let delays: Vec<u128> = (0..5).map(|_| group.next_delay().as_millis()).collect();
         assert_eq!(delays, [100, 200, 400, 400, 400]);
-        group.reset_delay();
+        assert!(group.worker_freed(), "alone, the next flight goes at once");
         assert_eq!(group.next_delay(), Duration::from_millis(100));
+    }
+
+    #[test]
+    fn b127_a_fleet_routers_group_runs_the_schedule_fleet_size_times_slower() {
+        let policy = BackoffPolicy { interval: Duration::from_millis(100), factor: 2.0, jitter: 0.0 };
+        let mut group: Group<()> = Group::new(policy, 3, Code::ResourceExhausted, Instant::now());
+        let delays: Vec<u128> = (0..4).map(|_| group.next_delay().as_millis()).collect();
+        assert_eq!(delays, [300, 600, 1200, 1200]);
+        assert_eq!(group.open_probe().1, Duration::from_millis(1200), "its patience too");
+        assert!(!group.worker_freed(), "in a fleet, the next flight waits a delay");
+        assert_eq!(group.next_delay(), Duration::from_millis(300));
     }
 
     #[test]

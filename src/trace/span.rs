@@ -388,6 +388,7 @@ mod flight_tests {
             max_flights: 10,
             atespace_share: SharePolicy::capped(10, 10),
             dispatch: Dispatch::SaturationGroup,
+            fleet_size: 1,
         };
         let abandoned = IntCounter::new("abandoned", "abandoned").unwrap();
         let table = FlightTable::new(

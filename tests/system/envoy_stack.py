@@ -562,7 +562,8 @@ def json_lines(path):
 
 class FleetStack:
     """A fleet on loopback (B85, B87): ateapi-sim, an echo worker,
-    `routers` fleet routers (`--envoys` = `envoys`, each on its own ext_proc
+    `routers` fleet routers (`--envoys` = `envoys`, `--fleet-size` =
+    `routers`, each on its own ext_proc
     port) and `envoys` Envoys whose router cluster spans them all
     (`envoy-config --routers`). Every router and every bootstrap gets the
     same `router_flags`; `edit_config` bends each bootstrap (a test that
@@ -643,7 +644,8 @@ class FleetStack:
     def common_flags(self):
         flags = ["--ateapi-insecure", "--ateapi-address", self.sim_address, "--extproc-address", LOOPBACK,
                  "--drain-delay", self.drain_delay, "--drain-complete-file", "",
-                 "--worker-port", str(self.worker_port), "--envoys", str(self.envoy_count)]
+                 "--worker-port", str(self.worker_port), "--envoys", str(self.envoy_count),
+                 "--fleet-size", str(self.router_count)]
         clash = {f for f in flags if f.startswith("--")} & {f.split("=")[0] for f in self.router_flags}
         assert not clash, f"the harness sets {sorted(clash)} itself"
         return flags + self.router_flags

@@ -403,6 +403,8 @@ def test_fleet_routers_drain_no_envoy_and_outlast_the_health_checks():
     uses too)."""
     flags = fleet_router_flags()
     assert int(flag(flags, "--envoys", "1")) == len(fleet_envoys())
+    # B127: the routers pace a full pool's probes by how many they are.
+    assert int(flag(flags, "--fleet-size", "1")) == len(fleet_routers())
     assert flag(flags, "--envoy-admin-address", None) == ""
     checks = fleet_router_cluster()["health_checks"]
     assert len(checks) == 1 and "grpc_health_check" in checks[0]

@@ -694,6 +694,10 @@ def fleet_problems(docs):
     most = max([envoy["spec"]["replicas"]] + [h["spec"]["maxReplicas"] for h in hpas])
     if envoys < 2 or envoys < most:
         p.append(f"--envoys {envoys}: the routers must be fleet routers sized for {most} Envoys")
+    fleet_size = int(flag(flags, "--fleet-size", "1"))
+    if fleet_size != spec["replicas"]:
+        p.append(f"--fleet-size {fleet_size} is not the routers' replicas ({spec['replicas']}): "
+                 "a fleet paces its probes of a full pool by it (B127)")
     if flag(flags, "--envoy-admin-address", None) != "":
         p.append("a fleet router calls no Envoy admin: --envoy-admin-address= (empty)")
     delay = seconds(flag(flags, "--drain-delay", "13s"))
@@ -787,6 +791,7 @@ FLEET_BREAKS = {
                                                             "terminationGracePeriodSeconds"], 30, "terminationGracePeriodSeconds"),
     "rollout-unavailable": (("Deployment", "atenet-router-fleet"), ["spec", "strategy", "rollingUpdate",
                                                                      "maxUnavailable"], 1, "maxUnavailable"),
+    "fleet-size-not-replicas": (("Deployment", "atenet-router-fleet"), ["spec", "replicas"], 5, "--fleet-size"),
     "no-min-ready": (("Deployment", "atenet-router-fleet"), ["spec", "minReadySeconds"], 0, "minReadySeconds"),
 }
 

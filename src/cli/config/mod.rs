@@ -286,6 +286,8 @@ mod tests {
         assert_eq!(c.parking.max_per_atespace, 0, "B69: no per-atespace cap");
         assert!(c.parking.caller_deadlines, "B68: on by default");
         assert_eq!(c.parking.max_sheddable, 512, "B117: half the lot");
+        assert_eq!(c.parking.fleet_size, 1, "B127: a router alone");
+        assert_eq!(parse(&["--fleet-size", "3"]).unwrap().parking.fleet_size, 3);
         let sheddable = |args: &[&str]| parse(args).unwrap().parking.max_sheddable;
         assert_eq!(sheddable(&["--parked-request-max", "5"]), 3, "rounded up");
         assert_eq!(sheddable(&["--parked-request-max-sheddable", "0"]), 0, "sheddable requests never park");
@@ -303,6 +305,9 @@ mod tests {
         let cases: &[(&[&str], &str)] = &[
             (&["--parked-request-retry-factor", "0.5"], "--parked-request-retry-factor"),
             (&["--parked-request-dispatch", "fifo"], "--parked-request-dispatch"),
+            (&["--fleet-size", "0"], "--fleet-size"),
+            (&["--fleet-size", "1025"], "--fleet-size"),
+            (&["--fleet-size", "-3"], "--fleet-size"),
             (&["--worker-networks", "10.0.0.0"], "--worker-networks"),
             (&["--worker-networks", "10.0.0.0/33"], "--worker-networks"),
             (&["--worker-networks", "fd00::/129"], "--worker-networks"),

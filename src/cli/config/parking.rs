@@ -30,6 +30,11 @@ const MAX_RETRY_FACTOR: f64 = 100.0;
 /// (their validation rule is `lte: 3600s`).
 const MAX_ENVOY_MESSAGE_TIMEOUT: Duration = Duration::from_secs(3600);
 
+/// The most routers `--fleet-size` may count: as many as `--envoys` takes.
+/// Beyond a few, each group's delay outgrows any budget, which is what the
+/// operator asked for: a fleet that big shares a pool's probes thinly.
+const MAX_FLEET_SIZE: u32 = 1024;
+
 /// Parking settings after normalisation.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Parking {
@@ -48,6 +53,8 @@ pub struct Parking {
     pub backoff: BackoffPolicy,
     /// Whether saturated flights wait in groups or retry alone.
     pub dispatch: Dispatch,
+    /// Routers that share the control plane's pools (`--fleet-size`).
+    pub fleet_size: u32,
     /// Flights in progress at once at most.
     pub flight_max: usize,
     /// Flights one atespace may have in progress.
@@ -121,6 +128,7 @@ impl Parking {
                 args.parked_request_dispatch
             ))
         })?;
+        let fleet_size = fleet_size(args.fleet_size)?;
         // B117: half the lot unless told otherwise; never more than the lot.
         let max_sheddable = match args.parked_request_max_sheddable {
             None => max.div_ceil(2),
@@ -145,6 +153,7 @@ impl Parking {
             configured_budget,
             backoff: BackoffPolicy { interval, factor, jitter },
             dispatch,
+            fleet_size,
             flight_max,
             flight_max_per_atespace: atespace_share(
                 "--flight-max-per-atespace",
@@ -165,6 +174,16 @@ impl Parking {
 }
 
 /// The late-serve limit, within what Envoy's message timeouts allow (B37).
+/// `--fleet-size`: 1 (a router alone) to [`MAX_FLEET_SIZE`] (B127).
+fn fleet_size(flag: i64) -> Result<u32, ConfigError> {
+    u32::try_from(flag).ok().filter(|n| (1..=MAX_FLEET_SIZE).contains(n)).ok_or_else(|| {
+        invalid(format!(
+            "--fleet-size must be 1 (a router alone) to {MAX_FLEET_SIZE} (the routers that share the control \
+             plane's pools), got {flag}"
+        ))
+    })
+}
+
 fn late_serve_limit(args: &ServeArgs, budget: Duration) -> Result<Duration, ConfigError> {
     let limit = non_negative("--late-serve-limit", &args.late_serve_limit)?;
     if !limit.is_zero() && limit <= MESSAGE_TIMEOUT_MARGIN {
