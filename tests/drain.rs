@@ -287,6 +287,46 @@ fn b43_second_signal_skips_the_waits() {
     assert!(!log.contains("Disabled"), "{log}");
 }
 
+/// A second signal while flights wait in a saturation group (B43, B110):
+/// the drain ends at once, the group's timers hold nothing up, and every
+/// client's stream ends (its verdict, or cancelled), none left hanging.
+#[test]
+fn b43_second_signal_with_flights_waiting_in_a_group() {
+    let sim = scripted_sim();
+    let names: Vec<String> = (0..8).map(|i| format!("demo/grouped-{i}")).collect();
+    for name in &names {
+        sim.script(name, vec![Answer::error(Code::ResourceExhausted, "no free workers available")]);
+    }
+    let mut router = spawn_router(&router_args(
+        &sim.addr().to_string(),
+        &["--drain-delay", "1h", "--parked-request-budget", "60s", "--parked-request-retry-interval", "10ms"],
+    ));
+    let envoy = Envoy::connect(router.extproc);
+    let clients: Vec<_> = names
+        .iter()
+        .map(|name| {
+            let (envoy, name) = (envoy.clone(), name.clone());
+            std::thread::spawn(move || envoy.try_exchange(headers_request(&[("ate-target-actor", &name)])))
+        })
+        .collect();
+    let waiting = |m| Metrics(http_get(m, "/metrics").1).value("atenet_router_saturation_group_flights", &[]);
+    eventually_within(PATIENCE, "seven flights waiting behind the probe", || waiting(router.metrics) >= 7.0);
+    signal(&router.process.child, "TERM");
+    eventually_within(PATIENCE, "not ready", || http_get(router.metrics, "/readyz").0 == 503);
+    signal(&router.process.child, "INT");
+    assert_eq!(wait_exit(&mut router.process.child, PATIENCE), 0);
+    let deadline = Instant::now() + PATIENCE;
+    for client in clients {
+        while !client.is_finished() {
+            assert!(Instant::now() < deadline, "a client's stream outlived the router by {PATIENCE:?}");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _verdict_or_cancelled = client.join().expect("a client thread");
+    }
+    let log = router.process.log.lock().join("\n");
+    assert!(log.contains("ext_proc cut short by a second signal"), "{log}");
+}
+
 /// B74: the drain does not wait for streams that never sent a message:
 /// with only those open it closes them and exits, rather than waiting its
 /// timeout (an hour here) or their own 5 s.
