@@ -1995,7 +1995,7 @@ pub(crate) mod tests {
         h.scheduler.advance(Duration::from_millis(299));
         assert!(pending(&h).is_empty());
         h.scheduler.advance(Duration::from_millis(1));
-        assert_eq!(pending(&h).len(), 1, "one interval of the fleet's later");
+        assert_eq!(pending(&h).len(), 1, "a fleet's interval later");
     }
 
     #[test]

@@ -31,8 +31,9 @@ const MAX_RETRY_FACTOR: f64 = 100.0;
 const MAX_ENVOY_MESSAGE_TIMEOUT: Duration = Duration::from_secs(3600);
 
 /// The most routers `--fleet-size` may count: as many as `--envoys` takes.
-/// Beyond a few, each group's delay outgrows any budget, which is what the
-/// operator asked for: a fleet that big shares a pool's probes thinly.
+/// Beyond a dozen, at the defaults, a group's longest delay outgrows the
+/// budget, which is what the operator asked for: a fleet that big shares a
+/// pool's probes thinly.
 const MAX_FLEET_SIZE: u32 = 1024;
 
 /// Parking settings after normalisation.
@@ -173,7 +174,6 @@ impl Parking {
     }
 }
 
-/// The late-serve limit, within what Envoy's message timeouts allow (B37).
 /// `--fleet-size`: 1 (a router alone) to [`MAX_FLEET_SIZE`] (B127).
 fn fleet_size(flag: i64) -> Result<u32, ConfigError> {
     u32::try_from(flag).ok().filter(|n| (1..=MAX_FLEET_SIZE).contains(n)).ok_or_else(|| {
@@ -184,6 +184,7 @@ fn fleet_size(flag: i64) -> Result<u32, ConfigError> {
     })
 }
 
+/// The late-serve limit, within what Envoy's message timeouts allow (B37).
 fn late_serve_limit(args: &ServeArgs, budget: Duration) -> Result<Duration, ConfigError> {
     let limit = non_negative("--late-serve-limit", &args.late_serve_limit)?;
     if !limit.is_zero() && limit <= MESSAGE_TIMEOUT_MARGIN {
