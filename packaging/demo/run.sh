@@ -343,30 +343,44 @@ killed=0
 # handed over, and is no failure. Successors are not the demo's children:
 # their predecessor started them, and the kernel reaps them.
 routers=()
-handovers=0
+
+# What the demo polls while it waits for a signal uses builtins only, no
+# command substitution: bash 5.2 parses a $(...) as it expands it, and a trap
+# that runs in the middle of that parse fails ("trap: line 2: unexpected EOF
+# while looking for matching `)'"), so the demo exited 2 with its stop half
+# done: rarely, but a loop of nothing else lost 3 SIGTERMs in 300.
 
 # running PID: the process is alive (a zombie, exited but not yet reaped, is not).
 running() {
   local stat
-  stat=$(cat "/proc/$1/stat" 2>/dev/null) || return 1
+  { read -r stat <"/proc/$1/stat"; } 2>/dev/null || return 1
   stat=${stat##*) }
   [ "${stat%% *}" != Z ]
 }
 
 # follow_handovers: takes on each successor the routers' log names since the
 # last call. A router that hands over logs "handover: successor PID serves"
-# once its successor serves, before it exits; successors share its log.
+# once its successor serves, before it exits; successors share its log. The
+# log stays open, read on from where the last call stopped; opened by the
+# first call, after every start, so that no child inherits it.
+router_log_fd=
+router_log_partial=
 follow_handovers() {
-  local line pid said found=()
+  local line pid
   [ "${#routers[@]}" -gt 0 ] || return 0
-  # A command substitution, not a process substitution, which would change
-  # $!, which stop_all reads.
-  said=$(grep -o 'handover: successor [0-9]* serves' "$log_dir/atenet-router.log" 2>/dev/null) || return 0
-  mapfile -t found <<<"$said"
-  for line in "${found[@]:handovers}"; do
-    pid=${line#handover: successor }
-    pid=${pid% serves}
-    handovers=$((handovers + 1))
+  if [ -z "$router_log_fd" ]; then
+    { exec {router_log_fd}<"$log_dir/atenet-router.log"; } 2>/dev/null || return 0
+  fi
+  while :; do
+    if ! IFS= read -r -u "$router_log_fd" line; then
+      # The router is writing this line: the rest comes with a later call.
+      router_log_partial+=$line
+      return 0
+    fi
+    line=$router_log_partial$line
+    router_log_partial=
+    [[ $line =~ handover:\ successor\ ([0-9]+)\ serves ]] || continue
+    pid=${BASH_REMATCH[1]}
     routers+=("$pid")
     say "the router handed over to its successor, pid $pid; following it"
     # Already stopped, if it was caught starting.
@@ -607,7 +621,8 @@ parking_promise() {
 }
 
 # http_ok URL: URL answers 200.
-http_ok() { [ "$(curl -s -o /dev/null -m 1 -w '%{http_code}' "$1" 2>/dev/null)" = 200 ]; }
+# A pipeline, not a command substitution: a Ctrl-C may come while it waits.
+http_ok() { curl -s -o /dev/null -m 1 -w '%{http_code}' "$1" 2>/dev/null | grep -qx 200; }
 
 say "logs in $log_dir"
 untrappable
@@ -711,7 +726,9 @@ while :; do
     else
       wait "$pid" && status="status 0" || status="status $?"
     fi
-    die "${names[$i]} exited ($status); the end of $log_dir/${names[$i]}.log: $(tail -n 5 "$log_dir/${names[$i]}.log")"
+    say "${names[$i]} exited ($status); the end of $log_dir/${names[$i]}.log:"
+    tail -n 5 "$log_dir/${names[$i]}.log" >&2 || true
+    exit 1
   done
   sleep 0.5 || true
 done
