@@ -654,6 +654,10 @@ impl Inner {
         let error = match result {
             Ok(resumed) => {
                 inner.pools.lock().remember(&flight.actor, &resumed.worker_pool);
+                if resumed.resumed && inner.policy.dispatch == Dispatch::SaturationGroup {
+                    let probed = probe_of.as_ref().map(|(key, _)| key);
+                    inner.worker_taken(&resumed.worker_pool, &flight.actor, probed);
+                }
                 inner.finish(flight, Code::Ok, FlightOutcome::Resumed(resumed));
                 // A worker freed, and more may follow: the group's next
                 // flight goes at once.
@@ -751,7 +755,7 @@ impl Inner {
         if let Some(group) = groups.get_mut(&key) {
             group.remove(actor.atespace(), &order);
             if group.idle() {
-                if let Some(timer) = groups.remove(&key).and_then(|g| g.timer) {
+                if let Some((timer, _)) = groups.remove(&key).and_then(|g| g.timer) {
                     self.scheduler.cancel(timer);
                 }
             }
@@ -785,14 +789,14 @@ impl Inner {
             group.last_answer = code;
             group.last_answer_at = now;
             if group.idle() {
-                if let Some(timer) = groups.remove(&key).and_then(|g| g.timer) {
+                if let Some((timer, _)) = groups.remove(&key).and_then(|g| g.timer) {
                     self.scheduler.cancel(timer);
                 }
                 return;
             }
             match code {
                 Code::Ok if group.worker_freed() => {
-                    if let Some(timer) = group.timer.take() {
+                    if let Some((timer, _)) = group.timer.take() {
                         self.scheduler.cancel(timer);
                     }
                     true
@@ -803,8 +807,7 @@ impl Inner {
                 _ if group.probe_open() || group.timer.is_some() => false,
                 _ => {
                     let at = now + group.next_delay();
-                    let (inner, key) = (Arc::clone(self), key.clone());
-                    group.timer = Some(self.scheduler.schedule(at, Box::new(move || inner.release(&key))));
+                    group.timer = Some((self.schedule_release(&key, at), at));
                     false
                 }
             }
@@ -812,6 +815,36 @@ impl Inner {
         if release_now {
             self.release(&key);
         }
+    }
+
+    /// A resume ran (`resumed`) for `actor` on `pool`, from an attempt that
+    /// was not a probe of the group it names (`probed`): a worker freed in
+    /// that pool, and another may follow, so its group, and the group of
+    /// the actor's atespace (its actors' pools unknown), send their next
+    /// flight one interval from now, not later (B128).
+    fn worker_taken(self: &Arc<Self>, pool: &str, actor: &ActorId, probed: Option<&GroupKey>) {
+        let mut keys = vec![GroupKey::Atespace(Arc::from(actor.atespace()))];
+        if !pool.is_empty() {
+            keys.push(GroupKey::Pool(Arc::from(pool)));
+        }
+        let now = self.clock.now();
+        let mut groups = self.groups.lock();
+        for key in keys.into_iter().filter(|key| Some(key) != probed) {
+            let Some(group) = groups.get_mut(&key) else { continue };
+            let Some(delay) = group.turned_over(now) else { continue };
+            if let Some((timer, _)) = group.timer.take() {
+                self.scheduler.cancel(timer);
+            }
+            let at = now + delay;
+            group.timer = Some((self.schedule_release(&key, at), at));
+        }
+    }
+
+    /// Schedules group `key`'s next flight at `at`; the group's lock is
+    /// the caller's.
+    fn schedule_release(self: &Arc<Self>, key: &GroupKey, at: Instant) -> TimerId {
+        let (inner, key) = (Arc::clone(self), key.clone());
+        self.scheduler.schedule(at, Box::new(move || inner.release(&key)))
     }
 
     /// Probe `id` of pool or atespace group `key` has had no answer for the
@@ -1845,6 +1878,48 @@ pub(crate) mod tests {
         h.resumer.answer(&ActorId::parse("demo/b").unwrap(), freed("p"));
         assert!(h.table.groups().is_empty() && h.table.is_empty());
         assert_eq!(h.scheduler.pending(), 0, "no timer left behind");
+    }
+
+    #[test]
+    fn b128_a_resume_outside_the_probe_brings_the_groups_next_flight_in() {
+        let h = grouped_harness(60_000, 100);
+        let _callers = saturated(&h, &["demo/a", "demo/b"], "p", 0);
+        // Refused until the group's delay is at its cap: 200 ms, then 400 ms.
+        h.scheduler.advance(Duration::from_millis(100));
+        h.resumer.answer(&actor("a"), full());
+        h.scheduler.advance(Duration::from_millis(200));
+        h.resumer.answer(&actor("a"), full());
+        h.scheduler.advance(Duration::from_millis(100));
+        // An actor already running takes no worker: nothing moves.
+        let running = actor("running");
+        drop(h.table.join(&running, Band::Standard).unwrap());
+        h.resumer.answer(&running, Ok(Resumed::from_pod_ips(false, &["10.0.0.7".into()]).on_pool("p")));
+        h.scheduler.advance(Duration::from_millis(100));
+        assert!(pending(&h).is_empty(), "still on the capped delay");
+        // A first attempt's resume on the pool took a worker that freed:
+        // the group's next flight goes one interval later, not 200 ms later.
+        let fresh = actor("fresh");
+        drop(h.table.join(&fresh, Band::Standard).unwrap());
+        h.resumer.answer(&fresh, freed("p"));
+        h.scheduler.advance(Duration::from_millis(99));
+        assert!(pending(&h).is_empty(), "one interval, not at once");
+        h.scheduler.advance(Duration::from_millis(1));
+        assert_eq!(pending(&h), ["demo/a"]);
+        // The delays started again: its refusal waits the second, 200 ms.
+        h.resumer.answer(&actor("a"), full());
+        h.scheduler.advance(Duration::from_millis(199));
+        assert!(pending(&h).is_empty());
+        h.scheduler.advance(Duration::from_millis(1));
+        assert_eq!(pending(&h), ["demo/a"]);
+        // A resume on another pool is no worker of this one.
+        h.resumer.answer(&actor("a"), full());
+        let elsewhere = actor("elsewhere");
+        drop(h.table.join(&elsewhere, Band::Standard).unwrap());
+        h.resumer.answer(&elsewhere, freed("q"));
+        h.scheduler.advance(Duration::from_millis(399));
+        assert!(pending(&h).is_empty(), "the pool's own delay, 400 ms");
+        h.scheduler.advance(Duration::from_millis(1));
+        assert_eq!(pending(&h), ["demo/a"]);
     }
 
     #[test]

@@ -173,8 +173,9 @@ pub struct Group<T> {
     /// How long an open probe holds the group: the longest delay, so that
     /// a resume as quick as a retry interval or two never counts as slow.
     patience: Duration,
-    /// When the group sends its next flight, if it is due to.
-    pub timer: Option<TimerId>,
+    /// When the group sends its next flight, if it is due to: the timer
+    /// and the moment it fires.
+    pub timer: Option<(TimerId, Instant)>,
     /// The delay between the group's answers and its next attempt.
     backoff: Backoff,
     /// Whether the group's router is alone on its pools (B127).
@@ -260,6 +261,30 @@ impl<T> Group<T> {
     pub fn worker_freed(&mut self) -> bool {
         self.backoff.reset();
         self.alone
+    }
+
+    /// A resume ran in the group's pool from an attempt other than its
+    /// probe (B128): a worker freed there, so the delays start again from
+    /// one interval. The delay the group's next flight would wait from
+    /// `now` if it is due later than that, or `None`: nothing waits, the
+    /// probe's answer decides, or the next flight is due as soon.
+    pub fn turned_over(&mut self, now: Instant) -> Option<Duration> {
+        if self.waiting == 0 {
+            return None;
+        }
+        self.backoff.reset();
+        if self.probe_open() {
+            return None;
+        }
+        let delay = self.next_delay();
+        match self.timer {
+            Some((_, due)) if due <= now + delay => {
+                // Not taken: the next refusal's delay is one interval again.
+                self.backoff.reset();
+                None
+            }
+            _ => Some(delay),
+        }
     }
 
     pub fn insert(&mut self, atespace: &Arc<str>, order: DispatchOrder, item: T, now: Instant) {
