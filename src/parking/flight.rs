@@ -817,18 +817,19 @@ impl Inner {
         }
     }
 
-    /// A resume ran (`resumed`) for `actor` on `pool`, from an attempt that
-    /// was not a probe of the group it names (`probed`): a worker freed in
-    /// that pool, and another may follow, so its group, and the group of
-    /// the actor's atespace (its actors' pools unknown), send their next
-    /// flight one interval from now, not later (B128).
+    /// A resume ran (`resumed`) for `actor` on `pool` (empty: not named): a
+    /// worker freed there, and another may follow, so the pool's group and
+    /// the group of the actor's atespace (its actors' pools unknown), each
+    /// unless the attempt was its own probe (`probed`), send their next
+    /// flight one delay from now, not later (B128).
     fn worker_taken(self: &Arc<Self>, pool: &str, actor: &ActorId, probed: Option<&GroupKey>) {
         let mut keys = vec![GroupKey::Atespace(Arc::from(actor.atespace()))];
         if !pool.is_empty() {
             keys.push(GroupKey::Pool(Arc::from(pool)));
         }
-        let now = self.clock.now();
         let mut groups = self.groups.lock();
+        // Read under the lock: a timer due by then may already be firing.
+        let now = self.clock.now();
         for key in keys.into_iter().filter(|key| Some(key) != probed) {
             let Some(group) = groups.get_mut(&key) else { continue };
             let Some(delay) = group.turned_over(now) else { continue };
@@ -1920,6 +1921,41 @@ pub(crate) mod tests {
         assert!(pending(&h).is_empty(), "the pool's own delay, 400 ms");
         h.scheduler.advance(Duration::from_millis(1));
         assert_eq!(pending(&h), ["demo/a"]);
+    }
+
+    #[test]
+    fn b128_a_resume_while_the_probe_is_open_restarts_the_delay_for_its_answer() {
+        let h = grouped_harness(60_000, 100);
+        let _callers = saturated(&h, &["demo/a"], "p", 0);
+        h.scheduler.advance(Duration::from_millis(100));
+        assert_eq!(pending(&h), ["demo/a"], "the probe; nothing else waits");
+        let fresh = actor("fresh");
+        drop(h.table.join(&fresh, Band::Standard).unwrap());
+        h.resumer.answer(&fresh, freed("p"));
+        // The refusal's delay is one interval, not the second (200 ms).
+        h.resumer.answer(&actor("a"), full());
+        h.scheduler.advance(Duration::from_millis(99));
+        assert!(pending(&h).is_empty());
+        h.scheduler.advance(Duration::from_millis(1));
+        assert_eq!(pending(&h), ["demo/a"]);
+    }
+
+    #[test]
+    fn b110_a_late_answer_of_a_forgotten_groups_probe_leaves_a_new_groups_probe_open() {
+        let h = grouped_harness(60_000, 100);
+        let _a = saturated(&h, &["demo/a"], "p", 0);
+        h.scheduler.advance(Duration::from_millis(100));
+        // a's probe overdue: the group, nothing waiting, is forgotten.
+        h.scheduler.advance(Duration::from_millis(400));
+        assert!(h.table.groups().is_empty());
+        // A new group of the same pool, and its probe.
+        let _c = saturated(&h, &["demo/c"], "p", 0);
+        h.scheduler.advance(Duration::from_millis(100));
+        assert_eq!(pending(&h), ["demo/a", "demo/c"]);
+        // a's late refusal is no answer of c's probe: a waits behind it.
+        h.resumer.answer(&actor("a"), full());
+        h.scheduler.advance(Duration::from_millis(300));
+        assert_eq!(pending(&h), ["demo/c"], "one probe open");
     }
 
     #[test]

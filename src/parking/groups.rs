@@ -16,6 +16,7 @@
 use std::cmp::Ordering;
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering as AtomicOrdering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -167,7 +168,6 @@ pub struct Group<T> {
     /// answer (B110), by number, so that a late answer of an earlier probe
     /// is told apart.
     probe: Option<u64>,
-    probes_sent: u64,
     /// When the group stops waiting for its open probe.
     pub patience_timer: Option<TimerId>,
     /// How long an open probe holds the group: the longest delay, so that
@@ -190,6 +190,12 @@ struct Entry<T> {
     since: Instant,
 }
 
+/// Probes opened in this process: a probe's number. Unique across groups,
+/// so that a late answer of a probe whose group was forgotten (its probe
+/// overdue, its flights gone) cannot close the probe of a new group of the
+/// same key.
+static PROBES_OPENED: AtomicU64 = AtomicU64::new(0);
+
 /// The longest a saturated group's delay grows to, in retry intervals
 /// (B110): a freed worker is taken within this many intervals.
 pub const DELAY_CAP_INTERVALS: u32 = 4;
@@ -204,7 +210,6 @@ impl<T> Group<T> {
             turns: VecDeque::new(),
             waiting: 0,
             probe: None,
-            probes_sent: 0,
             patience_timer: None,
             patience: policy.interval * DELAY_CAP_INTERVALS,
             timer: None,
@@ -232,9 +237,9 @@ impl<T> Group<T> {
 
     /// Opens a probe: its number, and how long the group waits for it.
     pub fn open_probe(&mut self) -> (u64, Duration) {
-        self.probes_sent += 1;
-        self.probe = Some(self.probes_sent);
-        (self.probes_sent, self.patience)
+        let id = PROBES_OPENED.fetch_add(1, AtomicOrdering::Relaxed) + 1;
+        self.probe = Some(id);
+        (id, self.patience)
     }
 
     /// Stops waiting for probe `id`, with the timer that would have, if it
@@ -269,11 +274,11 @@ impl<T> Group<T> {
     /// `now` if it is due later than that, or `None`: nothing waits, the
     /// probe's answer decides, or the next flight is due as soon.
     pub fn turned_over(&mut self, now: Instant) -> Option<Duration> {
-        if self.waiting == 0 {
+        if self.idle() {
             return None;
         }
         self.backoff.reset();
-        if self.probe_open() {
+        if self.probe_open() || self.waiting == 0 {
             return None;
         }
         let delay = self.next_delay();
