@@ -118,6 +118,9 @@ venv: deps-test ## the tests' Python venv (VENV, default /var/tmp/atenet-router-
 	@if ! cmp -s tests/system/requirements.txt $(VENV)/requirements.txt; then \
 		python3 -m venv $(VENV) && \
 		$(VENV)/bin/pip install -q --disable-pip-version-check -r tests/system/requirements.txt && \
+		$(VENV)/bin/pip install -q --disable-pip-version-check --no-deps --force-reinstall \
+			$$(grep '^opentelemetry-proto==' tests/system/requirements.txt) && \
+		$(VENV)/bin/python -c 'from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans as R; R.DESCRIPTOR.fields_by_name["scope_spans"]' && \
 		cp tests/system/requirements.txt $(VENV)/requirements.txt; \
 	fi
 
