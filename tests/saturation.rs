@@ -109,7 +109,9 @@ fn b110_a_saturated_pool_is_asked_once_at_a_time() {
     let m = stack.metrics();
     assert_eq!(m.value("atenet_router_saturation_groups", &[]), 1.0, "one pool, one group");
     let waiting = m.value("atenet_router_saturation_group_flights", &[]);
-    assert!(waiting >= (FLIGHTS - 1) as f64, "all but the probe's flight wait in it: {waiting}");
+    // All but the probe's flight wait in it, and one more if a refusal slow
+    // enough to be presumed a resume (B129) is under way as it is read.
+    assert!(waiting >= (FLIGHTS - 2) as f64, "all but the probe's flight wait in it: {waiting}");
     // Freed workers are still taken within a few retry intervals (the
     // group's delay stops at four).
     let freed = Instant::now();

@@ -650,7 +650,11 @@ impl Inner {
     }
 
     fn on_attempt(inner: &Arc<Inner>, flight: &Arc<Flight>, result: AttemptResult) {
-        let probe_of = flight.state.lock().probe_of.take();
+        let (probe_of, took) = {
+            let mut state = flight.state.lock();
+            let took = state.attempt_started.map(|at| inner.clock.now().saturating_duration_since(at));
+            (state.probe_of.take(), took)
+        };
         let error = match result {
             Ok(resumed) => {
                 inner.pools.lock().remember(&flight.actor, &resumed.worker_pool);
@@ -715,14 +719,14 @@ impl Inner {
         wake.into_iter().for_each(Waker::wake);
         match (probe_of, group) {
             (Some((probed, id)), Some(key)) if probed == key => {
-                return inner.group_answered(Some(key), code, Some(id));
+                return inner.group_answered(Some(key), code, Some(id), took);
             }
             (probe_of, group) => {
                 // A probe's answer about its actor, not the group's pool,
                 // only closes the probe.
                 inner.probe_answered(probe_of, code);
                 if let Some(key) = group {
-                    return inner.group_answered(Some(key), code, None);
+                    return inner.group_answered(Some(key), code, None, took);
                 }
             }
         }
@@ -766,28 +770,41 @@ impl Inner {
     /// group its flight goes to next.
     fn probe_answered(self: &Arc<Self>, probe: Option<(GroupKey, u64)>, code: Code) {
         if let Some((key, id)) = probe {
-            self.group_answered(Some(key), code, Some(id));
+            self.group_answered(Some(key), code, Some(id), None);
         }
     }
 
     /// Group `key` heard `code`, from its probe `probe` or from another
-    /// attempt (a first one, or an earlier probe's late answer): decides
-    /// when it sends its next flight (B110). While its answers are
-    /// retryable, one delay after the answer, growing while it stays
-    /// saturated; after a success at once.
-    fn group_answered(self: &Arc<Self>, key: Option<GroupKey>, code: Code, probe: Option<u64>) {
+    /// attempt (a first one, or an earlier probe's late answer), an answer
+    /// about its pool that `took` so long: decides when it sends its next
+    /// flight (B110). While its answers are retryable, one delay after the
+    /// answer, growing while it stays saturated; after a success at once.
+    fn group_answered(
+        self: &Arc<Self>,
+        key: Option<GroupKey>,
+        code: Code,
+        probe: Option<u64>,
+        took: Option<Duration>,
+    ) {
         let Some(key) = key else { return };
         let now = self.clock.now();
         let release_now = {
             let mut groups = self.groups.lock();
             let Some(group) = groups.get_mut(&key) else { return };
+            let mut open_probes_answer = false;
             if let Some(id) = probe {
-                if let (true, Some(timer)) = group.close_probe(id) {
+                let (was_open, patience_timer) = group.close_probe(id);
+                open_probes_answer = was_open;
+                if let Some(timer) = patience_timer {
                     self.scheduler.cancel(timer);
                 }
             }
             group.last_answer = code;
             group.last_answer_at = now;
+            group.heard();
+            if let (Code::ResourceExhausted, Some(took)) = (code, took) {
+                group.refused_in(took);
+            }
             if group.idle() {
                 if let Some((timer, _)) = groups.remove(&key).and_then(|g| g.timer) {
                     self.scheduler.cancel(timer);
@@ -795,11 +812,17 @@ impl Inner {
                 return;
             }
             match code {
-                Code::Ok if group.worker_freed() => {
+                Code::Ok if open_probes_answer && group.worker_freed() => {
                     if let Some((timer, _)) = group.timer.take() {
                         self.scheduler.cancel(timer);
                     }
                     true
+                }
+                // A presumed resume's late success: its follow-up went when it
+                // was presumed, so it only restarts the delay (B129, as B128).
+                Code::Ok if !open_probes_answer => {
+                    self.turned_over(&key, group, now);
+                    false
                 }
                 // The probe will answer, or the next is due already: another
                 // attempt's answer moves no timer, so that arrivals cannot
@@ -823,22 +846,33 @@ impl Inner {
     /// unless the attempt was its own probe (`probed`), send their next
     /// flight one delay from now, not later (B128).
     fn worker_taken(self: &Arc<Self>, pool: &str, actor: &ActorId, probed: Option<&GroupKey>) {
+        let mut groups = self.groups.lock();
+        if groups.is_empty() {
+            return;
+        }
         let mut keys = vec![GroupKey::Atespace(Arc::from(actor.atespace()))];
         if !pool.is_empty() {
             keys.push(GroupKey::Pool(Arc::from(pool)));
         }
-        let mut groups = self.groups.lock();
         // Read under the lock: a timer due by then may already be firing.
         let now = self.clock.now();
         for key in keys.into_iter().filter(|key| Some(key) != probed) {
-            let Some(group) = groups.get_mut(&key) else { continue };
-            let Some(delay) = group.turned_over(now) else { continue };
-            if let Some((timer, _)) = group.timer.take() {
-                self.scheduler.cancel(timer);
+            if let Some(group) = groups.get_mut(&key) {
+                self.turned_over(&key, group, now);
             }
-            let at = now + delay;
-            group.timer = Some((self.schedule_release(&key, at), at));
         }
+    }
+
+    /// Group `key`'s pool took a worker outside its open probe (B128, B129):
+    /// its delay starts again, and a next flight due later than one delay
+    /// from `now` goes then. The groups' lock is the caller's.
+    fn turned_over(self: &Arc<Self>, key: &GroupKey, group: &mut Group<Arc<Flight>>, now: Instant) {
+        let Some(delay) = group.turned_over(now) else { return };
+        if let Some((timer, _)) = group.timer.take() {
+            self.scheduler.cancel(timer);
+        }
+        let at = now + delay;
+        group.timer = Some((self.schedule_release(key, at), at));
     }
 
     /// Schedules group `key`'s next flight at `at`; the group's lock is
@@ -856,8 +890,7 @@ impl Inner {
         {
             let mut groups = self.groups.lock();
             let Some(group) = groups.get_mut(key) else { return };
-            group.patience_timer = None;
-            if !group.close_probe(id).0 {
+            if !group.presume_resume(id) {
                 return;
             }
             if group.idle() {
@@ -1755,12 +1788,47 @@ pub(crate) mod tests {
             .collect()
     }
 
+    /// As [`saturated`] with no gap, the pool taking `refusal_ms` to
+    /// refuse each first attempt: its group's patience for a probe is four
+    /// times that (B129). The clock then stands at the refusals.
+    fn saturated_refusing_in(h: &Harness, names: &[&str], pool: &str, refusal_ms: u64) -> Vec<Caller> {
+        for name in names {
+            first_attempt_answered(h, name.trim_start_matches("demo/"), freed(pool));
+        }
+        let callers: Vec<Caller> = names
+            .iter()
+            .map(|name| h.table.join(&ActorId::parse(name).unwrap(), Band::Standard).unwrap().0)
+            .collect();
+        h.scheduler.advance(Duration::from_millis(refusal_ms));
+        for name in names {
+            h.resumer.answer(&ActorId::parse(name).unwrap(), full());
+        }
+        callers
+    }
+
+    /// a's probe, just sent, holds the group for `patience_ms`: then b goes.
+    fn a_holds_the_group_for(h: &Harness, patience_ms: u64) {
+        assert_eq!(pending(h), ["demo/a"]);
+        h.scheduler.advance(Duration::from_millis(patience_ms - 1));
+        assert_eq!(pending(h), ["demo/a"], "within the patience");
+        h.scheduler.advance(Duration::from_millis(1));
+        assert_eq!(pending(h), ["demo/a", "demo/b"]);
+    }
+
     fn full() -> AttemptResult {
         err(Code::ResourceExhausted, "no free workers")
     }
 
     fn freed(pool: &str) -> AttemptResult {
         Ok(Resumed::from_pod_ips(true, &["10.0.0.7".into()]).on_pool(pool))
+    }
+
+    /// A first attempt of actor `name`, answered `result` at once: an
+    /// attempt that is no group's probe.
+    fn first_attempt_answered(h: &Harness, name: &str, result: AttemptResult) {
+        let actor = actor(name);
+        drop(h.table.join(&actor, Band::Standard).unwrap());
+        h.resumer.answer(&actor, result);
     }
 
     fn pending(h: &Harness) -> Vec<String> {
@@ -1774,7 +1842,8 @@ pub(crate) mod tests {
         let _callers = saturated(&h, &names, "p", 10);
         assert_eq!(h.resumer.running(), 0, "all four wait in the group");
         assert_eq!(h.table.groups()[0].waiting, 4);
-        h.scheduler.advance(Duration::from_millis(100));
+        // One interval after the first refusal, 40 ms ago.
+        h.scheduler.advance(Duration::from_millis(60));
         assert_eq!(pending(&h), ["demo/a0"], "the oldest first");
         h.resumer.answer(&ActorId::parse("demo/a0").unwrap(), full());
         h.scheduler.advance(Duration::from_millis(200));
@@ -1792,7 +1861,7 @@ pub(crate) mod tests {
         let (critical, _) = h.table.join(&actor("c"), Band::Critical).unwrap();
         let (sheddable, _) = h.table.join(&actor("a"), Band::Sheddable).unwrap();
         drop(sheddable);
-        h.scheduler.advance(Duration::from_millis(100));
+        h.scheduler.advance(Duration::from_millis(70));
         assert_eq!(pending(&h), ["demo/c"], "a critical joiner lifts the youngest flight");
         h.resumer.answer(&actor("c"), full());
         drop(critical);
@@ -1848,8 +1917,8 @@ pub(crate) mod tests {
         // joins the group without sending another flight while a's is open.
         let _d = h.table.join(&d, Band::Standard).unwrap();
         h.resumer.answer(&d, full());
-        h.scheduler.advance(Duration::from_millis(50));
-        assert_eq!(pending(&h), ["demo/a"], "one attempt open");
+        h.scheduler.advance(Duration::from_millis(20));
+        assert_eq!(pending(&h), ["demo/a"], "one attempt open (within its patience, B129)");
         h.resumer.answer(&actor("a"), full());
         let mut calls = 0;
         for _ in 0..50 {
@@ -1892,16 +1961,13 @@ pub(crate) mod tests {
         h.resumer.answer(&actor("a"), full());
         h.scheduler.advance(Duration::from_millis(100));
         // An actor already running takes no worker: nothing moves.
-        let running = actor("running");
-        drop(h.table.join(&running, Band::Standard).unwrap());
-        h.resumer.answer(&running, Ok(Resumed::from_pod_ips(false, &["10.0.0.7".into()]).on_pool("p")));
+        let running = Ok(Resumed::from_pod_ips(false, &["10.0.0.7".into()]).on_pool("p"));
+        first_attempt_answered(&h, "running", running);
         h.scheduler.advance(Duration::from_millis(100));
         assert!(pending(&h).is_empty(), "still on the capped delay");
         // A first attempt's resume on the pool took a worker that freed:
         // the group's next flight goes one interval later, not 200 ms later.
-        let fresh = actor("fresh");
-        drop(h.table.join(&fresh, Band::Standard).unwrap());
-        h.resumer.answer(&fresh, freed("p"));
+        first_attempt_answered(&h, "fresh", freed("p"));
         h.scheduler.advance(Duration::from_millis(99));
         assert!(pending(&h).is_empty(), "one interval, not at once");
         h.scheduler.advance(Duration::from_millis(1));
@@ -1914,9 +1980,7 @@ pub(crate) mod tests {
         assert_eq!(pending(&h), ["demo/a"]);
         // A resume on another pool is no worker of this one.
         h.resumer.answer(&actor("a"), full());
-        let elsewhere = actor("elsewhere");
-        drop(h.table.join(&elsewhere, Band::Standard).unwrap());
-        h.resumer.answer(&elsewhere, freed("q"));
+        first_attempt_answered(&h, "elsewhere", freed("q"));
         h.scheduler.advance(Duration::from_millis(399));
         assert!(pending(&h).is_empty(), "the pool's own delay, 400 ms");
         h.scheduler.advance(Duration::from_millis(1));
@@ -1929,15 +1993,87 @@ pub(crate) mod tests {
         let _callers = saturated(&h, &["demo/a"], "p", 0);
         h.scheduler.advance(Duration::from_millis(100));
         assert_eq!(pending(&h), ["demo/a"], "the probe; nothing else waits");
-        let fresh = actor("fresh");
-        drop(h.table.join(&fresh, Band::Standard).unwrap());
-        h.resumer.answer(&fresh, freed("p"));
+        first_attempt_answered(&h, "fresh", freed("p"));
         // The refusal's delay is one interval, not the second (200 ms).
         h.resumer.answer(&actor("a"), full());
         h.scheduler.advance(Duration::from_millis(99));
         assert!(pending(&h).is_empty());
         h.scheduler.advance(Duration::from_millis(1));
         assert_eq!(pending(&h), ["demo/a"]);
+    }
+
+    #[test]
+    fn b129_a_probe_slower_than_its_pools_refusals_is_presumed_a_resume() {
+        let h = grouped_harness(60_000, 100);
+        // Refused at once: the group's patience is its floor, 25 ms.
+        let _callers = saturated(&h, &["demo/a", "demo/b", "demo/c"], "p", 0);
+        h.scheduler.advance(Duration::from_millis(100));
+        // a presumed a resume: the next goes.
+        a_holds_the_group_for(&h, 25);
+        // b's refusal says the pool is full again: nothing more goes...
+        h.resumer.answer(&actor("b"), full());
+        h.scheduler.advance(Duration::from_millis(50));
+        assert_eq!(pending(&h), ["demo/a"]);
+        // a's late success is no news (b went when a was presumed): the
+        // delay starts again, and b, due 200 ms after its refusal, goes one
+        // interval after it instead.
+        h.resumer.answer(&actor("a"), freed("p"));
+        h.scheduler.advance(Duration::from_millis(99));
+        assert!(pending(&h).is_empty(), "not at once");
+        h.scheduler.advance(Duration::from_millis(1));
+        assert_eq!(pending(&h), ["demo/b"]);
+    }
+
+    #[test]
+    fn b129_an_answer_from_the_pool_ends_the_doubling() {
+        let h = grouped_harness(60_000, 100);
+        let _callers = saturated(&h, &["demo/a", "demo/b", "demo/c", "demo/d"], "p", 0);
+        h.scheduler.advance(Duration::from_millis(125));
+        assert_eq!(pending(&h), ["demo/a", "demo/b"], "a presumed after 25 ms");
+        // Unheard, b's patience is doubled...
+        h.scheduler.advance(Duration::from_millis(49));
+        assert_eq!(pending(&h), ["demo/a", "demo/b"]);
+        h.scheduler.advance(Duration::from_millis(1));
+        assert_eq!(pending(&h), ["demo/a", "demo/b", "demo/c"]);
+        // ...but a quick refusal says the pool answers: c's successor waits
+        // the pool's own patience again, 25 ms.
+        h.resumer.answer(&actor("c"), full());
+        h.scheduler.advance(Duration::from_millis(200));
+        assert_eq!(pending(&h), ["demo/a", "demo/b", "demo/c"], "c again, one delay on");
+        h.scheduler.advance(Duration::from_millis(25));
+        assert_eq!(pending(&h), ["demo/a", "demo/b", "demo/c", "demo/d"]);
+    }
+
+    #[test]
+    fn b129_a_control_plane_that_slows_down_is_asked_ever_less_often() {
+        let h = grouped_harness(60_000, 100);
+        let names: Vec<String> = (0..9).map(|i| format!("demo/w{i}")).collect();
+        let names: Vec<&str> = names.iter().map(String::as_str).collect();
+        let _callers = saturated(&h, &names, "p", 0);
+        // No probe answers: each one presumed a resume doubles the patience
+        // for the next, up to the longest delay.
+        let mut sent_at = Vec::new();
+        for ms in 1..=1300 {
+            h.scheduler.advance(Duration::from_millis(1));
+            if h.resumer.running() > sent_at.len() {
+                sent_at.push(ms);
+            }
+        }
+        assert_eq!(sent_at, [100, 125, 175, 275, 475, 875, 1275]);
+        // Their refusals come at last, slow: the patience is the longest
+        // delay, and the next probe, a delay (the second) on, holds the
+        // group for it.
+        for name in &names[..7] {
+            h.resumer.answer(&ActorId::parse(name).unwrap(), full());
+        }
+        h.scheduler.advance(Duration::from_millis(199));
+        assert_eq!(h.resumer.running(), 0);
+        h.scheduler.advance(Duration::from_millis(1));
+        assert_eq!(h.resumer.running(), 1, "the next probe");
+        h.scheduler.advance(Duration::from_millis(399));
+        assert_eq!(h.resumer.running(), 1, "held for 400 ms");
+        h.scheduler.advance(Duration::from_millis(1));
+        assert_eq!(h.resumer.running(), 2);
     }
 
     #[test]
@@ -1948,8 +2084,9 @@ pub(crate) mod tests {
         // a's probe overdue: the group, nothing waiting, is forgotten.
         h.scheduler.advance(Duration::from_millis(400));
         assert!(h.table.groups().is_empty());
-        // A new group of the same pool, and its probe.
-        let _c = saturated(&h, &["demo/c"], "p", 0);
+        // A new group of the same pool, and its probe, held 400 ms by a
+        // pool that refuses in 100 ms (B129).
+        let _c = saturated_refusing_in(&h, &["demo/c"], "p", 100);
         h.scheduler.advance(Duration::from_millis(100));
         assert_eq!(pending(&h), ["demo/a", "demo/c"]);
         // a's late refusal is no answer of c's probe: a waits behind it.
@@ -2049,20 +2186,19 @@ pub(crate) mod tests {
     #[test]
     fn b110_a_probe_unanswered_for_the_delay_no_longer_holds_its_pools_group() {
         let h = grouped_harness(60_000, 100);
-        let _callers = saturated(&h, &["demo/a", "demo/b", "demo/c"], "p", 0);
+        // A pool that takes 100 ms to refuse: the patience is at its most.
+        let _callers = saturated_refusing_in(&h, &["demo/a", "demo/b", "demo/c"], "p", 100);
         h.scheduler.advance(Duration::from_millis(100));
-        assert_eq!(pending(&h), ["demo/a"]);
-        // a's resume is under way (a full pool refuses at once): four
+        // a's resume is under way (no refusal takes that long): four
         // intervals (the longest delay) later the group sends b.
-        h.scheduler.advance(Duration::from_millis(399));
-        assert_eq!(pending(&h), ["demo/a"], "held for the longest delay");
-        h.scheduler.advance(Duration::from_millis(1));
-        assert_eq!(pending(&h), ["demo/a", "demo/b"]);
+        a_holds_the_group_for(&h, 400);
         // b's refusal closes b's probe and puts b back first in line; a's
-        // late success is a worker freed, and sends b again at once.
+        // late success is a worker freed: the delay starts again, and b
+        // goes one interval later (B129: b went when a was presumed).
         h.resumer.answer(&actor("b"), full());
         assert_eq!(pending(&h), ["demo/a"]);
         h.resumer.answer(&actor("a"), freed("p"));
+        h.scheduler.advance(Duration::from_millis(100));
         assert_eq!(pending(&h), ["demo/b"]);
         assert_eq!(h.table.groups()[0].waiting, 1, "c still waits");
     }
@@ -2070,7 +2206,8 @@ pub(crate) mod tests {
     #[test]
     fn b127_a_fleet_routers_group_probes_at_the_fleets_pace() {
         let h = fleet_harness(60_000, 100, 3);
-        let _callers = saturated(&h, &["demo/a", "demo/b", "demo/c"], "p", 0);
+        // Refusals slow enough (300 ms) for the patience to be at its most.
+        let _callers = saturated_refusing_in(&h, &["demo/a", "demo/b", "demo/c"], "p", 300);
         // One router's group would send a at 100 ms; a third of a fleet of
         // three waits three intervals.
         h.scheduler.advance(Duration::from_millis(299));

@@ -170,9 +170,17 @@ pub struct Group<T> {
     probe: Option<u64>,
     /// When the group stops waiting for its open probe.
     pub patience_timer: Option<TimerId>,
-    /// How long an open probe holds the group: the longest delay, so that
-    /// a resume as quick as a retry interval or two never counts as slow.
-    patience: Duration,
+    /// The longest an open probe holds the group: the longest delay.
+    patience_cap: Duration,
+    /// The least: a quarter of an interval, however quick the refusals.
+    patience_floor: Duration,
+    /// How long the pool takes to refuse: the slowest recent refusal,
+    /// decaying towards quicker ones (B129); none heard yet, `None`.
+    refusal_time: Option<Duration>,
+    /// Probes presumed resumes under way since the group last heard from
+    /// its pool (B129): each doubles the patience, so that a control plane
+    /// that stopped answering is asked ever less often.
+    unconfirmed: u32,
     /// When the group sends its next flight, if it is due to: the timer
     /// and the moment it fires.
     pub timer: Option<(TimerId, Instant)>,
@@ -200,6 +208,10 @@ static PROBES_OPENED: AtomicU64 = AtomicU64::new(0);
 /// (B110): a freed worker is taken within this many intervals.
 pub const DELAY_CAP_INTERVALS: u32 = 4;
 
+/// How many of its pool's refusals an open probe may take before the group
+/// presumes it a resume under way (B129).
+pub const PATIENCE_REFUSALS: u32 = 4;
+
 impl<T> Group<T> {
     /// A group of a router in a fleet of `fleet_size` routers (1: alone),
     /// whose delays and patience are `fleet_size` times one router's (B127).
@@ -211,7 +223,10 @@ impl<T> Group<T> {
             waiting: 0,
             probe: None,
             patience_timer: None,
-            patience: policy.interval * DELAY_CAP_INTERVALS,
+            patience_cap: policy.interval * DELAY_CAP_INTERVALS,
+            patience_floor: policy.interval / 4,
+            refusal_time: None,
+            unconfirmed: 0,
             timer: None,
             backoff: Backoff::new(policy),
             alone: fleet_size <= 1,
@@ -239,7 +254,35 @@ impl<T> Group<T> {
     pub fn open_probe(&mut self) -> (u64, Duration) {
         let id = PROBES_OPENED.fetch_add(1, AtomicOrdering::Relaxed) + 1;
         self.probe = Some(id);
-        (id, self.patience)
+        (id, self.patience())
+    }
+
+    /// How long the group waits for a probe before it presumes a resume
+    /// under way (B129): a full pool refuses at once, so an answer
+    /// [`PATIENCE_REFUSALS`] times slower than its slowest recent refusal
+    /// is no refusal. At least a quarter of an interval, doubled for each
+    /// resume presumed since the group last heard from its pool, and at
+    /// most the longest delay (B110), which is also the patience before any
+    /// refusal was timed.
+    pub fn patience(&self) -> Duration {
+        let Some(refusal) = self.refusal_time else { return self.patience_cap };
+        let base = refusal.saturating_mul(PATIENCE_REFUSALS).max(self.patience_floor);
+        base.saturating_mul(1 << self.unconfirmed.min(16)).min(self.patience_cap)
+    }
+
+    /// The group heard from its pool: an answer of any of its attempts.
+    pub fn heard(&mut self) {
+        self.unconfirmed = 0;
+    }
+
+    /// A refusal of the group's pool took `took`, from its call to its
+    /// answer (B129): a slower one than any recent sets the pace at once, a
+    /// quicker one moves it an eighth of the way down.
+    pub fn refused_in(&mut self, took: Duration) {
+        self.refusal_time = Some(match self.refusal_time {
+            Some(slowest) if slowest > took => slowest - (slowest - took) / 8,
+            _ => took,
+        });
     }
 
     /// Stops waiting for probe `id`, with the timer that would have, if it
@@ -250,6 +293,19 @@ impl<T> Group<T> {
         }
         self.probe = None;
         (true, self.patience_timer.take())
+    }
+
+    /// Probe `id` outlasted the group's patience: presumed a resume under
+    /// way, it no longer holds the group (B110, B129). False if it is not
+    /// the open probe.
+    pub fn presume_resume(&mut self, id: u64) -> bool {
+        self.patience_timer = None;
+        if self.probe != Some(id) {
+            return false;
+        }
+        self.probe = None;
+        self.unconfirmed = self.unconfirmed.saturating_add(1);
+        true
     }
 
     /// The delay before the next attempt while the group stays saturated:
@@ -277,8 +333,9 @@ impl<T> Group<T> {
         if self.idle() {
             return None;
         }
+        self.heard();
         self.backoff.reset();
-        if self.probe_open() || self.waiting == 0 {
+        if self.probe_open() {
             return None;
         }
         let delay = self.next_delay();
@@ -436,6 +493,51 @@ mod tests {
         assert_eq!(group.open_probe().1, Duration::from_millis(1200), "its patience too");
         assert!(!group.worker_freed(), "in a fleet, the next flight waits a delay");
         assert_eq!(group.next_delay(), Duration::from_millis(300));
+    }
+
+    #[test]
+    fn b129_the_patience_is_four_of_the_slowest_recent_refusals_within_its_bounds() {
+        let policy = BackoffPolicy { interval: Duration::from_millis(100), factor: 2.0, jitter: 0.0 };
+        let mut group: Group<()> = Group::new(policy, 1, Code::ResourceExhausted, Instant::now());
+        let ms = Duration::from_millis;
+        assert_eq!(group.patience(), ms(400), "no refusal timed: the longest delay");
+        group.refused_in(ms(10));
+        assert_eq!(group.patience(), ms(40));
+        group.refused_in(ms(2));
+        assert_eq!(group.patience(), ms(36), "a quicker refusal moves it an eighth of the way");
+        group.refused_in(ms(30));
+        assert_eq!(group.patience(), ms(120), "a slower one at once");
+        for _ in 0..40 {
+            group.refused_in(Duration::ZERO);
+        }
+        assert_eq!(group.patience(), ms(25), "at least a quarter of an interval");
+        group.refused_in(ms(250));
+        assert_eq!(group.patience(), ms(400), "at most the longest delay");
+    }
+
+    #[test]
+    fn b129_each_resume_presumed_unheard_doubles_the_patience() {
+        let policy = BackoffPolicy { interval: Duration::from_millis(100), factor: 2.0, jitter: 0.0 };
+        let mut group: Group<()> = Group::new(policy, 1, Code::ResourceExhausted, Instant::now());
+        group.refused_in(Duration::from_millis(5));
+        let mut patience = Vec::new();
+        let mut presumed = Vec::new();
+        for _ in 0..5 {
+            let (id, waits) = group.open_probe();
+            patience.push(waits.as_millis());
+            assert!(group.presume_resume(id) && !group.presume_resume(id), "presumed once");
+            presumed.push(id);
+        }
+        assert_eq!(patience, [25, 50, 100, 200, 400]);
+        for id in presumed {
+            assert_eq!(group.close_probe(id), (false, None), "no open probe's");
+        }
+        // An answer from the pool: the patience is the pool's again.
+        group.heard();
+        assert_eq!(group.open_probe().1, Duration::from_millis(25));
+        let mut fleet: Group<()> = Group::new(policy, 3, Code::ResourceExhausted, Instant::now());
+        fleet.refused_in(Duration::ZERO);
+        assert_eq!(fleet.patience(), Duration::from_millis(75), "a fleet's floor is N times one router's");
     }
 
     #[test]
