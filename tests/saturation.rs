@@ -109,9 +109,10 @@ fn b110_a_saturated_pool_is_asked_once_at_a_time() {
     let m = stack.metrics();
     assert_eq!(m.value("atenet_router_saturation_groups", &[]), 1.0, "one pool, one group");
     let waiting = m.value("atenet_router_saturation_group_flights", &[]);
-    // All but the probe's flight wait in it, and one more if a refusal slow
-    // enough to be presumed a resume (B129) is under way as it is read.
-    assert!(waiting >= (FLIGHTS - 2) as f64, "all but the probe's flight wait in it: {waiting}");
+    // All but the probe's flight wait in it, and a few more while refusals
+    // slow enough to be presumed resumes (B129) are under way: each doubles
+    // the patience for the next, so a busy machine makes at most a few.
+    assert!(waiting >= (FLIGHTS - 6) as f64, "all but the attempts open wait in it: {waiting}");
     // Freed workers are still taken within a few retry intervals (the
     // group's delay stops at four).
     let freed = Instant::now();

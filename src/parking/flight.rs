@@ -659,20 +659,19 @@ impl Inner {
             Ok(resumed) => {
                 inner.pools.lock().remember(&flight.actor, &resumed.worker_pool);
                 if resumed.resumed && inner.policy.dispatch == Dispatch::SaturationGroup {
-                    let probed = probe_of.as_ref().map(|(key, _)| key);
-                    inner.worker_taken(&resumed.worker_pool, &flight.actor, probed);
+                    inner.worker_taken(&resumed.worker_pool, &flight.actor, probe_of.as_ref());
                 }
                 inner.finish(flight, Code::Ok, FlightOutcome::Resumed(resumed));
-                // A worker freed, and more may follow: the group's next
-                // flight goes at once.
-                return inner.probe_answered(probe_of, Code::Ok);
+                // An open probe's success: a worker freed, and more may
+                // follow, so the group's next flight goes at once (B110).
+                return inner.probe_answered(probe_of, Code::Ok, took);
             }
             Err(error) => error,
         };
         let code = error.code;
         if !code.is_retryable(inner.policy.parking_enabled) {
             inner.finish(flight, code, FlightOutcome::Failed(error));
-            return inner.probe_answered(probe_of, code);
+            return inner.probe_answered(probe_of, code, took);
         }
         let now = inner.clock.now();
         if now >= flight.deadline {
@@ -680,7 +679,7 @@ impl Inner {
             // sees a park transition first, so none can take a slot (or be
             // shed) for a flight that has already ended.
             inner.finish(flight, code, FlightOutcome::BudgetExhausted(error));
-            return inner.probe_answered(probe_of, code);
+            return inner.probe_answered(probe_of, code, took);
         }
         let group = match inner.policy.dispatch {
             Dispatch::SaturationGroup => GroupKey::for_answer(code, &flight.actor, &inner.pools.lock()),
@@ -695,7 +694,7 @@ impl Inner {
             if state.callers == 0 {
                 state.last_code = Some(code);
                 inner.abandon(shard, flight, state);
-                return inner.probe_answered(probe_of, code);
+                return inner.probe_answered(probe_of, code, took);
             }
             drop(shard);
             state.last_code = Some(code);
@@ -724,7 +723,7 @@ impl Inner {
             (probe_of, group) => {
                 // A probe's answer about its actor, not the group's pool,
                 // only closes the probe.
-                inner.probe_answered(probe_of, code);
+                inner.probe_answered(probe_of, code, took);
                 if let Some(key) = group {
                     return inner.group_answered(Some(key), code, None, took);
                 }
@@ -766,11 +765,11 @@ impl Inner {
         }
     }
 
-    /// The answer of probe `probe` (if the attempt was one), whatever
-    /// group its flight goes to next.
-    fn probe_answered(self: &Arc<Self>, probe: Option<(GroupKey, u64)>, code: Code) {
+    /// The answer of probe `probe` (if the attempt was one), which `took`
+    /// so long, whatever group its flight goes to next.
+    fn probe_answered(self: &Arc<Self>, probe: Option<(GroupKey, u64)>, code: Code, took: Option<Duration>) {
         if let Some((key, id)) = probe {
-            self.group_answered(Some(key), code, Some(id), None);
+            self.group_answered(Some(key), code, Some(id), took);
         }
     }
 
@@ -778,7 +777,8 @@ impl Inner {
     /// attempt (a first one, or an earlier probe's late answer), an answer
     /// about its pool that `took` so long: decides when it sends its next
     /// flight (B110). While its answers are retryable, one delay after the
-    /// answer, growing while it stays saturated; after a success at once.
+    /// answer, growing while it stays saturated; after its open probe's
+    /// success at once (a presumed probe's late success is B128's, B129).
     fn group_answered(
         self: &Arc<Self>,
         key: Option<GroupKey>,
@@ -791,10 +791,10 @@ impl Inner {
         let release_now = {
             let mut groups = self.groups.lock();
             let Some(group) = groups.get_mut(&key) else { return };
-            let mut open_probes_answer = false;
+            let mut answered_open_probe = false;
             if let Some(id) = probe {
                 let (was_open, patience_timer) = group.close_probe(id);
-                open_probes_answer = was_open;
+                answered_open_probe = was_open;
                 if let Some(timer) = patience_timer {
                     self.scheduler.cancel(timer);
                 }
@@ -812,17 +812,11 @@ impl Inner {
                 return;
             }
             match code {
-                Code::Ok if open_probes_answer && group.worker_freed() => {
+                Code::Ok if answered_open_probe && group.worker_freed() => {
                     if let Some((timer, _)) = group.timer.take() {
                         self.scheduler.cancel(timer);
                     }
                     true
-                }
-                // A presumed resume's late success: its follow-up went when it
-                // was presumed, so it only restarts the delay (B129, as B128).
-                Code::Ok if !open_probes_answer => {
-                    self.turned_over(&key, group, now);
-                    false
                 }
                 // The probe will answer, or the next is due already: another
                 // attempt's answer moves no timer, so that arrivals cannot
@@ -843,9 +837,10 @@ impl Inner {
     /// A resume ran (`resumed`) for `actor` on `pool` (empty: not named): a
     /// worker freed there, and another may follow, so the pool's group and
     /// the group of the actor's atespace (its actors' pools unknown), each
-    /// unless the attempt was its own probe (`probed`), send their next
-    /// flight one delay from now, not later (B128).
-    fn worker_taken(self: &Arc<Self>, pool: &str, actor: &ActorId, probed: Option<&GroupKey>) {
+    /// unless the attempt is its open probe (`probe`; a probe presumed a
+    /// resume is open no more, B129), send their next flight one delay from
+    /// now, not later (B128).
+    fn worker_taken(self: &Arc<Self>, pool: &str, actor: &ActorId, probe: Option<&(GroupKey, u64)>) {
         let mut groups = self.groups.lock();
         if groups.is_empty() {
             return;
@@ -856,23 +851,18 @@ impl Inner {
         }
         // Read under the lock: a timer due by then may already be firing.
         let now = self.clock.now();
-        for key in keys.into_iter().filter(|key| Some(key) != probed) {
-            if let Some(group) = groups.get_mut(&key) {
-                self.turned_over(&key, group, now);
+        for key in keys {
+            let Some(group) = groups.get_mut(&key) else { continue };
+            if matches!(probe, Some((probed, id)) if *probed == key && group.is_open_probe(*id)) {
+                continue;
             }
+            let Some(delay) = group.turned_over(now) else { continue };
+            if let Some((timer, _)) = group.timer.take() {
+                self.scheduler.cancel(timer);
+            }
+            let at = now + delay;
+            group.timer = Some((self.schedule_release(&key, at), at));
         }
-    }
-
-    /// Group `key`'s pool took a worker outside its open probe (B128, B129):
-    /// its delay starts again, and a next flight due later than one delay
-    /// from `now` goes then. The groups' lock is the caller's.
-    fn turned_over(self: &Arc<Self>, key: &GroupKey, group: &mut Group<Arc<Flight>>, now: Instant) {
-        let Some(delay) = group.turned_over(now) else { return };
-        if let Some((timer, _)) = group.timer.take() {
-            self.scheduler.cancel(timer);
-        }
-        let at = now + delay;
-        group.timer = Some((self.schedule_release(key, at), at));
     }
 
     /// Schedules group `key`'s next flight at `at`; the group's lock is
@@ -882,10 +872,10 @@ impl Inner {
         self.scheduler.schedule(at, Box::new(move || inner.release(&key)))
     }
 
-    /// Probe `id` of pool or atespace group `key` has had no answer for the
-    /// group's longest delay: an answer that slow is no refusal (a full pool
+    /// Probe `id` of pool or atespace group `key` has had no answer past the
+    /// group's patience: an answer that slow is no refusal (a full pool
     /// refuses at once) but a resume under way, so the group sends its next
-    /// flight without waiting for it (B110).
+    /// flight without waiting for it (B110, B129).
     fn probe_overdue(self: &Arc<Self>, key: &GroupKey, id: u64) {
         {
             let mut groups = self.groups.lock();
@@ -2014,6 +2004,23 @@ pub(crate) mod tests {
         h.resumer.answer(&actor("b"), full());
         h.scheduler.advance(Duration::from_millis(50));
         assert_eq!(pending(&h), ["demo/a"]);
+        // a's late success of an actor already running took no worker:
+        // nothing moves.
+        h.resumer.answer(&actor("a"), Ok(Resumed::from_pod_ips(false, &["10.0.0.7".into()]).on_pool("p")));
+        h.scheduler.advance(Duration::from_millis(100));
+        assert!(pending(&h).is_empty(), "b still due 200 ms after its refusal");
+        h.scheduler.advance(Duration::from_millis(50));
+        assert_eq!(pending(&h), ["demo/b"]);
+    }
+
+    #[test]
+    fn b129_a_presumed_resumes_late_success_brings_the_next_flight_in() {
+        let h = grouped_harness(60_000, 100);
+        let _callers = saturated(&h, &["demo/a", "demo/b", "demo/c"], "p", 0);
+        h.scheduler.advance(Duration::from_millis(100));
+        a_holds_the_group_for(&h, 25);
+        h.resumer.answer(&actor("b"), full());
+        h.scheduler.advance(Duration::from_millis(50));
         // a's late success is no news (b went when a was presumed): the
         // delay starts again, and b, due 200 ms after its refusal, goes one
         // interval after it instead.
@@ -2045,7 +2052,7 @@ pub(crate) mod tests {
     }
 
     #[test]
-    fn b129_a_control_plane_that_slows_down_is_asked_ever_less_often() {
+    fn b129_a_pool_whose_ateapi_stops_answering_is_asked_ever_less_often() {
         let h = grouped_harness(60_000, 100);
         let names: Vec<String> = (0..9).map(|i| format!("demo/w{i}")).collect();
         let names: Vec<&str> = names.iter().map(String::as_str).collect();
@@ -2081,8 +2088,9 @@ pub(crate) mod tests {
         let h = grouped_harness(60_000, 100);
         let _a = saturated(&h, &["demo/a"], "p", 0);
         h.scheduler.advance(Duration::from_millis(100));
-        // a's probe overdue: the group, nothing waiting, is forgotten.
-        h.scheduler.advance(Duration::from_millis(400));
+        // a's probe presumed a resume (B129): the group, nothing waiting,
+        // is forgotten.
+        h.scheduler.advance(Duration::from_millis(25));
         assert!(h.table.groups().is_empty());
         // A new group of the same pool, and its probe, held 400 ms by a
         // pool that refuses in 100 ms (B129).
@@ -2198,7 +2206,9 @@ pub(crate) mod tests {
         h.resumer.answer(&actor("b"), full());
         assert_eq!(pending(&h), ["demo/a"]);
         h.resumer.answer(&actor("a"), freed("p"));
-        h.scheduler.advance(Duration::from_millis(100));
+        h.scheduler.advance(Duration::from_millis(99));
+        assert!(pending(&h).is_empty(), "not at once");
+        h.scheduler.advance(Duration::from_millis(1));
         assert_eq!(pending(&h), ["demo/b"]);
         assert_eq!(h.table.groups()[0].waiting, 1, "c still waits");
     }

@@ -180,7 +180,7 @@ pub struct Group<T> {
     /// Probes presumed resumes under way since the group last heard from
     /// its pool (B129): each doubles the patience, so that a control plane
     /// that stopped answering is asked ever less often.
-    unconfirmed: u32,
+    presumed_unheard: u32,
     /// When the group sends its next flight, if it is due to: the timer
     /// and the moment it fires.
     pub timer: Option<(TimerId, Instant)>,
@@ -226,7 +226,7 @@ impl<T> Group<T> {
             patience_cap: policy.interval * DELAY_CAP_INTERVALS,
             patience_floor: policy.interval / 4,
             refusal_time: None,
-            unconfirmed: 0,
+            presumed_unheard: 0,
             timer: None,
             backoff: Backoff::new(policy),
             alone: fleet_size <= 1,
@@ -250,6 +250,11 @@ impl<T> Group<T> {
         self.probe.is_some()
     }
 
+    /// Whether probe `id` is the one the group waits for.
+    pub fn is_open_probe(&self, id: u64) -> bool {
+        self.probe == Some(id)
+    }
+
     /// Opens a probe: its number, and how long the group waits for it.
     pub fn open_probe(&mut self) -> (u64, Duration) {
         let id = PROBES_OPENED.fetch_add(1, AtomicOrdering::Relaxed) + 1;
@@ -267,12 +272,13 @@ impl<T> Group<T> {
     pub fn patience(&self) -> Duration {
         let Some(refusal) = self.refusal_time else { return self.patience_cap };
         let base = refusal.saturating_mul(PATIENCE_REFUSALS).max(self.patience_floor);
-        base.saturating_mul(1 << self.unconfirmed.min(16)).min(self.patience_cap)
+        base.saturating_mul(1 << self.presumed_unheard.min(16)).min(self.patience_cap)
     }
 
-    /// The group heard from its pool: an answer of any of its attempts.
+    /// The group heard from its pool: an answer of any of its attempts,
+    /// or a resume there outside its probe ([`Group::turned_over`]).
     pub fn heard(&mut self) {
-        self.unconfirmed = 0;
+        self.presumed_unheard = 0;
     }
 
     /// A refusal of the group's pool took `took`, from its call to its
@@ -299,12 +305,13 @@ impl<T> Group<T> {
     /// way, it no longer holds the group (B110, B129). False if it is not
     /// the open probe.
     pub fn presume_resume(&mut self, id: u64) -> bool {
-        self.patience_timer = None;
         if self.probe != Some(id) {
+            // Its answer came first; the patience timer is the next probe's.
             return false;
         }
         self.probe = None;
-        self.unconfirmed = self.unconfirmed.saturating_add(1);
+        self.patience_timer = None;
+        self.presumed_unheard = self.presumed_unheard.saturating_add(1);
         true
     }
 
