@@ -1805,6 +1805,19 @@ pub(crate) mod tests {
         assert_eq!(pending(h), ["demo/a", "demo/b"]);
     }
 
+    /// a, b and c wait on pool p, refused at once (a patience of 25 ms):
+    /// a's probe is presumed a resume, b goes, and b's refusal, 50 ms ago,
+    /// says the pool is full again, so nothing more goes.
+    fn a_presumed_then_b_refused(h: &Harness) -> Vec<Caller> {
+        let callers = saturated(h, &["demo/a", "demo/b", "demo/c"], "p", 0);
+        h.scheduler.advance(Duration::from_millis(100));
+        a_holds_the_group_for(h, 25);
+        h.resumer.answer(&actor("b"), full());
+        h.scheduler.advance(Duration::from_millis(50));
+        assert_eq!(pending(h), ["demo/a"]);
+        callers
+    }
+
     fn full() -> AttemptResult {
         err(Code::ResourceExhausted, "no free workers")
     }
@@ -1995,15 +2008,7 @@ pub(crate) mod tests {
     #[test]
     fn b129_a_probe_slower_than_its_pools_refusals_is_presumed_a_resume() {
         let h = grouped_harness(60_000, 100);
-        // Refused at once: the group's patience is its floor, 25 ms.
-        let _callers = saturated(&h, &["demo/a", "demo/b", "demo/c"], "p", 0);
-        h.scheduler.advance(Duration::from_millis(100));
-        // a presumed a resume: the next goes.
-        a_holds_the_group_for(&h, 25);
-        // b's refusal says the pool is full again: nothing more goes...
-        h.resumer.answer(&actor("b"), full());
-        h.scheduler.advance(Duration::from_millis(50));
-        assert_eq!(pending(&h), ["demo/a"]);
+        let _callers = a_presumed_then_b_refused(&h);
         // a's late success of an actor already running took no worker:
         // nothing moves.
         h.resumer.answer(&actor("a"), Ok(Resumed::from_pod_ips(false, &["10.0.0.7".into()]).on_pool("p")));
@@ -2016,11 +2021,7 @@ pub(crate) mod tests {
     #[test]
     fn b129_a_presumed_resumes_late_success_brings_the_next_flight_in() {
         let h = grouped_harness(60_000, 100);
-        let _callers = saturated(&h, &["demo/a", "demo/b", "demo/c"], "p", 0);
-        h.scheduler.advance(Duration::from_millis(100));
-        a_holds_the_group_for(&h, 25);
-        h.resumer.answer(&actor("b"), full());
-        h.scheduler.advance(Duration::from_millis(50));
+        let _callers = a_presumed_then_b_refused(&h);
         // a's late success is no news (b went when a was presumed): the
         // delay starts again, and b, due 200 ms after its refusal, goes one
         // interval after it instead.

@@ -281,8 +281,8 @@ impl<T> Group<T> {
         self.presumed_unheard = 0;
     }
 
-    /// A refusal of the group's pool took `took`, from its call to its
-    /// answer (B129): a slower one than any recent sets the pace at once, a
+    /// A refusal of the group's pool took `took`, from its attempt's start
+    /// to its answer (B129): a slower one than any recent sets the pace at once, a
     /// quicker one moves it an eighth of the way down.
     pub fn refused_in(&mut self, took: Duration) {
         self.refusal_time = Some(match self.refusal_time {
@@ -294,7 +294,7 @@ impl<T> Group<T> {
     /// Stops waiting for probe `id`, with the timer that would have, if it
     /// is the open one; false for an earlier probe's late answer.
     pub fn close_probe(&mut self, id: u64) -> (bool, Option<TimerId>) {
-        if self.probe != Some(id) {
+        if !self.is_open_probe(id) {
             return (false, None);
         }
         self.probe = None;
@@ -305,7 +305,7 @@ impl<T> Group<T> {
     /// way, it no longer holds the group (B110, B129). False if it is not
     /// the open probe.
     pub fn presume_resume(&mut self, id: u64) -> bool {
-        if self.probe != Some(id) {
+        if !self.is_open_probe(id) {
             // Its answer came first; the patience timer is the next probe's.
             return false;
         }
