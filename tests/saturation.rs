@@ -1,6 +1,7 @@
 //! A saturated worker pool through the real router, the simulator's pool
-//! as truth (B109-B112): freed workers go to the oldest flights, and the
-//! pool is asked once at a time, not once per waiting flight.
+//! as truth (B109-B112, B129): freed workers go to the oldest flights, the
+//! pool is asked once at a time, not once per waiting flight, and a slow
+//! restore does not hold the queue.
 
 #![cfg(feature = "testkit")]
 
@@ -17,11 +18,17 @@ use futures::future::join_all;
 /// A pool of `actors` suspended actors and no free worker: every resume is
 /// `RESOURCE_EXHAUSTED` until the test adds workers.
 fn saturated_sim(actors: usize) -> Sim {
+    saturated_sim_restoring_in(actors, Duration::from_millis(10))
+}
+
+/// [`saturated_sim`] whose resumes each take exactly `restore`.
+fn saturated_sim_restoring_in(actors: usize, restore: Duration) -> Sim {
     Sim::start(SimConfig {
         listen: "127.0.0.1:0".parse().unwrap(),
         actors,
         workers: 0,
-        restore_latency: Duration::from_millis(10),
+        restore_latency: restore,
+        restore_jitter: 0.0,
         idle_suspend: Duration::from_secs(3600),
         ..SimConfig::default()
     })
@@ -123,6 +130,40 @@ fn b110_a_saturated_pool_is_asked_once_at_a_time() {
     let taken = freed.elapsed();
     assert!(taken < Duration::from_secs(2), "three freed workers taken after {taken:?}");
     for _ in 3..FLIGHTS {
+        stack.sim.add_worker();
+    }
+    let replies = requests.join().unwrap();
+    assert!(replies.iter().all(|r| !routed(r).1.is_empty()), "every request is served");
+}
+
+#[test]
+fn b129_a_slow_restore_does_not_hold_its_group() {
+    const FLIGHTS: usize = 6;
+    const FREED: u64 = 3;
+    // Restores of 3 s and a 1 s retry interval: B110 alone waits 4 s for a
+    // probe, so it would send the next flight only on this one's success,
+    // one restore at a time. The pool refuses in a millisecond or two, so
+    // B129's patience is at its floor (250 ms), doubling while unheard.
+    let sim = saturated_sim_restoring_in(FLIGHTS, Duration::from_secs(3));
+    let args = ["--parked-request-budget", "60s", "--parked-request-retry-interval", "1s"];
+    let stack = Stack::start_on(sim, &args, "0");
+    let envoy = stack.envoy.clone();
+    let requests = std::thread::spawn(move || {
+        block_on(join_all((0..FLIGHTS).map(|i| {
+            let envoy = envoy.clone();
+            async move { envoy.route(&actor(i)).await }
+        })))
+    });
+    stack.eventually("every flight parked", |s| (0..FLIGHTS).all(|i| parked(s, &actor(i))));
+    for _ in 0..FREED {
+        stack.sim.add_worker();
+    }
+    // The truth is the simulator's: resumes it has taken a worker for and
+    // not answered yet. Every freed worker is restoring at once, before the
+    // first restore ends (some 750 ms after the first probe, against 3 s).
+    stack.eventually("every freed worker restoring", |s| s.sim.unanswered() >= FREED);
+    assert_eq!(served(&stack), 0, "all {FREED} restores began before the first ended");
+    for _ in FREED as usize..FLIGHTS {
         stack.sim.add_worker();
     }
     let replies = requests.join().unwrap();
