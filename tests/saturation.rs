@@ -1,7 +1,8 @@
 //! A saturated worker pool through the real router, the simulator's pool
-//! as truth (B109-B112, B129): freed workers go to the oldest flights, the
-//! pool is asked once at a time, not once per waiting flight, and a slow
-//! restore does not hold the queue.
+//! as truth (B109-B112, B129, B130): freed workers go to the oldest
+//! flights, the pool is asked once at a time, not once per waiting flight,
+//! a slow restore does not hold the queue, and the control plane's group
+//! comes back with the control plane.
 
 #![cfg(feature = "testkit")]
 
@@ -10,7 +11,7 @@ use crate::common;
 use std::time::{Duration, Instant};
 
 use atenet_router::actor::resume::Code;
-use atenet_router::tools::sim::{Sim, SimConfig};
+use atenet_router::tools::sim::{Answer, Sim, SimConfig};
 use common::*;
 use futures::executor::block_on;
 use futures::future::join_all;
@@ -168,4 +169,47 @@ fn b129_a_slow_restore_does_not_hold_its_group() {
     }
     let replies = requests.join().unwrap();
     assert!(replies.iter().all(|r| !routed(r).1.is_empty()), "every request is served");
+}
+
+#[test]
+fn b130_the_control_planes_group_comes_back_with_the_control_plane() {
+    // A pool with a free worker, and an actor the control plane answers
+    // UNAVAILABLE twice: its flight waits in the control plane's group,
+    // whose delay (1 s, then times 4, no jitter) is at its cap, 4 s.
+    let sim = Sim::start(SimConfig {
+        listen: "127.0.0.1:0".parse().unwrap(),
+        actors: 1,
+        workers: 1,
+        restore_latency: Duration::from_millis(10),
+        ..SimConfig::default()
+    })
+    .expect("sim starts");
+    let down = Answer::error(Code::Unavailable, "control plane restarting");
+    sim.script("other/a", vec![down.clone(), down, Answer::ok("10.0.0.7", true)]);
+    let args = [
+        "--parked-request-budget",
+        "60s",
+        "--parked-request-retry-interval",
+        "1s",
+        "--parked-request-retry-factor",
+        "4",
+        "--parked-request-retry-jitter",
+        "0",
+    ];
+    let stack = Stack::start_on(sim, &args, "0");
+    let envoy = stack.envoy.clone();
+    let waiting = std::thread::spawn(move || block_on(envoy.route("other/a")));
+    // Its second UNAVAILABLE, 1 s in: the next probe is due 4 s later.
+    assert!(stack.sim.wait_for_calls("other/a", 2, PATIENCE), "two calls for other/a");
+    // Another request's answer shows the control plane up: the group's
+    // next flight goes one interval later, not four.
+    assert!(!routed(&block_on(stack.envoy.route(&actor(0)))).1.is_empty(), "{} served", actor(0));
+    let up = stack.sim.first_answered(&actor(0), Code::Ok).expect("answered");
+    assert!(!routed(&waiting.join().unwrap()).1.is_empty(), "other/a served");
+    let served = stack.sim.first_answered("other/a", Code::Ok).expect("answered");
+    let after = served.saturating_duration_since(up);
+    assert!(
+        after < Duration::from_millis(2_500),
+        "other/a served {after:?} after the control plane answered"
+    );
 }

@@ -655,12 +655,12 @@ impl Inner {
             let took = state.attempt_started.map(|at| inner.clock.now().saturating_duration_since(at));
             (state.probe_of.take(), took)
         };
+        if inner.policy.dispatch == Dispatch::SaturationGroup {
+            inner.bring_groups_in(&result, &flight.actor, probe_of.as_ref());
+        }
         let error = match result {
             Ok(resumed) => {
                 inner.pools.lock().remember(&flight.actor, &resumed.worker_pool);
-                if resumed.resumed && inner.policy.dispatch == Dispatch::SaturationGroup {
-                    inner.worker_taken(&resumed.worker_pool, &flight.actor, probe_of.as_ref());
-                }
                 inner.finish(flight, Code::Ok, FlightOutcome::Resumed(resumed));
                 // An open probe's success: a worker freed, and more may
                 // follow, so the group's next flight goes at once (B110).
@@ -834,29 +834,50 @@ impl Inner {
         }
     }
 
-    /// A resume ran (`resumed`) for `actor` on `pool` (empty: not named): a
-    /// worker freed there, and another may follow, so the pool's group and
-    /// the group of the actor's atespace (its actors' pools unknown), each
-    /// unless the attempt is its open probe (`probe`; a probe presumed a
-    /// resume is open no more, B129), send their next flight one delay from
-    /// now, not later (B128).
-    fn worker_taken(self: &Arc<Self>, pool: &str, actor: &ActorId, probe: Option<&(GroupKey, u64)>) {
+    /// An attempt for `actor` was answered `result`, before its probe's
+    /// (`probe`, if it was one) answer is handled: what some groups wait
+    /// for may have come back, and their next flight goes one delay from
+    /// now, not later. Any answer of the control plane, its group's own
+    /// probe's included, for the control plane's group (B130). A resume
+    /// took a worker that freed, and another may follow, for the group of
+    /// the pool it names and of the actor's atespace (its actors' pools
+    /// unknown), each unless the attempt is its open probe, whose success
+    /// is B110's (a probe presumed a resume is open no more, B129) (B128).
+    fn bring_groups_in(
+        self: &Arc<Self>,
+        result: &AttemptResult,
+        actor: &ActorId,
+        probe: Option<&(GroupKey, u64)>,
+    ) {
+        // Each group, with the probe whose answer this is if it is that
+        // group's: skipped while still open.
+        let mut keys: Vec<(GroupKey, Option<u64>)> = Vec::with_capacity(3);
+        let code = result.as_ref().map_or_else(|error| error.code, |_| Code::Ok);
+        if GroupKey::answered_by_control_plane(code) {
+            keys.push((GroupKey::ControlPlane, None));
+        }
+        if let Some(resumed) = result.as_ref().ok().filter(|r| r.resumed) {
+            let own = |key: &GroupKey| probe.filter(|(probed, _)| probed == key).map(|(_, id)| *id);
+            let atespace = GroupKey::Atespace(Arc::from(actor.atespace()));
+            keys.push((atespace.clone(), own(&atespace)));
+            if !resumed.worker_pool.is_empty() {
+                let pool = GroupKey::Pool(Arc::from(resumed.worker_pool.as_str()));
+                let probe = own(&pool);
+                keys.push((pool, probe));
+            }
+        }
         let mut groups = self.groups.lock();
         if groups.is_empty() {
             return;
         }
-        let mut keys = vec![GroupKey::Atespace(Arc::from(actor.atespace()))];
-        if !pool.is_empty() {
-            keys.push(GroupKey::Pool(Arc::from(pool)));
-        }
         // Read under the lock: a timer due by then may already be firing.
         let now = self.clock.now();
-        for key in keys {
+        for (key, own_probe) in keys {
             let Some(group) = groups.get_mut(&key) else { continue };
-            if matches!(probe, Some((probed, id)) if *probed == key && group.is_open_probe(*id)) {
+            if own_probe.is_some_and(|id| group.is_open_probe(id)) {
                 continue;
             }
-            let Some(delay) = group.turned_over(now) else { continue };
+            let Some(delay) = group.came_back(now) else { continue };
             if let Some((timer, _)) = group.timer.take() {
                 self.scheduler.cancel(timer);
             }
@@ -1838,6 +1859,15 @@ pub(crate) mod tests {
         h.resumer.pending_actors().iter().map(|a| a.to_string()).collect()
     }
 
+    /// Nothing is sent for `ms - 1` ms, then `actor` alone is (`why` says
+    /// why not sooner).
+    fn sent_after(h: &Harness, ms: u64, actor: &str, why: &str) {
+        h.scheduler.advance(Duration::from_millis(ms - 1));
+        assert!(pending(h).is_empty(), "{actor} sent before {ms} ms: {why}");
+        h.scheduler.advance(Duration::from_millis(1));
+        assert_eq!(pending(h), [actor], "{actor} due at {ms} ms");
+    }
+
     #[test]
     fn b111_a_group_sends_the_flight_whose_budget_ends_first() {
         let h = grouped_harness(10_000, 100);
@@ -1971,23 +2001,14 @@ pub(crate) mod tests {
         // A first attempt's resume on the pool took a worker that freed:
         // the group's next flight goes one interval later, not 200 ms later.
         first_attempt_answered(&h, "fresh", freed("p"));
-        h.scheduler.advance(Duration::from_millis(99));
-        assert!(pending(&h).is_empty(), "one interval, not at once");
-        h.scheduler.advance(Duration::from_millis(1));
-        assert_eq!(pending(&h), ["demo/a"]);
+        sent_after(&h, 100, "demo/a", "one interval, not at once");
         // The delays started again: its refusal waits the second, 200 ms.
         h.resumer.answer(&actor("a"), full());
-        h.scheduler.advance(Duration::from_millis(199));
-        assert!(pending(&h).is_empty());
-        h.scheduler.advance(Duration::from_millis(1));
-        assert_eq!(pending(&h), ["demo/a"]);
+        sent_after(&h, 200, "demo/a", "the second delay");
         // A resume on another pool is no worker of this one.
         h.resumer.answer(&actor("a"), full());
         first_attempt_answered(&h, "elsewhere", freed("q"));
-        h.scheduler.advance(Duration::from_millis(399));
-        assert!(pending(&h).is_empty(), "the pool's own delay, 400 ms");
-        h.scheduler.advance(Duration::from_millis(1));
-        assert_eq!(pending(&h), ["demo/a"]);
+        sent_after(&h, 400, "demo/a", "the pool's own delay, 400 ms");
     }
 
     #[test]
@@ -1999,10 +2020,7 @@ pub(crate) mod tests {
         first_attempt_answered(&h, "fresh", freed("p"));
         // The refusal's delay is one interval, not the second (200 ms).
         h.resumer.answer(&actor("a"), full());
-        h.scheduler.advance(Duration::from_millis(99));
-        assert!(pending(&h).is_empty());
-        h.scheduler.advance(Duration::from_millis(1));
-        assert_eq!(pending(&h), ["demo/a"]);
+        sent_after(&h, 100, "demo/a", "one interval after its refusal");
     }
 
     #[test]
@@ -2026,10 +2044,7 @@ pub(crate) mod tests {
         // delay starts again, and b, due 200 ms after its refusal, goes one
         // interval after it instead.
         h.resumer.answer(&actor("a"), freed("p"));
-        h.scheduler.advance(Duration::from_millis(99));
-        assert!(pending(&h).is_empty(), "not at once");
-        h.scheduler.advance(Duration::from_millis(1));
-        assert_eq!(pending(&h), ["demo/b"]);
+        sent_after(&h, 100, "demo/b", "not at once");
     }
 
     #[test]
@@ -2207,10 +2222,7 @@ pub(crate) mod tests {
         h.resumer.answer(&actor("b"), full());
         assert_eq!(pending(&h), ["demo/a"]);
         h.resumer.answer(&actor("a"), freed("p"));
-        h.scheduler.advance(Duration::from_millis(99));
-        assert!(pending(&h).is_empty(), "not at once");
-        h.scheduler.advance(Duration::from_millis(1));
-        assert_eq!(pending(&h), ["demo/b"]);
+        sent_after(&h, 100, "demo/b", "not at once");
         assert_eq!(h.table.groups()[0].waiting, 1, "c still waits");
     }
 
@@ -2221,10 +2233,7 @@ pub(crate) mod tests {
         let _callers = saturated_refusing_in(&h, &["demo/a", "demo/b", "demo/c"], "p", 300);
         // One router's group would send a at 100 ms; a third of a fleet of
         // three waits three intervals.
-        h.scheduler.advance(Duration::from_millis(299));
-        assert!(pending(&h).is_empty(), "paced by the fleet");
-        h.scheduler.advance(Duration::from_millis(1));
-        assert_eq!(pending(&h), ["demo/a"]);
+        sent_after(&h, 300, "demo/a", "paced by the fleet");
         // Its patience for an open probe is paced too: 4 x 300 ms.
         h.scheduler.advance(Duration::from_millis(1_199));
         assert_eq!(pending(&h), ["demo/a"], "held for the fleet's longest delay");
@@ -2277,6 +2286,50 @@ pub(crate) mod tests {
         h.resumer.answer(&ActorId::parse("x/a").unwrap(), err(Code::Unavailable, "down"));
         h.scheduler.advance(Duration::from_millis(200));
         assert_eq!(pending(&h), ["y/b"], "then the other atespace's turn");
+    }
+
+    /// The control plane's group after two Unavailable probes, at 100 and
+    /// 300 ms: its delay at the cap, its next flight (`x/a`) due at 700 ms.
+    fn control_plane_down_for_a_while(h: &Harness) -> Vec<Caller> {
+        let callers = unavailable(h, &["x/a", "y/b"]);
+        for (probe, after_ms) in [("x/a", 100), ("y/b", 200)] {
+            h.scheduler.advance(Duration::from_millis(after_ms));
+            assert_eq!(pending(h), [probe]);
+            h.resumer.answer(&ActorId::parse(probe).unwrap(), err(Code::Unavailable, "down"));
+        }
+        callers
+    }
+
+    #[test]
+    fn b130_the_control_plane_answering_brings_its_groups_next_flight_in() {
+        let h = grouped_harness(60_000, 100);
+        let _callers = control_plane_down_for_a_while(&h);
+        // Answers that say nothing of the control plane move nothing.
+        h.scheduler.advance(Duration::from_millis(100));
+        first_attempt_answered(&h, "still-down", err(Code::Unavailable, "down"));
+        first_attempt_answered(&h, "timed-out", err(Code::DeadlineExceeded, "deadline"));
+        h.scheduler.advance(Duration::from_millis(50));
+        assert!(pending(&h).is_empty(), "still on the capped delay");
+        // A first attempt answered by the control plane, even a refusal:
+        // it is up, and the group's next flight goes one interval later,
+        // at 550 ms, not at 700 ms.
+        first_attempt_answered(&h, "fresh", full());
+        sent_after(&h, 100, "x/a", "one interval, not at once");
+        // The delays started again: its Unavailable waits the second, 200 ms.
+        h.resumer.answer(&ActorId::parse("x/a").unwrap(), err(Code::Unavailable, "down"));
+        sent_after(&h, 200, "y/b", "the second delay");
+    }
+
+    #[test]
+    fn b130_its_own_probe_answered_by_the_control_plane_restarts_the_delay() {
+        let h = grouped_harness(60_000, 100);
+        let _callers = control_plane_down_for_a_while(&h);
+        h.scheduler.advance(Duration::from_millis(400));
+        assert_eq!(pending(&h), ["x/a"]);
+        // The control plane answers the probe about its actor: the flight
+        // ends, and the group's next goes one interval on, not 400 ms on.
+        h.resumer.answer(&ActorId::parse("x/a").unwrap(), err(Code::NotFound, "no such actor"));
+        sent_after(&h, 100, "y/b", "one interval, not the capped 400 ms");
     }
 
     fn caller_in_overtime(caller: &Caller) -> bool {

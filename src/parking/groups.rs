@@ -50,6 +50,16 @@ impl GroupKey {
             _ => None,
         }
     }
+
+    /// Whether `code` is an answer only the control plane gives, about an
+    /// actor or its pool, so it is up (B130). `UNAVAILABLE`, a deadline or
+    /// a failure on the way says nothing of it.
+    pub fn answered_by_control_plane(code: Code) -> bool {
+        matches!(
+            code,
+            Code::Ok | Code::ResourceExhausted | Code::FailedPrecondition | Code::Aborted | Code::NotFound
+        )
+    }
 }
 
 impl fmt::Display for GroupKey {
@@ -276,7 +286,7 @@ impl<T> Group<T> {
     }
 
     /// The group heard from its pool: an answer of any of its attempts,
-    /// or a resume there outside its probe ([`Group::turned_over`]).
+    /// or a resume there outside its probe ([`Group::came_back`]).
     pub fn heard(&mut self) {
         self.presumed_unheard = 0;
     }
@@ -331,12 +341,13 @@ impl<T> Group<T> {
         self.alone
     }
 
-    /// A resume ran in the group's pool from an attempt other than its
-    /// probe (B128): a worker freed there, so the delays start again from
-    /// one interval. The delay the group's next flight would wait from
+    /// What the group waits for has come back, seen by an attempt other
+    /// than its open probe: a resume in its pool took a worker that freed
+    /// (B128), or the control plane answered (B130). The delays start again
+    /// from one interval. The delay the group's next flight would wait from
     /// `now` if it is due later than that, or `None`: nothing waits, the
     /// probe's answer decides, or the next flight is due as soon.
-    pub fn turned_over(&mut self, now: Instant) -> Option<Duration> {
+    pub fn came_back(&mut self, now: Instant) -> Option<Duration> {
         if self.idle() {
             return None;
         }
