@@ -837,12 +837,13 @@ impl Inner {
     /// An attempt for `actor` was answered `result`, before its probe's
     /// (`probe`, if it was one) answer is handled: what some groups wait
     /// for may have come back, and their next flight goes one delay from
-    /// now, not later. Any answer of the control plane, its group's own
-    /// probe's included, for the control plane's group (B130). A resume
-    /// took a worker that freed, and another may follow, for the group of
-    /// the pool it names and of the actor's atespace (its actors' pools
-    /// unknown), each unless the attempt is its open probe, whose success
-    /// is B110's (a probe presumed a resume is open no more, B129) (B128).
+    /// now, not later. Any answer of the control plane does so for the
+    /// control plane's group, its own probe's included (B130). A resume
+    /// took a worker that freed, and another may follow: so for the group of
+    /// the pool it names and for the group of the actor's atespace (its
+    /// actors' pools unknown), each unless the attempt is its open probe,
+    /// whose success is B110's (B128; a probe presumed a resume is open no
+    /// more, B129).
     fn bring_groups_in(
         self: &Arc<Self>,
         result: &AttemptResult,
@@ -862,9 +863,12 @@ impl Inner {
             keys.push((atespace.clone(), own(&atespace)));
             if !resumed.worker_pool.is_empty() {
                 let pool = GroupKey::Pool(Arc::from(resumed.worker_pool.as_str()));
-                let probe = own(&pool);
-                keys.push((pool, probe));
+                let pool_probe = own(&pool);
+                keys.push((pool, pool_probe));
             }
+        }
+        if keys.is_empty() {
+            return;
         }
         let mut groups = self.groups.lock();
         if groups.is_empty() {
@@ -905,7 +909,9 @@ impl Inner {
                 return;
             }
             if group.idle() {
-                groups.remove(key);
+                if let Some((timer, _)) = groups.remove(key).and_then(|g| g.timer) {
+                    self.scheduler.cancel(timer);
+                }
                 return;
             }
         }
@@ -920,7 +926,13 @@ impl Inner {
             let (next, id) = {
                 let mut groups = self.groups.lock();
                 let Some(group) = groups.get_mut(key) else { return };
-                group.timer = None;
+                // The timer firing now, or one another thread set while the
+                // lock was free before this call (a bring-in, B128, B130): its
+                // flight goes now, so the timer goes too. Cancelling the one
+                // firing does nothing.
+                if let Some((timer, _)) = group.timer.take() {
+                    self.scheduler.cancel(timer);
+                }
                 if group.probe_open() {
                     return;
                 }
@@ -2330,6 +2342,34 @@ pub(crate) mod tests {
         // ends, and the group's next goes one interval on, not 400 ms on.
         h.resumer.answer(&ActorId::parse("x/a").unwrap(), err(Code::NotFound, "no such actor"));
         sent_after(&h, 100, "y/b", "one interval, not the capped 400 ms");
+    }
+
+    #[test]
+    fn b130_an_answer_while_the_probe_is_open_restarts_the_delay_for_its_answer() {
+        let h = grouped_harness(60_000, 100);
+        let _callers = control_plane_down_for_a_while(&h);
+        h.scheduler.advance(Duration::from_millis(400));
+        assert_eq!(pending(&h), ["x/a"]);
+        // Answered while x/a's probe is open: nothing more is sent, and the
+        // probe's Unavailable waits one interval, not the capped 400 ms.
+        first_attempt_answered(&h, "fresh", full());
+        assert_eq!(pending(&h), ["x/a"], "still one attempt open");
+        h.resumer.answer(&ActorId::parse("x/a").unwrap(), err(Code::Unavailable, "down"));
+        sent_after(&h, 100, "y/b", "one interval after the probe's answer");
+    }
+
+    #[test]
+    fn b130_in_a_fleet_the_control_planes_group_comes_back_in_n_intervals() {
+        let h = fleet_harness(60_000, 100, 3);
+        let _callers = unavailable(&h, &["x/a", "y/b"]);
+        // Three intervals, then six: the next is due 600 ms after y/b's answer.
+        for (probe, after_ms) in [("x/a", 300), ("y/b", 600)] {
+            sent_after(&h, after_ms, probe, "paced by the fleet");
+            h.resumer.answer(&ActorId::parse(probe).unwrap(), err(Code::Unavailable, "down"));
+        }
+        h.scheduler.advance(Duration::from_millis(100));
+        first_attempt_answered(&h, "fresh", full());
+        sent_after(&h, 300, "x/a", "three intervals, not at once nor 500 ms on");
     }
 
     fn caller_in_overtime(caller: &Caller) -> bool {

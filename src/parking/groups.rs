@@ -286,7 +286,8 @@ impl<T> Group<T> {
     }
 
     /// The group heard from its pool: an answer of any of its attempts,
-    /// or a resume there outside its probe ([`Group::came_back`]).
+    /// or a resume there outside its probe ([`Group::came_back`]). (The
+    /// control plane's group, with no patience, is told too, to no effect.)
     pub fn heard(&mut self) {
         self.presumed_unheard = 0;
     }
@@ -341,9 +342,10 @@ impl<T> Group<T> {
         self.alone
     }
 
-    /// What the group waits for has come back, seen by an attempt other
-    /// than its open probe: a resume in its pool took a worker that freed
-    /// (B128), or the control plane answered (B130). The delays start again
+    /// What the group waits for has come back: a resume in its pool, by an
+    /// attempt other than its open probe, took a worker that freed (B128),
+    /// or the control plane answered any attempt, the control plane's
+    /// group's own probe included (B130). The delays start again
     /// from one interval. The delay the group's next flight would wait from
     /// `now` if it is due later than that, or `None`: nothing waits, the
     /// probe's answer decides, or the next flight is due as soon.
