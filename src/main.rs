@@ -2,8 +2,8 @@
 
 use std::process::ExitCode;
 
-use atenet_router::cli::command::{parse_command, Command, HELP};
-use atenet_router::cli::config::Config;
+use atenet_router::cli::command::{parse_command, utf8_args, Command, HELP};
+use atenet_router::cli::config::{Config, ConfigError};
 use atenet_router::cli::godur;
 use atenet_router::envoy::bootstrap;
 use atenet_router::lifecycle::drain::{self, DrainPlan};
@@ -20,7 +20,13 @@ use log::{debug, error, info, warn};
 const INVALID_CONFIGURATION: u8 = 2;
 
 fn main() -> ExitCode {
-    let args: Vec<String> = std::env::args().skip(1).collect();
+    let args = match utf8_args(std::env::args_os().skip(1)) {
+        Ok(args) => args,
+        Err(e) => {
+            eprintln!("{}", ConfigError::new(e));
+            return ExitCode::from(INVALID_CONFIGURATION);
+        }
+    };
     match parse_command(&args) {
         Ok(Command::Serve(config)) => serve(&config),
         Ok(Command::EnvoyConfig(config)) => match bootstrap::write_sds_files(&config) {

@@ -355,6 +355,39 @@ fn b96_envoy_config_needs_no_ateapi_credentials() {
     }
 }
 
+/// B131: an argument that is not text is refused, naming its position,
+/// by every binary (a panic before); `--ateapi-address` is `host:port`, as
+/// `--envoy-admin-address` is (B70).
+#[test]
+fn b131_arguments_are_text_and_addresses_are_host_port() {
+    use std::os::unix::ffi::OsStrExt;
+    let bad = std::ffi::OsStr::from_bytes(b"/tmp/\xff\xfe");
+    let parkload = env!("CARGO_BIN_EXE_parkload");
+    let commands: [(&str, Vec<&std::ffi::OsStr>); 4] = [
+        (ROUTER, vec!["serve".as_ref(), "--ateapi-insecure".as_ref(), "--drain-complete-file".as_ref(), bad]),
+        (ROUTER, vec!["envoy-config".as_ref(), bad]),
+        (SIM, vec!["--listen".as_ref(), bad]),
+        (parkload, vec![bad]),
+    ];
+    for (program, args) in commands {
+        let out = Command::new(program).args(&args).output().expect("runs");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{program} {args:?}: {stderr}");
+        assert!(stderr.contains("is not valid UTF-8") && !stderr.contains("panicked"), "{stderr}");
+    }
+    for address in ["nope", "host:0", "host:99999", "a b:1", ":443", "a\nb:1", "[zz]:1", "h/x:1"] {
+        for flag in ["--ateapi-address", "--envoy-admin-address"] {
+            let (code, out, err) = run(&["envoy-config", flag, address]);
+            assert_eq!(code, 2, "{flag} {address:?}: {out}");
+            assert!(err.starts_with("invalid router configuration: ") && err.contains(flag), "{err}");
+        }
+    }
+    for address in ["api.ate-system.svc:443", "ateapi_sim:50061", "10.0.0.1:443", "[::1]:50061"] {
+        let (code, _, err) = run(&["envoy-config", "--ateapi-address", address]);
+        assert_eq!(code, 0, "{address}: {err}");
+    }
+}
+
 /// B70: `envoy-config` cannot write the free port `serve --port-extproc 0`
 /// would take; B37: a retry interval below 1 ms is a busy loop, refused.
 #[test]

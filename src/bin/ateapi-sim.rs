@@ -6,6 +6,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use argh::FromArgs;
+use atenet_router::cli::command::utf8_args;
 use atenet_router::cli::godur;
 use atenet_router::lifecycle::process;
 use atenet_router::tools::sim::{Ipv4Net, Sim, SimConfig, SimTls, WorkerIps};
@@ -183,8 +184,10 @@ fn read_script(path: &str) -> Result<Vec<(String, atenet_router::tools::sim::Ans
 /// other configuration error here (argh's `from_env` exits 1, and panics on
 /// `--help | head`).
 fn args() -> Result<Args, ExitCode> {
-    let argv: Vec<String> =
-        std::env::args_os().skip(1).map(|arg| arg.to_string_lossy().into_owned()).collect();
+    let argv = utf8_args(std::env::args_os().skip(1)).map_err(|e| {
+        eprintln!("invalid sim configuration: {e}");
+        ExitCode::from(2)
+    })?;
     let argv: Vec<&str> = argv.iter().map(String::as_str).collect();
     Args::from_args(&["ateapi-sim"], &argv).map_err(|exit| match exit.status {
         Ok(()) => process::print(&format!("{}\n", exit.output)),

@@ -6,6 +6,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use argh::FromArgs;
+use atenet_router::cli::command::utf8_args;
 use atenet_router::cli::godur;
 use atenet_router::lifecycle::process;
 use atenet_router::tools::load::http::HttpTarget;
@@ -184,8 +185,10 @@ fn spec(args: &Args) -> Result<LoadSpec, String> {
 /// parse exits 2 like the checks in [`spec`], so that 1 always means
 /// requests failed.
 fn args() -> Result<Args, ExitCode> {
-    let argv: Vec<String> =
-        std::env::args_os().skip(1).map(|arg| arg.to_string_lossy().into_owned()).collect();
+    let argv = utf8_args(std::env::args_os().skip(1)).map_err(|e| {
+        eprintln!("parkload: {e}");
+        ExitCode::from(2)
+    })?;
     let argv: Vec<&str> = argv.iter().map(String::as_str).collect();
     Args::from_args(&["parkload"], &argv).map_err(|exit| match exit.status {
         Ok(()) => process::print(&format!("{}\n", exit.output)),

@@ -2,6 +2,8 @@
 //! flags parse in [`crate::cli::flags`]; their values are validated into a
 //! [`Config`] here, before anything else runs.
 
+use std::ffi::OsString;
+
 use crate::cli::config::{Config, ConfigError, Purpose};
 use crate::cli::flags::{parse_flags, FlagsError};
 
@@ -33,6 +35,19 @@ pub enum Command {
     Version,
     /// No command: print the help on stderr and exit 2.
     Usage,
+}
+
+/// The arguments after the program name as text, or which one is not
+/// valid UTF-8 (shown lossily). Every flag takes text, and a lossy reading
+/// would name another file or host than the operator's (B131).
+pub fn utf8_args(args: impl IntoIterator<Item = OsString>) -> Result<Vec<String>, String> {
+    args.into_iter()
+        .enumerate()
+        .map(|(i, arg)| {
+            arg.into_string()
+                .map_err(|arg| format!("argument {} is not valid UTF-8: {:?}", i + 1, arg.to_string_lossy()))
+        })
+        .collect()
 }
 
 /// Reads the command line (without the program name).

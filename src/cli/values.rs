@@ -144,6 +144,30 @@ pub fn listen_addr(flag: &str, value: &str) -> Result<SocketAddr, ConfigError> {
     }
     socket_addr(flag, host, port)
 }
+/// The port of `address`, given as `flag`, which must be `host:port`: a
+/// port in 1..=65535 and a host name or IPv4 address (letters, digits,
+/// `.`, `-`, `_`), or an IPv6 address in brackets. A value without a usable
+/// port or host is refused rather than connected to, or rendered as,
+/// something else (B70, B131).
+pub fn host_port(flag: &str, address: &str) -> Result<u16, ConfigError> {
+    let bad = |why: &str| invalid(format!("{flag} must be host:port ([ipv6]:port), got {address:?}: {why}"));
+    let (host, port_text) = address.rsplit_once(':').ok_or_else(|| bad("no port"))?;
+    let port = port_text
+        .parse::<u16>()
+        .ok()
+        .filter(|&p| p != 0)
+        .ok_or_else(|| bad("the port is not in 1..=65535"))?;
+    let bracketed = host.strip_prefix('[').and_then(|h| h.strip_suffix(']'));
+    let host_char = |c: char| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_');
+    match bracketed {
+        Some(ip) if ip.parse::<std::net::Ipv6Addr>().is_err() => Err(bad("not an IPv6 address in brackets")),
+        Some(_) => Ok(port),
+        None if host.is_empty() => Err(bad("no host")),
+        None if !host.chars().all(host_char) => Err(bad("not a host name or address")),
+        None => Ok(port),
+    }
+}
+
 /// A DNS name as Envoy resolves it: dot-separated labels of letters,
 /// digits and inner hyphens, 253 characters at most; one trailing dot
 /// (a fully qualified name) is allowed.

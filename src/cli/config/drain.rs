@@ -7,7 +7,7 @@ use std::time::Duration;
 use super::{derived_drain_timeout, Parking};
 use crate::cli::flags::ServeArgs;
 use crate::cli::godur;
-use crate::cli::values::{invalid, non_empty, non_negative, ConfigError};
+use crate::cli::values::{host_port, invalid, non_empty, non_negative, ConfigError};
 
 /// Envoy's admin port when `--envoy-admin-address` names none.
 const DEFAULT_ENVOY_ADMIN_PORT: u16 = 9901;
@@ -53,7 +53,7 @@ impl Drain {
         let timeout = if explicit.is_zero() { derived_drain_timeout(parking) } else { explicit };
         let envoy_admin_address = non_empty(&args.envoy_admin_address);
         let envoy_admin_port = match &envoy_admin_address {
-            Some(address) => admin_port(address)?,
+            Some(address) => host_port("--envoy-admin-address", address)?,
             None => DEFAULT_ENVOY_ADMIN_PORT,
         };
         Ok(Drain {
@@ -81,28 +81,4 @@ fn envoys(flag: i64) -> Result<u32, ConfigError> {
              router streams), got {flag}"
         ))
     })
-}
-
-/// The port of `--envoy-admin-address`, which must be `host:port` (an
-/// IPv6 host in brackets): the drain connects to it and the bootstrap binds
-/// Envoy's admin there, so a value without a usable port is refused rather
-/// than drained to, or rendered as, something else (B70).
-fn admin_port(address: &str) -> Result<u16, ConfigError> {
-    let bad = |why: &str| {
-        invalid(format!("--envoy-admin-address must be host:port ([ipv6]:port), got {address:?}: {why}"))
-    };
-    let (host, port_text) = address.rsplit_once(':').ok_or_else(|| bad("no port"))?;
-    let port = port_text
-        .parse::<u16>()
-        .ok()
-        .filter(|&p| p != 0)
-        .ok_or_else(|| bad("the port is not in 1..=65535"))?;
-    let bracketed = host.strip_prefix('[').and_then(|h| h.strip_suffix(']'));
-    match bracketed {
-        Some(ip) if ip.parse::<std::net::Ipv6Addr>().is_err() => Err(bad("not an IPv6 address in brackets")),
-        Some(_) => Ok(port),
-        None if host.is_empty() => Err(bad("no host")),
-        None if host.contains([':', '[', ']', '/', ' ']) => Err(bad("not a host name or address")),
-        None => Ok(port),
-    }
 }
