@@ -14,14 +14,23 @@ the command; a Ctrl-Z stops the command and then make's group, which the
 shell sees as the job stopping, and `fg` continues both; the terminal is
 given back when the command ends, and its status is this one's.
 
+A terminal that hangs up (a closed window, a dropped ssh) sends SIGHUP to
+its session's leader alone. A shell leader sends it on to its jobs, and so
+to this process, which passes it on; but make as the leader (`ssh -t host
+make run`, `script -c 'make run'`) waits for its recipe, which never heard
+it. So this process watches the terminal, and passes a SIGHUP on when it
+hangs up, once.
+
 Without a controlling terminal, or when make is not in its foreground
 (`make run &`), Ctrl-C cannot reach make: COMMAND simply replaces this
 process.
 """
 
 import os
+import select
 import signal
 import sys
+import threading
 
 # Signals passed on to the command (a Ctrl-C reaches it directly).
 PASSED_ON = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
@@ -71,11 +80,26 @@ def run_in_foreground(tty, command):
             print(f"foreground.py: cannot run {command[0]}: {e}", file=sys.stderr)
             os._exit(127)
 
+    hung_up = threading.Event()
+
     def pass_on(signum, _frame):
+        if signum == signal.SIGHUP:
+            if hung_up.is_set():
+                return
+            hung_up.set()
         try:
             os.kill(child, signum)
         except ProcessLookupError:
             pass
+
+    def watch_for_hangup():
+        # POLLHUP is reported however the terminal is polled; asking for
+        # nothing else leaves typed input unread and no busy loop.
+        terminal = select.poll()
+        terminal.register(tty, select.POLLHUP)
+        while not terminal.poll():
+            pass
+        pass_on(signal.SIGHUP, None)
 
     for signum in PASSED_ON:
         signal.signal(signum, pass_on)
@@ -84,6 +108,7 @@ def run_in_foreground(tty, command):
     except OSError:
         pass  # The child did it and has already exec'd, or is gone.
     signal.pthread_sigmask(signal.SIG_UNBLOCK, PASSED_ON)
+    threading.Thread(target=watch_for_hangup, daemon=True).start()
     while True:
         _, status = os.waitpid(child, os.WUNTRACED)
         if not os.WIFSTOPPED(status):

@@ -586,6 +586,24 @@ def test_a_closed_terminal_leaves_nothing(tmp_path, demos):
     demo.wait_exit()
 
 
+def test_a_closed_terminal_whose_session_make_leads_leaves_nothing(tmp_path, demos):
+    # `ssh -t host make run-router`, `script -c 'make run-router'`: make
+    # leads the terminal's session, so the hangup's SIGHUP reaches make
+    # alone, which waits for its recipe. The demo went on running with no
+    # terminal, its ports held, until killed by hand.
+    env = demo_env(tmp_path, VENV=sys.prefix, CARGO_TARGET_DIR=str(pathlib.Path(BIN).parent))
+    ports = free_ports()
+    demo, master = on_a_terminal(demos, ["make", "-s", "run-router", *(f"{k}={v}" for k, v in ports.items())],
+                                 env)
+    try:
+        read_terminal(demo, master, until=BANNER_END)
+        assert any("atenet-router serve" in cmd for cmd in demo.group().values()), demo.group()
+    finally:
+        os.close(master)  # the hangup
+    demo.wait_exit()
+    assert_ports_free(ports)
+
+
 def test_ctrl_c_at_a_terminal_ends_make_run_with_status_0_and_nothing_else_said(tmp_path, demos):
     # B103.
     # A real Ctrl-C, typed at the terminal make runs on: the terminal sends
