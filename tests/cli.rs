@@ -388,6 +388,29 @@ fn b131_arguments_are_text_and_addresses_are_host_port() {
     }
 }
 
+/// B132: the bootstrap of the Envoy beside a loopback router gives Envoy
+/// none of the router's ports; a router elsewhere, and `serve`, are free
+/// to share port numbers with Envoy.
+#[test]
+fn b132_envoy_beside_the_router_takes_none_of_its_ports() {
+    for (args, flags) in [
+        (&["--port-http", "50051"][..], ["--port-http", "--port-extproc"]),
+        (&["--port-stats", "9090"][..], ["--port-stats", "--metrics-listen-addr"]),
+        (&["--status-port", "8080"][..], ["--port-http", "--status-port"]),
+        (&["--envoy-admin-address", "localhost:50051"][..], ["--envoy-admin-address", "--port-extproc"]),
+    ] {
+        let (code, out, err) = run(&[&["envoy-config"][..], args].concat());
+        assert_eq!((code, out.as_str()), (2, ""), "{args:?}: {err}");
+        assert!(flags.iter().all(|flag| err.contains(flag)), "{args:?}: {err}");
+    }
+    let elsewhere =
+        ["envoy-config", "--extproc-address", "10.0.0.1", "--extproc-insecure", "--port-http", "50051"];
+    let (code, _, err) = run(&elsewhere);
+    assert_eq!(code, 0, "{err}");
+    let (code, _, err) = run(&["envoy-config", "--routers", "10.0.0.1:50051,10.0.0.2:50051", "--port-http", "50051"]);
+    assert_eq!(code, 0, "{err}");
+}
+
 /// B70: `envoy-config` cannot write the free port `serve --port-extproc 0`
 /// would take; B37: a retry interval below 1 ms is a busy loop, refused.
 #[test]

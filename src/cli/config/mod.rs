@@ -110,6 +110,9 @@ impl Config {
             ("--status-address/--status-port", admin.status_addr),
         ])?;
         let envoy = EnvoyBootstrap::from_args(args, drain.envoy_admin_port)?;
+        if purpose == Purpose::Bootstrap && envoy.routers.is_empty() {
+            envoy_beside_the_router(&envoy, drain.envoy_admin_port, &extproc, &admin)?;
+        }
         Ok(Config {
             ateapi,
             extproc,
@@ -228,6 +231,38 @@ fn distinct_listeners(listeners: &[(&str, Option<SocketAddr>)]) -> Result<(), Co
                     "{flag} ({addr}) and {other} ({other_addr}) would listen on the same port"
                 )));
             }
+        }
+    }
+    Ok(())
+}
+
+/// A bootstrap for one router on the loopback is Envoy's beside it, in
+/// one network namespace (the sidecar): none of Envoy's ports may be one
+/// of the router's listeners', or one of the two fails to bind (B132). A
+/// router elsewhere (`--routers`, or ext_proc off the loopback, as in
+/// Compose) may share port numbers with it.
+fn envoy_beside_the_router(
+    envoy: &EnvoyBootstrap,
+    admin_port: u16,
+    extproc: &ExtProc,
+    admin: &Admin,
+) -> Result<(), ConfigError> {
+    let Some(extproc_addr) = extproc.listen.tcp().filter(|a| a.ip().is_loopback()) else { return Ok(()) };
+    let at = |port| Some(SocketAddr::new(envoy.listen_ip, port));
+    let envoy_listeners = [
+        ("--port-http", at(envoy.port_http)),
+        ("--port-health", at(envoy.port_health)),
+        ("--port-stats", at(envoy.port_stats)),
+        ("--envoy-admin-address", Some(SocketAddr::from(([127, 0, 0, 1], admin_port)))),
+    ];
+    let router_listeners = [
+        ("--extproc-address/--port-extproc", Some(extproc_addr)),
+        ("--metrics-listen-addr", Some(admin.metrics_addr)),
+        ("--status-address/--status-port", admin.status_addr),
+    ];
+    for envoy_listener in envoy_listeners {
+        for router_listener in router_listeners {
+            distinct_listeners(&[envoy_listener, router_listener])?;
         }
     }
     Ok(())
