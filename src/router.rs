@@ -415,9 +415,11 @@ impl Router {
     /// Every component, from the configuration; the files they need
     /// checked first.
     fn build(config: &Config, transport: &AteapiTransport) -> Result<Parts, StartError> {
+        // As an operator would type them: a switch bare, or not at all.
         let flags: Vec<String> = crate::admin::status::effective_flags(config)
             .iter()
-            .map(|(flag, value)| format!("{flag}={value}"))
+            .filter(|(_, value)| value != "false")
+            .map(|(flag, value)| if value == "true" { flag.to_string() } else { format!("{flag}={value}") })
             .collect();
         log::debug!("effective flags: {}", flags.join(" "));
         let metrics = Metrics::new();

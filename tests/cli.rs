@@ -180,6 +180,12 @@ fn b65_version_and_revision() {
             "{args:?}"
         );
     }
+    // Words after them are refused, not ignored (they were, with exit 0).
+    for args in [&["version", "--bogus"][..], &["--version", "extra"], &["help", "serve"]] {
+        let (code, out, err) = run(args);
+        assert_eq!((code, out.as_str()), (2, ""), "{args:?}: {err}");
+        assert!(err.contains("takes no arguments"), "{args:?}: {err}");
+    }
 }
 
 #[test]
@@ -407,7 +413,8 @@ fn b132_envoy_beside_the_router_takes_none_of_its_ports() {
         ["envoy-config", "--extproc-address", "10.0.0.1", "--extproc-insecure", "--port-http", "50051"];
     let (code, _, err) = run(&elsewhere);
     assert_eq!(code, 0, "{err}");
-    let (code, _, err) = run(&["envoy-config", "--routers", "10.0.0.1:50051,10.0.0.2:50051", "--port-http", "50051"]);
+    let (code, _, err) =
+        run(&["envoy-config", "--routers", "10.0.0.1:50051,10.0.0.2:50051", "--port-http", "50051"]);
     assert_eq!(code, 0, "{err}");
 }
 

@@ -85,6 +85,9 @@ pub fn parse_command(args: &[String]) -> Result<Command, ConfigError> {
             }
             Err(help) => Ok(Command::Help(help)),
         },
+        "help" | "--help" | "-h" | "version" | "--version" | "-V" if !rest.is_empty() => {
+            Err(ConfigError::new(format!("{command} takes no arguments, got {rest:?}")))
+        }
         "help" | "--help" | "-h" => Ok(Command::Help(HELP.to_string())),
         "version" | "--version" | "-V" => Ok(Command::Version),
         "" => Ok(Command::Usage),
