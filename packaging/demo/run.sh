@@ -296,6 +296,8 @@ if [ "$mode" = run ]; then
     die "cannot run Envoy at ${ENVOY}: $get_envoy"
   fi
   envoy_version=$(sed -n 's|.*version: [0-9a-f]*/\([0-9][^/]*\)/.*|\1|p' <<<"$envoy_version")
+  # No worker, nothing to route to the echo worker: the router alone shows a full pool.
+  [ "$workers" != 0 ] || die "SIM_FLAGS=${SIM_FLAGS:-} give the pool no workers, so nothing could reach the echo worker; for a pool that is always full, run the router alone: $(how_to router "SIM_FLAGS='${SIM_FLAGS:-}'")"
   [ "${#worker_ips[@]}" -gt 0 ] || die "SIM_FLAGS=${SIM_FLAGS:-} leave the workers without an address the echo worker can take: give --worker-network or --worker-ip"
   for ip in "${worker_ips[@]}"; do
     [ "${ip%%.*}" = 127 ] || die "worker address $ip is not on loopback: the demo's echo worker listens on loopback only"

@@ -239,13 +239,14 @@ fn main() -> ExitCode {
     if let Some(log) = answer_log {
         sim.log_answers_to(log);
     }
+    let actors = match config.actors {
+        0 => "no actors".to_string(),
+        n => format!("{n} actors {}/actor-0..{}", config.atespace, n - 1),
+    };
     eprintln!(
-        "ateapi-sim listening on {} ({} workers, {} actors {}/actor-0..{}, restore {})",
+        "ateapi-sim listening on {} ({} workers, {actors}, restore {})",
         sim.addr(),
         config.workers,
-        config.actors,
-        config.atespace,
-        config.actors.saturating_sub(1),
         godur::format(config.restore_latency)
     );
     // SIGUSR1 lets the script's held answers go; the others stop the sim.

@@ -513,6 +513,16 @@ def test_two_listeners_on_one_port_stop_the_demo_before_anything_starts(tmp_path
     assert "logs in" not in output, "something was started"
 
 
+def test_a_pool_without_workers_sends_the_demo_to_the_router_alone(tmp_path, demos):
+    # It said the workers had no address, which --worker-network gave them.
+    demo = start_script(demos, tmp_path, free_ports(), SIM_FLAGS="--workers 0")
+    assert demo.wait_exit() != 0
+    assert ("SIM_FLAGS=--workers 0 give the pool no workers, so nothing could reach the echo worker; "
+            "for a pool that is always full, run the router alone: make run-router SIM_FLAGS='--workers 0'"
+            ) in demo.output(), demo.output()
+    assert "without an address" not in demo.output()
+
+
 def test_a_missing_envoy_stops_the_demo_with_how_to_get_one(tmp_path, demos):
     demo = start_script(demos, tmp_path, free_ports(), envoy=str(tmp_path / "no-such-envoy"))
     assert demo.wait_exit() == 1
