@@ -416,10 +416,11 @@ impl Router {
     /// checked first.
     fn build(config: &Config, transport: &AteapiTransport) -> Result<Parts, StartError> {
         // As an operator would type them: a switch bare, or not at all.
+        let switch = |flag: &str| matches!(flag, "--ateapi-insecure" | "--extproc-insecure");
         let flags: Vec<String> = crate::admin::status::effective_flags(config)
             .iter()
-            .filter(|(_, value)| value != "false")
-            .map(|(flag, value)| if value == "true" { flag.to_string() } else { format!("{flag}={value}") })
+            .filter(|(flag, value)| !(switch(flag) && value == "false"))
+            .map(|(flag, value)| if switch(flag) { flag.to_string() } else { format!("{flag}={value}") })
             .collect();
         log::debug!("effective flags: {}", flags.join(" "));
         let metrics = Metrics::new();

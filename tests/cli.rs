@@ -381,14 +381,28 @@ fn b131_arguments_are_text_and_addresses_are_host_port() {
         assert_eq!(out.status.code(), Some(2), "{program} {args:?}: {stderr}");
         assert!(stderr.contains("is not valid UTF-8") && !stderr.contains("panicked"), "{stderr}");
     }
-    for address in ["nope", "host:0", "host:99999", "a b:1", ":443", "a\nb:1", "[zz]:1", "h/x:1"] {
+    for address in ["host:0", "host:99999", "a b:1", ":443", "a\nb:1", "[zz]:1", "h/x:1", "dns:///a b"] {
         for flag in ["--ateapi-address", "--envoy-admin-address"] {
             let (code, out, err) = run(&["envoy-config", flag, address]);
             assert_eq!(code, 2, "{flag} {address:?}: {out}");
             assert!(err.starts_with("invalid router configuration: ") && err.contains(flag), "{err}");
         }
     }
-    for address in ["api.ate-system.svc:443", "ateapi_sim:50061", "10.0.0.1:443", "[::1]:50061"] {
+    // Envoy's admin needs a port; ateapi is a gRPC target, which may have
+    // none (443) or a scheme.
+    let (code, _, err) = run(&["envoy-config", "--envoy-admin-address", "nope"]);
+    assert_eq!(code, 2, "{err}");
+    for address in [
+        "api.ate-system.svc:443",
+        "ateapi_sim:50061",
+        "10.0.0.1:443",
+        "[::1]:50061",
+        "api.ate-system.svc",
+        "[fe80::1%eth0]:443",
+        "dns:///api.ate-system.svc:443",
+        "unix:/run/ateapi.sock",
+        "ipv4:10.0.0.1:443,10.0.0.2:443",
+    ] {
         let (code, _, err) = run(&["envoy-config", "--ateapi-address", address]);
         assert_eq!(code, 0, "{address}: {err}");
     }
@@ -415,6 +429,13 @@ fn b132_envoy_beside_the_router_takes_none_of_its_ports() {
     assert_eq!(code, 0, "{err}");
     let (code, _, err) =
         run(&["envoy-config", "--routers", "10.0.0.1:50051,10.0.0.2:50051", "--port-http", "50051"]);
+    assert_eq!(code, 0, "{err}");
+    // A router that drains no Envoy (make run-router), or Envoy's admin on
+    // another address than the router's status page.
+    let (code, _, err) =
+        run(&["envoy-config", "--envoy-admin-address=", "--metrics-listen-addr", "127.0.0.1:8080"]);
+    assert_eq!(code, 0, "{err}");
+    let (code, _, err) = run(&["envoy-config", "--envoy-admin-address", "[::1]:4040"]);
     assert_eq!(code, 0, "{err}");
 }
 

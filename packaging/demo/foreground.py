@@ -11,8 +11,9 @@ is make's. What a shell does for a job, this does for the one command:
 SIGTERM, SIGHUP and SIGINT sent to it (make passes a SIGTERM on to its
 recipe; a shell whose terminal closes sends SIGHUP to make's group) go on to
 the command; a Ctrl-Z stops the command and then make's group, which the
-shell sees as the job stopping, and `fg` continues both; the terminal is
-given back when the command ends, and its status is this one's.
+shell sees as the job stopping, and `fg` continues both (the demo's own
+processes run in groups of their own, so they keep serving meanwhile); the
+terminal is given back when the command ends, and its status is this one's.
 
 A terminal that hangs up (a closed window, a dropped ssh) sends SIGHUP to
 its session's leader alone. A shell leader sends it on to its jobs, and so
@@ -80,17 +81,22 @@ def run_in_foreground(tty, command):
             print(f"foreground.py: cannot run {command[0]}: {e}", file=sys.stderr)
             os._exit(127)
 
-    hung_up = threading.Event()
+    # Whether a SIGHUP went on already, and whether the child is reaped (its
+    # pid may then be another process's): both under one lock, since the
+    # hangup watcher passes a SIGHUP on from its own thread.
+    passing = threading.RLock()  # a signal handler may run while its own thread holds it
+    state = {"hung_up": False, "reaped": False}
 
     def pass_on(signum, _frame):
-        if signum == signal.SIGHUP:
-            if hung_up.is_set():
+        with passing:
+            if state["reaped"] or (signum == signal.SIGHUP and state["hung_up"]):
                 return
-            hung_up.set()
-        try:
-            os.kill(child, signum)
-        except ProcessLookupError:
-            pass
+            if signum == signal.SIGHUP:
+                state["hung_up"] = True
+            try:
+                os.kill(child, signum)
+            except ProcessLookupError:
+                pass
 
     def watch_for_hangup():
         # POLLHUP is reported however the terminal is polled; asking for
@@ -112,6 +118,8 @@ def run_in_foreground(tty, command):
     while True:
         _, status = os.waitpid(child, os.WUNTRACED)
         if not os.WIFSTOPPED(status):
+            with passing:
+                state["reaped"] = True
             give_terminal(tty, os.getpgrp())
             return status
         # Ctrl-Z stopped the command: stop make's group as well, with the

@@ -338,6 +338,7 @@ printf '%s\n' "$envoy_yaml" >"$log_dir/envoy.yaml"
 pids=()
 names=()
 booked=
+access_log=
 cleaned=0
 killed=0
 # The demo's routers, oldest first: the first one it started, then each
@@ -431,6 +432,8 @@ stop_all() {
   [ "$cleaned" = 1 ] && return 0
   cleaned=1
   set +e
+  # A stop that came in the middle of a start: no job control here.
+  set +m
   # No second trap while stopping: it would exit with children still up.
   trap '' INT TERM HUP
   # A signal between a start's fork and its bookkeeping: $! is that child.
@@ -448,7 +451,7 @@ stop_all() {
   say "stopping ${names[*]}"
   local i deadline=$((SECONDS + 10)) left pid tracked signalled=()
   while :; do
-    # A hand-over may be under way (a hangup reaches the router too):
+    # A hand-over may be under way (kill -HUP of the router):
     # its successor is stopped as well, named or still starting.
     follow_handovers
     for pid in $(successors_starting); do
@@ -484,6 +487,8 @@ stop_all() {
     fi
     sleep 0.1
   done
+  # Envoy's access log reader ends with its last writer: Envoy, and this.
+  [ -z "$access_log" ] || exec {access_log}>&-
   wait 2>/dev/null || true
   say "stopped; logs in $log_dir"
 }
@@ -533,14 +538,14 @@ start() {
   : >"$log_dir/$name.log"
   set -m
   if [ "$name" = envoy ]; then
-    "$@" </dev/null 2>"$log_dir/$name.log" &
+    "$@" </dev/null 1>&"$access_log" 2>"$log_dir/$name.log" &
   else
     "$@" </dev/null >"$log_dir/$name.log" 2>&1 &
   fi
   set +m
+  booked=$!
   pids+=("$!")
   names+=("$name")
-  booked=$!
 }
 
 # await NAME WHAT CMD...: polls CMD until it succeeds; gives up when NAME's
@@ -657,8 +662,13 @@ routers=("${pids[-1]}")
 await atenet-router "/readyz" http_ok "http://$metrics_addr/readyz"
 
 if [ "$mode" = run ]; then
+  # Envoy's access log (its stdout) reaches the terminal through a reader in
+  # the demo's own process group: Envoy, in a group of its own, would be
+  # stopped by its first line on a terminal set to `stty tostop`. The reader
+  # ignores Ctrl-C, so that Envoy's last lines still show.
+  exec {access_log}> >(trap '' INT; exec cat)
   # --disable-hot-restart: no shared memory, so no clash with another Envoy's
-  # base id; the access log (stdout) is flushed every 100 ms.
+  # base id; the access log is flushed every 100 ms.
   start envoy "$ENVOY" -c "$log_dir/envoy.yaml" --disable-hot-restart --file-flush-interval-msec 100
   await envoy "/ready" http_ok "http://$host:$health_port/ready"
   await envoy "its HTTP listener" port_busy "$http_port"

@@ -11,7 +11,7 @@ use argh::FromArgs;
 #[derive(FromArgs, Clone, Debug, PartialEq)]
 #[argh(description = "The router's flags; serve and envoy-config take the same set.")]
 pub struct ServeArgs {
-    /// ateapi control-plane address, host:port (default: api.ate-system.svc:443)
+    /// ateapi control-plane address, a gRPC target: host:port, a bare host (port 443), or dns:, unix:, ipv4:, ipv6: (default: api.ate-system.svc:443)
     #[argh(option, default = "String::from(\"api.ate-system.svc:443\")")]
     pub ateapi_address: String,
     /// PEM file of CAs that verify ateapi's server certificate (default: none; serve requires it without --ateapi-insecure)

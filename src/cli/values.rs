@@ -168,6 +168,28 @@ pub fn host_port(flag: &str, address: &str) -> Result<u16, ConfigError> {
     }
 }
 
+/// The gRPC target `target`, given as `flag`: `host:port`, a bare host
+/// (gRPC's port 443) or `[ipv6]:port` as [`host_port`] checks them (an
+/// IPv6 zone allowed), or a target with a scheme gRPC resolves (`dns:`,
+/// `unix:`, `unix-abstract:`, `ipv4:`, `ipv6:`), passed on as it is.
+/// Spaces and control characters are refused in any form (B131).
+pub fn grpc_target(flag: &str, target: &str) -> Result<(), ConfigError> {
+    const SCHEMES: [&str; 5] = ["dns:", "unix:", "unix-abstract:", "ipv4:", "ipv6:"];
+    if target.chars().any(|c| c.is_whitespace() || c.is_control()) {
+        return Err(invalid(format!("{flag} must not contain spaces or control characters, got {target:?}")));
+    }
+    if SCHEMES.iter().any(|scheme| target.starts_with(scheme)) {
+        return Ok(());
+    }
+    // A zone names an interface, not part of the address.
+    let unzoned = match (target.find('%'), target.find(']')) {
+        (Some(zone), Some(end)) if zone < end => format!("{}{}", &target[..zone], &target[end..]),
+        _ => target.to_string(),
+    };
+    let bare = !unzoned.contains(':') || (unzoned.starts_with('[') && unzoned.ends_with(']'));
+    host_port(flag, &if bare { format!("{unzoned}:443") } else { unzoned }).map(|_| ())
+}
+
 /// A DNS name as Envoy resolves it: dot-separated labels of letters,
 /// digits and inner hyphens, 253 characters at most; one trailing dot
 /// (a fully qualified name) is allowed.

@@ -19,6 +19,7 @@ import signal
 import socket
 import subprocess
 import sys
+import termios
 import threading
 import time
 import urllib.request
@@ -552,9 +553,14 @@ def test_ctrl_c_while_envoy_starts_leaves_nothing(tmp_path, demos):
 
 
 
-def on_a_terminal(demos, argv, env):
-    """The demo on a terminal of its own: (demo, the pty's master side)."""
+def on_a_terminal(demos, argv, env, tostop=False):
+    """The demo on a terminal of its own: (demo, the pty's master side);
+    with `tostop`, a background job's write to it stops the job."""
     master, slave = os.openpty()
+    if tostop:
+        attrs = termios.tcgetattr(slave)
+        attrs[3] |= termios.TOSTOP
+        termios.tcsetattr(slave, termios.TCSANOW, attrs)
     try:
         return demos(argv, env, tty=slave), master
     finally:
@@ -594,6 +600,29 @@ def test_a_closed_terminal_leaves_nothing(tmp_path, demos):
     finally:
         os.close(master)  # the hangup
     demo.wait_exit()
+
+
+def test_envoys_access_log_shows_on_a_terminal_set_to_tostop(tmp_path, demos):
+    # Envoy runs in a process group of its own (so that Ctrl-C reaches the
+    # demo alone); writing its access log to the terminal itself, it would
+    # be stopped at its first line under `stty tostop`, and the request
+    # with it.
+    ports = free_ports()
+    demo, master = on_a_terminal(demos, [str(SCRIPT), "run"],
+                                 demo_env(tmp_path, ENVOY=envoy_binary(), **ports), tostop=True)
+    try:
+        read_terminal(demo, master, until=BANNER_END)
+        request = urllib.request.Request(f"http://127.0.0.1:{ports['HTTP_PORT']}/",
+                                         headers={"ate-target-actor": "demo/actor-3"})
+        with urllib.request.urlopen(request, timeout=30) as answer:
+            assert answer.status == 200
+        read_terminal(demo, master, until='"actor":"demo/actor-3"', timeout=30)
+        os.write(master, b"\x03")
+        stop = read_terminal(demo, master, timeout=STOP_TIMEOUT)
+    finally:
+        os.close(master)
+    assert demo.wait_exit() == 0, stop
+    assert "still running 10 s after SIGTERM" not in stop, stop
 
 
 def test_a_closed_terminal_whose_session_make_leads_leaves_nothing(tmp_path, demos):

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use super::{share, Purpose};
 use crate::cli::flags::ServeArgs;
-use crate::cli::values::{host_port, invalid, non_empty, ConfigError};
+use crate::cli::values::{grpc_target, invalid, non_empty, ConfigError};
 
 /// How the router reaches ateapi.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -42,7 +42,7 @@ impl Ateapi {
         if args.ateapi_address.trim().is_empty() {
             return Err(invalid("--ateapi-address must not be empty"));
         }
-        host_port("--ateapi-address", args.ateapi_address.trim())?;
+        grpc_target("--ateapi-address", args.ateapi_address.trim())?;
         let transport = transport(args)?;
         if transport.is_none() && purpose == Purpose::Serve {
             return Err(invalid(

@@ -111,7 +111,7 @@ impl Config {
         ])?;
         let envoy = EnvoyBootstrap::from_args(args, drain.envoy_admin_port)?;
         if purpose == Purpose::Bootstrap && envoy.routers.is_empty() {
-            envoy_beside_the_router(&envoy, drain.envoy_admin_port, &extproc, &admin)?;
+            envoy_beside_the_router(&envoy, &drain, &extproc, &admin)?;
         }
         Ok(Config {
             ateapi,
@@ -236,24 +236,34 @@ fn distinct_listeners(listeners: &[(&str, Option<SocketAddr>)]) -> Result<(), Co
     Ok(())
 }
 
-/// A bootstrap for one router on the loopback is Envoy's beside it, in
-/// one network namespace (the sidecar): none of Envoy's ports may be one
-/// of the router's listeners', or one of the two fails to bind (B132). A
-/// router elsewhere (`--routers`, or ext_proc off the loopback, as in
-/// Compose) may share port numbers with it.
+/// A bootstrap for one router on the loopback that drains its Envoy is
+/// the Envoy's beside it, in one network namespace (the sidecar): none of
+/// Envoy's ports may be one of the router's listeners', or one of the two
+/// fails to bind (B132). A router elsewhere (`--routers`, or ext_proc off
+/// the loopback, as in Compose), or one that drains no Envoy
+/// (`--envoy-admin-address=`), may share port numbers with it.
 fn envoy_beside_the_router(
     envoy: &EnvoyBootstrap,
-    admin_port: u16,
+    drain: &Drain,
     extproc: &ExtProc,
     admin: &Admin,
 ) -> Result<(), ConfigError> {
     let Some(extproc_addr) = extproc.listen.tcp().filter(|a| a.ip().is_loopback()) else { return Ok(()) };
+    let Some(admin_address) = &drain.envoy_admin_address else { return Ok(()) };
+    // Where the bootstrap binds Envoy's admin: the address's IP, or the
+    // loopback for a name (B70 checked its form).
+    let admin_host = admin_address.rsplit_once(':').map_or("", |(host, _)| host);
+    let admin_ip = admin_host
+        .trim_start_matches('[')
+        .trim_end_matches(']')
+        .parse()
+        .unwrap_or(std::net::IpAddr::from([127, 0, 0, 1]));
     let at = |port| Some(SocketAddr::new(envoy.listen_ip, port));
     let envoy_listeners = [
         ("--port-http", at(envoy.port_http)),
         ("--port-health", at(envoy.port_health)),
         ("--port-stats", at(envoy.port_stats)),
-        ("--envoy-admin-address", Some(SocketAddr::from(([127, 0, 0, 1], admin_port)))),
+        ("--envoy-admin-address", Some(SocketAddr::new(admin_ip, drain.envoy_admin_port))),
     ];
     let router_listeners = [
         ("--extproc-address/--port-extproc", Some(extproc_addr)),
