@@ -665,7 +665,9 @@ impl Inner {
         }
         let error = match result {
             Ok(resumed) => {
-                inner.pools.lock().remember(&flight.actor, &resumed.worker_pool);
+                if inner.policy.dispatch == Dispatch::SaturationGroup {
+                    inner.pools.lock().remember(&flight.actor, &resumed.worker_pool);
+                }
                 inner.finish(flight, Code::Ok, FlightOutcome::Resumed(resumed));
                 // An open probe's success: a worker freed, and more may
                 // follow, so the group's next flight goes at once (B110).

@@ -133,7 +133,7 @@ impl PoolMemory {
 
     /// Remembers that `actor` runs on `pool`; an empty name is no pool.
     pub fn remember(&mut self, actor: &ActorId, pool: &str) {
-        if pool.is_empty() {
+        if pool.is_empty() || self.pools.get(actor).is_some_and(|known| **known == *pool) {
             return;
         }
         let name = match self.names.get(pool) {
