@@ -25,6 +25,8 @@
 //! - [`cli`]: the command line and the configuration derived from it;
 //! - `trace`: the spans of a request, its flight and its attempts, and
 //!   their OTLP exporter (only with `--otlp-traces-address`);
+//! - `unary`: how the router's gRPC clients read a unary answer, which a
+//!   peer that breaks the protocol must not turn into a panic;
 //! - `tls`: credential files, checked with OpenSSL, for the control
 //!   plane's channel and the ext_proc listener;
 //! - `tools` (with `testkit`): the simulator and the load generator, which
@@ -84,3 +86,7 @@ pub(crate) mod trace;
 
 #[cfg(feature = "testkit")]
 pub mod tools;
+#[cfg(feature = "testkit")]
+pub mod unary;
+#[cfg(not(feature = "testkit"))]
+pub(crate) mod unary;

@@ -12,11 +12,12 @@ use std::fs;
 use std::path::{Path, PathBuf};
 
 /// The layers, from the bottom: a module may name modules of its own
-/// folder and of the folders below it. Top-level files (`proto`, `router`)
+/// folder and of the folders below it. Top-level files (`proto`, `unary`, `router`)
 /// are layers of their own; the crate root may use everything. Each
 /// folder's `mod.rs` says the same in words.
 const LAYERS: &[&str] = &[
     "proto",
+    "unary",
     "tls",
     "trace",
     "actor",

@@ -10,27 +10,12 @@
 
 use crate::common;
 
-use common::h2peer::{Answer, H2Peer};
+use common::h2peer::{running, Answer, H2Peer};
 use common::process::{router_args, spawn_router, terminate, RouterProcess};
 use common::{http_get, immediate, routed, Envoy, Metrics, PATIENCE};
 
-use atenet_router::proto::ateapi::{Actor, ActorStatus, ResumeActorResponse, WorkerAssignment};
 use atenet_router::proto::external_processor::ProcessingResponse;
 use atenet_router::tools::load::headers_request;
-use protobuf::{Message, MessageField};
-
-/// A valid answer: the actor runs on 10.0.0.7.
-fn running() -> Vec<u8> {
-    let mut assignment = WorkerAssignment::new();
-    assignment.worker_pod_ips = vec!["10.0.0.7".into()];
-    let mut status = ActorStatus::new();
-    status.worker_assignment = MessageField::some(assignment);
-    let mut actor = Actor::new();
-    actor.status = MessageField::some(status);
-    let mut response = ResumeActorResponse::new();
-    response.actor = MessageField::some(actor);
-    response.write_to_bytes().unwrap()
-}
 
 fn router(peer: &H2Peer, extra: &[&str]) -> RouterProcess {
     let mut flags = vec!["--parked-request-budget", "30s"];

@@ -60,7 +60,7 @@ fn files(dir: &Path, out: &mut Vec<PathBuf>) {
 /// The highest id the contract had defined when ids stopped moving: a rule is
 /// withdrawn, never deleted, so the highest defined can only grow. Raise it
 /// when you add rules; lowering it is deleting one.
-const HIGHEST_ASSIGNED: u32 = 132;
+const HIGHEST_ASSIGNED: u32 = 133;
 
 /// What is wrong with the contract's ids: reused (defined more than once),
 /// missing (a gap between B1 and the highest), or dropped from the end.

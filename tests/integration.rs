@@ -24,6 +24,7 @@ mod health;
 mod hostile;
 mod http_limits;
 mod logging;
+mod otlp_answers;
 mod parking;
 mod parkload;
 mod priority;

@@ -25,10 +25,8 @@ use std::sync::Arc;
 use std::thread::ThreadId;
 use std::time::{Duration, Instant};
 
-use futures::StreamExt;
 use grpcio::{
-    CallOption, Channel, ChannelBuilder, ChannelCredentialsBuilder, Client, ClientSStreamReceiver,
-    Environment, MetadataBuilder,
+    CallOption, Channel, ChannelBuilder, ChannelCredentialsBuilder, Client, Environment, MetadataBuilder,
 };
 use parking_lot::{Mutex, RwLock};
 
@@ -42,6 +40,7 @@ use crate::telemetry::metrics::{CertificateRole, Metrics};
 pub use crate::tls::files::CredentialsError;
 use crate::tls::files::{named, read};
 use crate::tls::pem;
+use crate::unary::{self, Failure};
 
 /// The credential files as last read.
 #[derive(Clone, Default, PartialEq, Eq)]
@@ -369,17 +368,14 @@ impl Resumer for AteapiClient {
         let (metrics, health, actor) = (self.metrics.clone(), Arc::clone(&self.health), actor.clone());
         let (metrics_for_wait, health_for_wait, actor_for_wait) =
             (metrics.clone(), Arc::clone(&health), actor.clone());
-        // Sent as a server-streaming call, which is the same unary call on
-        // the wire, so that the answer is read message by message: grpcio's
-        // unary receiver panics on an OK status without a message and never
-        // ends on an answer with two (B108).
+        // Sent as a server-streaming call, read by `unary` (B108).
         let call = move |client: &Client, done: AttemptDone| match client.server_streaming(
             &ATEAPI_RESUME_ACTOR,
             &request,
             options,
         ) {
             Ok(receiver) => client.spawn(async move {
-                let result = attempt_result(unary_answer(receiver).await);
+                let result = attempt_result(unary::answer(receiver).await);
                 report(&metrics, &health, &actor, &result);
                 done.complete(result);
             }),
@@ -463,36 +459,6 @@ fn is_tls_failure(message: &str) -> bool {
     ["ssl", "tls", "handshake", "certificate"].iter().any(|w| m.contains(w))
 }
 
-/// A unary call's answer, read from its response stream: exactly one
-/// message and an OK status (B108). Anything else is an error of the
-/// answer, never a panic and never a call left open: a second message
-/// cancels the call at once.
-async fn unary_answer(
-    mut answer: ClientSStreamReceiver<ResumeActorResponse>,
-) -> Result<ResumeActorResponse, Answer> {
-    let first = match answer.next().await {
-        Some(Ok(message)) => message,
-        Some(Err(e)) => return Err(Answer::Grpc(e)),
-        None => return Err(Answer::Malformed("an OK status without a message")),
-    };
-    match answer.next().await {
-        None => Ok(first),
-        Some(Err(e)) => Err(Answer::Grpc(e)),
-        Some(Ok(_)) => {
-            answer.cancel();
-            Err(Answer::Malformed("a second message in a unary answer"))
-        }
-    }
-}
-
-/// Why an attempt has no answer to use.
-enum Answer {
-    /// gRPC's status: the control plane's, or gRPC core's own.
-    Grpc(grpcio::Error),
-    /// An answer that breaks gRPC's unary protocol.
-    Malformed(&'static str),
-}
-
 /// A pool name as the router keeps it (B109): at most 128 characters, so
 /// that a control plane's long names cost bounded memory per actor.
 fn clean_pool(pool: &str) -> &str {
@@ -500,7 +466,7 @@ fn clean_pool(pool: &str) -> &str {
 }
 
 /// Maps a call's result to the router's terms.
-fn attempt_result(result: Result<ResumeActorResponse, Answer>) -> AttemptResult {
+fn attempt_result(result: Result<ResumeActorResponse, Failure>) -> AttemptResult {
     match result {
         Ok(response) => {
             let assignment = response
@@ -516,7 +482,7 @@ fn attempt_result(result: Result<ResumeActorResponse, Answer>) -> AttemptResult 
         // limits is a failure of the router's client, not a control-plane
         // verdict: it is not retried (a ResourceExhausted of gRPC's own is
         // no full pool), and its library text never reaches a body (B13).
-        Err(Answer::Grpc(grpcio::Error::RpcFailure(status))) => match local_refusal(status.message()) {
+        Err(Failure::Grpc(grpcio::Error::RpcFailure(status))) => match local_refusal(status.message()) {
             Some(limit) => {
                 // The 500's body never shows the message; the log does (B62).
                 let why = format!("ateapi's answer exceeds the router's {limit}: {}", status.message());
@@ -526,8 +492,8 @@ fn attempt_result(result: Result<ResumeActorResponse, Answer>) -> AttemptResult 
                 Err(ResumeError::new(Code::from_i32(status.code().into()), clean_message(status.message())))
             }
         },
-        Err(Answer::Grpc(other)) => Err(ResumeError::new(Code::Unknown, other.to_string())),
-        Err(Answer::Malformed(what)) => {
+        Err(Failure::Grpc(other)) => Err(ResumeError::new(Code::Unknown, other.to_string())),
+        Err(Failure::Malformed(what)) => {
             Err(ResumeError::new(Code::Internal, format!("ateapi's answer broke the protocol: {what}")))
         }
     }
@@ -602,11 +568,11 @@ mod tests {
             "no free workers available".into(),
         );
         assert_eq!(
-            attempt_result(Err(Answer::Grpc(grpcio::Error::RpcFailure(status)))),
+            attempt_result(Err(Failure::Grpc(grpcio::Error::RpcFailure(status)))),
             Err(ResumeError::new(Code::ResourceExhausted, "no free workers available"))
         );
         assert_eq!(
-            attempt_result(Err(Answer::Grpc(grpcio::Error::RemoteStopped))).unwrap_err().code,
+            attempt_result(Err(Failure::Grpc(grpcio::Error::RemoteStopped))).unwrap_err().code,
             Code::Unknown
         );
     }
@@ -614,7 +580,7 @@ mod tests {
     #[test]
     fn long_or_odd_messages_are_bounded_and_local_refusals_are_the_routers_own() {
         let failure = |code, message: &str| {
-            attempt_result(Err(Answer::Grpc(grpcio::Error::RpcFailure(grpcio::RpcStatus::with_message(
+            attempt_result(Err(Failure::Grpc(grpcio::Error::RpcFailure(grpcio::RpcStatus::with_message(
                 code,
                 message.into(),
             )))))

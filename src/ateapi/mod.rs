@@ -7,7 +7,7 @@
 //!
 //! May depend on: `proto`, `actor`, `parking::flight` (the seam it
 //! implements), `telemetry::metrics`, `cli::config` (its transport),
-//! `tls` (its credential files) and `trace::context` (the `traceparent`
-//! it sends).
+//! `tls` (its credential files), `trace::context` (the `traceparent`
+//! it sends) and `unary` (how it reads an answer).
 
 pub mod client;

@@ -5,8 +5,9 @@
 //! A request never waits for it: spans are queued with `try_send`, and an
 //! export that fails or times out ([`EXPORT_TIMEOUT`]) only costs the
 //! batch, counted as dropped. A collector that never answers thus makes the
-//! queue fill and the spans beyond it drop, nothing more. No async runtime:
-//! the call is grpcio's blocking unary call, on this thread.
+//! queue fill and the spans beyond it drop, nothing more, and one whose
+//! answer breaks gRPC's unary protocol fails its export (B133). No async
+//! runtime: this thread blocks on the call, read by `unary`.
 
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -23,6 +24,7 @@ use crate::proto::trace::{span, status, ResourceSpans, ScopeSpans, Span as OtlpS
 use crate::proto::trace_service::ExportTraceServiceRequest;
 use crate::proto::OTLP_TRACE_EXPORT;
 use crate::trace::span::{Kind, Span, Value};
+use crate::unary::{self, Failure};
 
 /// Spans the queue holds before it drops (B124): a few seconds of a busy
 /// router's sampled requests.
@@ -58,8 +60,7 @@ pub fn start(
         while let Some(batch) = next_batch(&spans, BATCH, INTERVAL) {
             let count = batch.len() as u64;
             let request = to_request(&resource, batch);
-            let options = CallOption::default().timeout(EXPORT_TIMEOUT);
-            if let Err(e) = client.unary_call(&OTLP_TRACE_EXPORT, &request, options) {
+            if let Err(e) = export(&client, &request) {
                 dropped.inc_by(count);
                 if warned.is_none_or(|at| at.elapsed() >= WARN_INTERVAL) {
                     warned = Some(Instant::now());
@@ -68,6 +69,16 @@ pub fn start(
             }
         }
     })
+}
+
+/// One export, answered within [`EXPORT_TIMEOUT`]. Sent as a
+/// server-streaming call, the same call on the wire, and read by `unary`:
+/// grpcio's blocking unary call panics on an OK status without a message
+/// (B133).
+fn export(client: &Client, request: &ExportTraceServiceRequest) -> Result<(), Failure> {
+    let options = CallOption::default().timeout(EXPORT_TIMEOUT);
+    let answer = client.server_streaming(&OTLP_TRACE_EXPORT, request, options).map_err(Failure::Grpc)?;
+    futures::executor::block_on(unary::answer(answer)).map(drop)
 }
 
 /// The next batch: once `size` spans are in, or `interval` after the first

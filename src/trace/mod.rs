@@ -10,8 +10,8 @@
 //! Nothing here exists without `--otlp-traces-address`: no thread, no queue,
 //! no span.
 //!
-//! May depend on: `proto` only (the OTLP messages); the dropped-span counter
-//! is handed in.
+//! May depend on: `proto` (the OTLP messages) and `unary` (how an answer
+//! is read); the dropped-span counter is handed in.
 
 pub mod context;
 pub mod export;

@@ -1,7 +1,8 @@
-//! A control plane that speaks raw HTTP/2 (h2c), to send the answers no
-//! gRPC library would: an OK status without a message, two messages for a
-//! unary call, a length prefix longer than its message, a message over
-//! gRPC's 4 MiB limit. What a proxy in front of ateapi could send (B108).
+//! A gRPC peer that speaks raw HTTP/2 (h2c), to send the answers no gRPC
+//! library would: an OK status without a message, two messages for a unary
+//! call, a length prefix longer than its message, a message over gRPC's
+//! 4 MiB limit. What a proxy in front of ateapi (B108) or of an OTLP
+//! collector (B133) could send.
 //!
 //! Each connection is served by one thread. Requests are not decoded (their
 //! HPACK is ignored); every request stream that ends gets the next answer of
@@ -15,9 +16,11 @@ use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
+use atenet_router::proto::ateapi::{Actor, ActorStatus, ResumeActorResponse, WorkerAssignment};
 use parking_lot::Mutex;
+use protobuf::{Message, MessageField};
 
-/// One answer to one ResumeActor call.
+/// One answer to one unary call.
 #[derive(Clone, Debug)]
 pub enum Answer {
     /// A valid answer: this message, status OK.
@@ -34,6 +37,19 @@ pub enum Answer {
     TwoMessages(Vec<u8>),
     /// A valid message of this many bytes (one unknown field), then OK.
     Big(usize),
+}
+
+/// A control plane's valid answer: the actor runs on 10.0.0.7.
+pub fn running() -> Vec<u8> {
+    let mut assignment = WorkerAssignment::new();
+    assignment.worker_pod_ips = vec!["10.0.0.7".into()];
+    let mut status = ActorStatus::new();
+    status.worker_assignment = MessageField::some(assignment);
+    let mut actor = Actor::new();
+    actor.status = MessageField::some(status);
+    let mut response = ResumeActorResponse::new();
+    response.actor = MessageField::some(actor);
+    response.write_to_bytes().unwrap()
 }
 
 /// The scripted peer.
