@@ -50,6 +50,9 @@ struct Round {
     /// Requests admitted to the lot: each one's flight needed a call
     /// beyond its first to be served.
     parked: f64,
+    /// The share of the workers taken while flights waited that went to
+    /// first attempts, around the queue.
+    first_attempts_share: f64,
 }
 
 impl Round {
@@ -83,6 +86,19 @@ impl Round {
     }
 }
 
+/// What a simulator logged in one round (see [`AnswerLog`]).
+#[derive(Default)]
+struct Answers {
+    calls: u64,
+    /// Calls of flights already refused.
+    waiting_calls: u64,
+    /// Resumes (a worker taken) while some other flight was waiting: by a
+    /// first attempt, which goes around the queue (B110), and by a flight
+    /// already waiting.
+    resumes_by_first_attempts: u64,
+    resumes_by_waiting: u64,
+}
+
 /// A simulator's answer log (`Sim::log_answers_to`), read as far as it is
 /// written: which of its answers went to flights already waiting.
 struct AnswerLog {
@@ -98,15 +114,18 @@ impl AnswerLog {
         AnswerLog { path: path.to_path_buf(), read: 0, latest: HashMap::new() }
     }
 
-    /// The answers logged since the last call, and how many of them went to
-    /// a flight already refused: its actor's previous answer was a refusal
-    /// less than a budget before (an older one ended its flight). A flight
-    /// whose first attempt follows an exhausted one's last refusal within
-    /// the budget counts as waiting: the figure errs against the groups,
-    /// which exhaust fewer.
-    fn since_last(&mut self) -> (u64, u64) {
+    /// Whether `actor` was waiting at `time`: its latest answer was a
+    /// refusal less than a budget before (an older one ended its flight).
+    fn waiting(&self, actor: &str, time: f64) -> bool {
+        matches!(self.latest.get(actor), Some(&(at, true)) if time - at < BUDGET.as_secs_f64())
+    }
+
+    /// The answers logged since the last call. A flight whose first attempt
+    /// follows an exhausted one's last refusal within the budget counts as
+    /// waiting: the figure errs against the groups, which exhaust fewer.
+    fn since_last(&mut self) -> Answers {
         let text = std::fs::read_to_string(&self.path).unwrap_or_default();
-        let (mut answers, mut waiting) = (0, 0);
+        let mut answers = Answers::default();
         for line in text.lines().skip(self.read) {
             self.read += 1;
             let Ok(answer) = serde_json::from_str::<serde_json::Value>(line) else { continue };
@@ -115,15 +134,23 @@ impl AnswerLog {
             else {
                 continue; // an idle actor suspended: no answer
             };
-            answers += 1;
-            if let Some(&(at, true)) = self.latest.get(actor) {
-                if time - at < BUDGET.as_secs_f64() {
-                    waiting += 1;
+            answers.calls += 1;
+            let waiting = self.waiting(actor, time);
+            if waiting {
+                answers.waiting_calls += 1;
+            }
+            if code == "OK" && answer["resumed"].as_bool() == Some(true) {
+                // At most 400 actors: a scan per resume is cheap enough.
+                let others_wait = self.latest.keys().any(|other| other != actor && self.waiting(other, time));
+                if others_wait && waiting {
+                    answers.resumes_by_waiting += 1;
+                } else if others_wait {
+                    answers.resumes_by_first_attempts += 1;
                 }
             }
             self.latest.insert(actor.to_string(), (time, code != "OK"));
         }
-        (answers, waiting)
+        answers
     }
 }
 
@@ -204,11 +231,13 @@ fn measure(report: &mut Report, pool: &Load) {
             open.rate = Some(rate);
             let load = load::run_with(&envoys[i], &open);
             // Every request has its verdict: its flight's calls are logged.
-            let (calls, waiting_calls) = logs[i].since_last();
+            let answers = logs[i].since_last();
             rounds[i].push(Round {
                 load,
-                calls: calls as f64,
-                waiting_calls: waiting_calls as f64,
+                calls: answers.calls as f64,
+                waiting_calls: answers.waiting_calls as f64,
+                first_attempts_share: answers.resumes_by_first_attempts as f64
+                    / (answers.resumes_by_first_attempts + answers.resumes_by_waiting).max(1) as f64,
                 waiting_seconds: waited() - waited_before,
                 parked: parked() - parked_before,
             });
@@ -292,6 +321,24 @@ fn measure(report: &mut Report, pool: &Load) {
         every_p99[0],
         every_p99[1],
         every_p99[1] / every_p99[0].max(1e-9)
+    ));
+    // Why the served tail is what it is: a worker that frees goes to
+    // whoever asks first, a first attempt (never queued, B110) or a waiting
+    // flight's call. The fewer calls the waiting flights make, the more of
+    // the freed workers go around the queue, and the longer its oldest wait.
+    let around: Vec<f64> = (0..2).map(|i| pick(i, &|r| r.first_attempts_share)).collect();
+    for (i, mode) in MODES.iter().enumerate() {
+        report.figure(
+            "saturation",
+            &format!("{load}first_attempts_share_{}", mode.replace('-', "_")),
+            around[i],
+        );
+    }
+    report.line(&format!(
+        "Of the workers taken while other flights waited, first attempts (around the queue) took: \
+         per-flight {:.0} %, the groups {:.0} %.",
+        around[0] * 100.0,
+        around[1] * 100.0
     ));
     report.line("\n| target | groups / per-flight | bound | |\n|---|---|---|---|");
     for (name, value, bound) in targets {
