@@ -286,7 +286,8 @@ pub fn active_connections(stats: &str) -> u64 {
             name.trim().ends_with("downstream_cx_active") && !ignored.iter().any(|i| name.contains(i))
         })
         .filter_map(|(_, value)| value.trim().parse::<u64>().ok())
-        .sum()
+        // A sum that wrapped could read as no connection at all.
+        .fold(0, u64::saturating_add)
 }
 
 /// One HTTP/1.1 request to Envoy's admin API; the body on a 2xx answer.
@@ -304,16 +305,40 @@ fn admin_request(admin: &str, method: &str, path: &str) -> Result<String, AdminE
 }
 
 fn exchange(mut stream: TcpStream, admin: &str, method: &str, path: &str) -> io::Result<String> {
-    stream.set_read_timeout(Some(ADMIN_TIMEOUT))?;
+    // The whole exchange has one deadline (B43: 2 s): a read timeout alone would let
+    // an answer that trickles in hold the drain for as long as it trickles.
+    let deadline = Instant::now() + ADMIN_TIMEOUT;
     stream.set_write_timeout(Some(ADMIN_TIMEOUT))?;
     write!(
         stream,
         "{method} {path} HTTP/1.1\r\nHost: {admin}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
     )?;
-    let mut response = Vec::new();
     // Envoy's stats answer is small; a bound keeps a confused peer from
     // growing this without limit.
-    stream.take(MAX_ADMIN_ANSWER).read_to_end(&mut response)?;
+    let mut response = Vec::new();
+    let mut chunk = [0; 8192];
+    while (response.len() as u64) < MAX_ADMIN_ANSWER {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                format!("{method} {path}: no whole answer within {ADMIN_TIMEOUT:?}"),
+            ));
+        }
+        stream.set_read_timeout(Some(left))?;
+        match stream.read(&mut chunk) {
+            Ok(0) => break,
+            Ok(n) => response.extend_from_slice(&chunk[..n]),
+            // A read timed out (Linux says WouldBlock): the deadline, above.
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::Interrupted | io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+                ) => {}
+            Err(e) => return Err(e),
+        }
+    }
+    response.truncate(MAX_ADMIN_ANSWER as usize);
     let text = String::from_utf8_lossy(&response);
     let status: u16 = text.split_whitespace().nth(1).and_then(|s| s.parse().ok()).unwrap_or(0);
     if !(200..300).contains(&status) {
@@ -351,6 +376,33 @@ mod tests {
                      http.ingress.downstream_cx_total: 40\n";
         assert_eq!(active_connections(stats), 5);
         assert_eq!(active_connections(""), 0);
+        let wrapping = format!("a.downstream_cx_active: {}\nb.downstream_cx_active: 1\n", u64::MAX);
+        assert_eq!(active_connections(&wrapping), u64::MAX, "a sum that wraps is no drained Envoy");
+    }
+
+    #[test]
+    fn b43_an_admin_answer_that_trickles_in_fails_within_2_s() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let admin = listener.local_addr().unwrap().to_string();
+        std::thread::spawn(move || {
+            let (mut peer, _) = listener.accept().unwrap();
+            let _ = peer.write_all(b"HTTP/1.1 200 OK\r\n\r\n");
+            // A byte every 100 ms: each read succeeds, the answer never ends.
+            while peer.write_all(b"x").is_ok() {
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        });
+        let (tx, rx) = crossbeam_channel::bounded(1);
+        std::thread::spawn(move || {
+            let _ = tx.send(admin_request(&admin, "GET", "/stats"));
+        });
+        // Without the deadline the request reads for as long as the peer
+        // writes: forever here.
+        let answer = rx.recv_timeout(Duration::from_secs(60)).expect("the request ends");
+        assert!(
+            matches!(answer, Err(AdminError::Failed(ref e)) if e.kind() == io::ErrorKind::TimedOut),
+            "{answer:?}"
+        );
     }
 
     #[test]
