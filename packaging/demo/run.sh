@@ -394,6 +394,29 @@ follow_handovers() {
   done
 }
 
+# successor_by_arguments: sets $successor to a process, not the demo's
+# yet, that runs the router's own arguments: the successor of a router that
+# handed over without saying so (its info lines off, --log-level warn or
+# error, in RUN_FLAGS). Its predecessor exits only once it serves, and
+# ports are one process's, so there is at most one.
+router_arguments=
+successor_by_arguments() {
+  local dir pid arguments line
+  successor=
+  for dir in /proc/[0-9]*; do
+    pid=${dir#/proc/}
+    [[ " ${pids[*]} " == *" $pid "* ]] && continue
+    { mapfile -d '' -t arguments <"$dir/cmdline"; } 2>/dev/null || continue
+    [ "${#arguments[@]}" -gt 1 ] || continue
+    printf -v line '%s\n' "${arguments[@]:1}"
+    if [ "$line" = "$router_arguments" ]; then
+      successor=$pid
+      return 0
+    fi
+  done
+  return 1
+}
+
 # handed_over PID: PID is a router that has a successor.
 handed_over() {
   local i
@@ -659,6 +682,7 @@ fi
 
 start atenet-router "$router_bin" serve "${router_flags[@]}"
 routers=("${pids[-1]}")
+printf -v router_arguments '%s\n' serve "${router_flags[@]}"
 await atenet-router "/readyz" http_ok "http://$metrics_addr/readyz"
 
 if [ "$mode" = run ]; then
@@ -737,6 +761,12 @@ while :; do
     running "$pid" && continue
     # Its hand-over line was written before it exited.
     follow_handovers
+    if [ "$pid" = "${routers[-1]}" ] && successor_by_arguments; then
+      routers+=("$successor")
+      pids+=("$successor")
+      names+=(atenet-router)
+      say "the router handed over to its successor, pid $successor; following it (found by its arguments: its log said nothing)"
+    fi
     if handed_over "$pid"; then
       adopted "$pid" || wait "$pid" 2>/dev/null || true
       unset "pids[$i]" "names[$i]"
