@@ -792,13 +792,12 @@ impl Router {
     /// Whether no open stream holds a request: each has sent nothing (B74),
     /// or none is open (B101). Once that lasts, the drain has nothing to
     /// wait for; gRPC core's own shutdown would still wait for every
-    /// connection's peer to answer its GOAWAY's ping, up to 20 s. Open is
-    /// read before silent: no stream opens once the server shuts down, and a
-    /// silent one can only start speaking, so equal counts mean every open
-    /// stream was silent at the second read.
+    /// connection's peer to answer its GOAWAY's ping, up to 20 s. Both
+    /// counts are read at one instant: equal, every stream open then was
+    /// silent.
     fn holds_no_request(&self) -> bool {
-        let open = self.streams.open_now();
-        self.streams.silent_now() == open
+        let (open, silent) = self.streams.counts();
+        open == silent
     }
 
     /// Hands over to a successor that serves the same ports (B75): the HTTP
@@ -885,7 +884,7 @@ impl Router {
         };
         let mut cancelled = 0;
         if ended != StopEnded::ShutDown {
-            let (open, silent) = (self.streams.open_now(), self.streams.silent_now());
+            let (open, silent) = self.streams.counts();
             cancelled = open.saturating_sub(silent);
             self.metrics.count_drain_cancelled(cancelled as u64);
             if cancelled > 0 {

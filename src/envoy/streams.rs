@@ -7,7 +7,7 @@
 //! configuration; the count of silent ones lets the drain stop waiting as
 //! soon as only they are left.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -18,38 +18,43 @@ pub const FIRST_MESSAGE_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// The open streams, at most `cap`.
 pub struct StreamSlots {
-    cap: usize,
-    open: AtomicUsize,
-    silent: AtomicUsize,
+    cap: u64,
+    /// Open streams in the high half, the silent ones among them in the
+    /// low half: one word, so that [`StreamSlots::counts`] reads both at
+    /// one instant (two loads could pair a count from before a stream
+    /// opened and spoke with one from after).
+    counts: AtomicU64,
     metrics: Metrics,
 }
 
+const OPEN: u64 = 1 << 32;
+const SILENT: u64 = 1;
+
 impl StreamSlots {
     pub fn new(cap: usize, metrics: Metrics) -> Arc<StreamSlots> {
-        Arc::new(StreamSlots { cap, open: AtomicUsize::new(0), silent: AtomicUsize::new(0), metrics })
+        // Each half holds up to 2^32 - 1: far more streams than file
+        // descriptors.
+        let cap = u64::try_from(cap).unwrap_or(u64::MAX).min(u64::from(u32::MAX));
+        Arc::new(StreamSlots { cap, counts: AtomicU64::new(0), metrics })
     }
 
     /// A slot for a new stream, or `None` (counted) when `cap` are open.
     /// Exact under concurrency: the count is raised before it is checked.
     pub fn open(self: &Arc<Self>) -> Option<StreamSlot> {
-        if self.open.fetch_add(1, Ordering::AcqRel) >= self.cap {
-            self.open.fetch_sub(1, Ordering::AcqRel);
+        if self.counts.fetch_add(OPEN + SILENT, Ordering::AcqRel) / OPEN >= self.cap {
+            self.counts.fetch_sub(OPEN + SILENT, Ordering::AcqRel);
             self.metrics.count_stream_refused();
             return None;
         }
-        self.silent.fetch_add(1, Ordering::AcqRel);
         self.metrics.streams_opened(1);
         Some(StreamSlot { slots: Arc::clone(self), silent: true })
     }
 
-    /// Streams open now.
-    pub fn open_now(&self) -> usize {
-        self.open.load(Ordering::Acquire)
-    }
-
-    /// Open streams that have sent no message yet.
-    pub fn silent_now(&self) -> usize {
-        self.silent.load(Ordering::Acquire)
+    /// Streams open now, and how many of them have sent no message yet,
+    /// read together.
+    pub fn counts(&self) -> (usize, usize) {
+        let counts = self.counts.load(Ordering::Acquire);
+        ((counts / OPEN) as usize, (counts % OPEN) as usize)
     }
 }
 
@@ -63,7 +68,7 @@ impl StreamSlot {
     /// The stream's first message arrived.
     pub fn spoke(&mut self) {
         if std::mem::replace(&mut self.silent, false) {
-            self.slots.silent.fetch_sub(1, Ordering::AcqRel);
+            self.slots.counts.fetch_sub(SILENT, Ordering::AcqRel);
         }
     }
 }
@@ -71,7 +76,7 @@ impl StreamSlot {
 impl Drop for StreamSlot {
     fn drop(&mut self) {
         self.spoke();
-        self.slots.open.fetch_sub(1, Ordering::AcqRel);
+        self.slots.counts.fetch_sub(OPEN, Ordering::AcqRel);
         self.slots.metrics.streams_opened(-1);
     }
 }
@@ -87,15 +92,15 @@ mod tests {
         let mut a = slots.open().expect("room");
         let b = slots.open().expect("room");
         assert!(slots.open().is_none(), "over the cap");
-        assert_eq!((slots.open_now(), slots.silent_now()), (2, 2));
+        assert_eq!(slots.counts(), (2, 2));
         a.spoke();
         a.spoke();
-        assert_eq!((slots.open_now(), slots.silent_now()), (2, 1));
+        assert_eq!(slots.counts(), (2, 1));
         drop(b);
-        assert_eq!((slots.open_now(), slots.silent_now()), (1, 0));
+        assert_eq!(slots.counts(), (1, 0));
         let c = slots.open().expect("a slot came free");
         drop((a, c));
-        assert_eq!((slots.open_now(), slots.silent_now(), metrics.streams_active()), (0, 0, 0));
+        assert_eq!((slots.counts(), metrics.streams_active()), ((0, 0), 0));
         assert_eq!(metrics.streams_refused(), 1);
     }
 
@@ -108,6 +113,6 @@ mod tests {
             threads.into_iter().map(|t| t.join().unwrap()).collect()
         });
         assert_eq!(held.iter().map(Vec::len).sum::<usize>(), 100);
-        assert_eq!(slots.open_now(), 100);
+        assert_eq!(slots.counts(), (100, 100));
     }
 }
