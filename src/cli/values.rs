@@ -170,17 +170,49 @@ pub fn host_port(flag: &str, address: &str) -> Result<u16, ConfigError> {
 
 /// The gRPC target `target`, given as `flag`: `host:port`, a bare host
 /// (gRPC's port 443) or `[ipv6]:port` as [`host_port`] checks them (an
-/// IPv6 zone allowed), or a target with a scheme gRPC resolves (`dns:`,
-/// `unix:`, `unix-abstract:`, `ipv4:`, `ipv6:`), passed on as it is.
-/// Spaces and control characters are refused in any form (B131).
+/// IPv6 zone allowed), or a target with a scheme gRPC resolves: `dns:`
+/// (an optional `//authority/`, then such a host), `unix:` and
+/// `unix-abstract:` (a path or name), `ipv4:` and `ipv6:` (a list of
+/// `address:port`). Spaces and control characters are refused in any form
+/// (B131).
 pub fn grpc_target(flag: &str, target: &str) -> Result<(), ConfigError> {
-    const SCHEMES: [&str; 5] = ["dns:", "unix:", "unix-abstract:", "ipv4:", "ipv6:"];
     if target.chars().any(|c| c.is_whitespace() || c.is_control()) {
         return Err(invalid(format!("{flag} must not contain spaces or control characters, got {target:?}")));
     }
-    if SCHEMES.iter().any(|scheme| target.starts_with(scheme)) {
-        return Ok(());
+    let names_nothing = |what: &str| invalid(format!("{flag} {target:?} names no {what}"));
+    if let Some(rest) = target.strip_prefix("dns:") {
+        // dns:host, dns:///host or dns://authority/host.
+        let host = match rest.strip_prefix("//") {
+            Some(authority_and_host) => authority_and_host.split_once('/').map_or("", |(_, host)| host),
+            None => rest,
+        };
+        if host.is_empty() {
+            return Err(names_nothing("host"));
+        }
+        return grpc_host(flag, host);
     }
+    for scheme in ["unix:", "unix-abstract:"] {
+        if let Some(path) = target.strip_prefix(scheme) {
+            return match path.trim_start_matches('/') {
+                "" => Err(names_nothing("socket")),
+                _ => Ok(()),
+            };
+        }
+    }
+    for scheme in ["ipv4:", "ipv6:"] {
+        if let Some(addresses) = target.strip_prefix(scheme) {
+            if addresses.is_empty() {
+                return Err(names_nothing("address"));
+            }
+            return addresses.split(',').try_for_each(|address| host_port(flag, address).map(|_| ()));
+        }
+    }
+    grpc_host(flag, target)
+}
+
+/// A host with an optional port (gRPC's 443 without one), for
+/// [`grpc_target`].
+fn grpc_host(flag: &str, target: &str) -> Result<(), ConfigError> {
     // A zone names an interface, not part of the address.
     let unzoned = match (target.find('%'), target.find(']')) {
         (Some(zone), Some(end)) if zone < end => format!("{}{}", &target[..zone], &target[end..]),
