@@ -239,6 +239,36 @@ set_by() {
   fi
 }
 
+# fixed_port VALUE WHAT SET_BY: the demo waits on this port and prints it, so
+# it must be a port of its own: not 0 (any free port, which the demo could not
+# name), and a number.
+fixed_port() {
+  if [[ ! $1 =~ ^[0-9]{1,5}$ ]] || ((10#$1 < 1 || 10#$1 > 65535)); then
+    die "$3 is \"$1\": $2 needs a port of 1 to 65535 (the demo waits on it and prints it); nothing was started"
+  fi
+}
+fixed_port "${sim_addr##*:}" "ateapi-sim" "$(set_by SIM_PORT --listen SIM_FLAGS)"
+case $(flag_value --extproc-address "${router_flags[@]}") in
+  unix:*) die "--extproc-address in RUN_FLAGS is a Unix socket: the demo's Envoy, make load and its banner reach ext_proc over TCP (EXTPROC_PORT); for a router on a socket beside your own Envoy, see docs/envoy.md (\"The router on a Unix socket\"); nothing was started" ;;
+esac
+fixed_port "$extproc_port" "the router's ext_proc" "$(set_by EXTPROC_PORT --port-extproc RUN_FLAGS)"
+fixed_port "${metrics_addr##*:}" "the router's metrics" "$(set_by METRICS_PORT --metrics-listen-addr RUN_FLAGS)"
+# The status page alone may be off (0).
+if [[ ! $status_port =~ ^[0-9]{1,5}$ ]] || ((10#$status_port > 65535)); then
+  die "$(set_by STATUS_PORT --status-port RUN_FLAGS) is \"$status_port\": the status page needs a port of 1 to 65535, or 0 for none; nothing was started"
+fi
+if [ "$mode" = run ]; then
+  fixed_port "$http_port" "Envoy's HTTP listener" "$(set_by HTTP_PORT --port-http RUN_FLAGS)"
+  fixed_port "$health_port" "Envoy's /ready" "$(set_by HEALTH_PORT --port-health RUN_FLAGS)"
+  fixed_port "$stats_port" "Envoy's stats" "$(set_by STATS_PORT --port-stats RUN_FLAGS)"
+  fixed_port "${admin_addr##*:}" "Envoy's admin" "$(set_by ADMIN_PORT --envoy-admin-address RUN_FLAGS)"
+  fixed_port "$worker_port" "the echo worker" "$(set_by WORKER_PORT --worker-port RUN_FLAGS)"
+fi
+[[ $workers =~ ^[0-9]+$ ]] || die "SIM_FLAGS give --workers \"$workers\", which is no number of workers; nothing was started"
+if [[ ! $actors =~ ^[0-9]+$ ]] || ((10#$actors == 0)); then
+  die "SIM_FLAGS give --actors \"$actors\": the demo needs at least one actor to route to; nothing was started"
+fi
+
 # The demo's listeners, one "ip port what set-by" line each, before anything
 # starts: two on one port would have the second fail once the first runs.
 # A wildcard address (0.0.0.0, ::, empty) clashes with every address.
@@ -286,7 +316,7 @@ done
 # Before anything starts: the router's flags (envoy-config validates them as
 # serve does), Envoy, and the ports.
 if ! envoy_yaml=$("$router_bin" envoy-config "${router_flags[@]}"); then
-  die "the router refused its flags (RUN_FLAGS=${RUN_FLAGS:-}): nothing was started"
+  die "the router refused its flags, for the reason above (the demo's own, set by its port variables, and RUN_FLAGS=${RUN_FLAGS:-}): nothing was started"
 fi
 if [ "$mode" = run ]; then
   get_envoy="pass yours (1.30 or later): $(how_to run ENVOY=/path/to/envoy)"

@@ -518,6 +518,33 @@ def test_two_listeners_on_one_port_stop_the_demo_before_anything_starts(tmp_path
     assert "logs in" not in output, "something was started"
 
 
+@pytest.mark.parametrize("variable, value, said", [
+    # Port 0 is any free port: the router took one, and the demo polled
+    # 127.0.0.1:0/readyz for 60 s, then blamed the router.
+    ("METRICS_PORT", "0", 'METRICS_PORT is "0": the router\'s metrics needs a port of 1 to 65535'),
+    ("HTTP_PORT", "0", 'HTTP_PORT is "0": Envoy\'s HTTP listener needs a port of 1 to 65535'),
+    # It blamed an empty RUN_FLAGS; STATUS_PORT=abc also set off a bash error.
+    ("HTTP_PORT", "abc", 'HTTP_PORT is "abc": Envoy\'s HTTP listener needs a port of 1 to 65535'),
+    ("STATUS_PORT", "abc", 'STATUS_PORT is "abc": the status page needs a port of 1 to 65535, or 0 for none'),
+    ("RUN_FLAGS", "--metrics-listen-addr=127.0.0.1:0",
+     '--metrics-listen-addr in RUN_FLAGS is "0": the router\'s metrics needs a port of 1 to 65535'),
+    # The demo's own --port-extproc made the router refuse a socket, and the
+    # message blamed RUN_FLAGS without saying why.
+    ("RUN_FLAGS", "--extproc-address=unix:/tmp/demo.sock", "--extproc-address in RUN_FLAGS is a Unix socket"),
+    ("SIM_FLAGS", "--workers -3", 'SIM_FLAGS give --workers "-3", which is no number of workers'),
+    # The banner offered demo/actor-0 .. demo/actor--1.
+    ("SIM_FLAGS", "--actors 0", 'SIM_FLAGS give --actors "0": the demo needs at least one actor'),
+])
+def test_a_variable_the_demo_cannot_use_stops_it_before_anything_starts(tmp_path, demos, variable, value, said):
+    ports = free_ports()
+    ports[variable] = value
+    demo = start_script(demos, tmp_path, ports)
+    assert demo.wait_exit() == 1
+    output = demo.output()
+    assert said in output and "nothing was started" in output, output
+    assert "logs in" not in output and "integer expression" not in output, output
+
+
 def test_a_pool_without_workers_sends_the_demo_to_the_router_alone(tmp_path, demos):
     # It said the workers had no address, which --worker-network gave them.
     demo = start_script(demos, tmp_path, free_ports(), SIM_FLAGS="--workers 0")
