@@ -677,8 +677,12 @@ parking_promise() {
       tail = sprintf("the other %d park; a worker frees (an actor idle %s) after %s to %s, about when the %s budget ends: each is routed or gets 503 atenet_budget_exhausted, as the moment falls", \
         e, idle_text, s(free_early), s(free_late), budget_text)
     if (max > 0 && max < e) tail = tail sprintf("; the lot holds %d, so the rest get 503 atenet_lot_full", max)
-    if (faults != "") tail = tail sprintf("; SIM_FLAGS inject faults (%s), so expect other answers too", substr(faults, 2))
     text = head "; " tail
+    # Faults change every answer (a slow restore can outlast the budget and
+    # the late serve, a 504): no promise at all.
+    if (faults != "")
+      text = sprintf("parking: %d actors at once on %d workers; SIM_FLAGS inject faults (%s), so the demo promises nothing: each gets what the faults leave it (200, 503 or 504)", \
+        n, w, substr(faults, 2))
     # Comment lines of at most 100 columns.
     line = "  #"; count = split(text, words, " ")
     for (i = 1; i <= count; i++) {

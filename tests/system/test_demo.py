@@ -343,6 +343,17 @@ def test_the_banners_parking_promise_follows_the_flags(tmp_path, demos):
     assert demo.wait_exit() == 0
 
 
+def test_the_banner_promises_nothing_when_the_simulator_injects_faults(tmp_path, demos):
+    # It promised "routed after a restore (about 0.3s) ... 200 within about
+    # 3.1s" beside 40 s restores, where every request got a 504.
+    demo = start_script(demos, tmp_path, free_ports(),
+                        SIM_FLAGS="--slow-restore-rate 1 --slow-restore-latency 40s")
+    output = demo.wait_for(re.escape(BANNER_END), READY_TIMEOUT) and demo.output()
+    promise = banner_comment(output, "parking:")
+    assert "SIM_FLAGS inject faults (--slow-restore-rate), so the demo promises nothing" in promise, promise
+    assert "routed after a restore" not in promise and "200 within" not in promise, promise
+
+
 def test_sigterm_to_the_script_alone_stops_everything(tmp_path, demos):
     demo = start_script(demos, tmp_path, free_ports())
     demo.wait_for(re.escape(BANNER_END), READY_TIMEOUT)
