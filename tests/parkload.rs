@@ -531,6 +531,21 @@ fn http_timeouts_and_failures_fail_the_run() {
     assert!(tolerated.stdout.contains("errors: 3 (HTTP errors and client timeouts)"), "{}", tolerated.stdout);
 }
 
+/// A server that refuses connections refuses at once: the closed loop
+/// pauses after each refusal (10 ms, doubling to 1 s), where each thread
+/// spun, 105,000 refusals a second on a core of its own.
+#[test]
+fn http_a_refused_connection_pauses_the_closed_loop() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let url = format!("http://127.0.0.1:{port}/");
+    let args = ["--http", &url, "--duration", "2s", "--concurrency", "4", "--max-errors", "100000000"];
+    let ran = parkload(&[&args[..], &["--progress", "0", "--json"]].concat(), PATIENCE);
+    assert_eq!(ran.code, 0, "{}\n{}", ran.stdout, ran.stderr);
+    let refused = number(&ran.stdout, "\"verdicts\":{", "http-error connect: connection refused");
+    // Each thread: about 8 tries in 2 s (10 + 20 + ... + 640 ms, then 1 s).
+    assert!((4.0..=100.0).contains(&refused), "{refused} refusals: {}", ran.stdout);
+}
+
 #[test]
 fn http_bad_flags_exit_2_naming_the_flag() {
     for (args, says) in [

@@ -23,6 +23,8 @@ use std::time::{Duration, Instant};
 /// How the verdict keys of requests that failed at the HTTP level begin
 /// (no response, or one that does not parse).
 pub const HTTP_ERROR: &str = "http-error";
+/// How a verdict key begins when no connection could be made.
+pub const CONNECT_FAILED: &str = "http-error connect:";
 
 /// The longest response head (status line and headers) read; a longer one
 /// fails the request.

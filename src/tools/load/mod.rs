@@ -72,6 +72,11 @@ pub const MAX_HTTP_IN_FLIGHT: usize = 10_000;
 /// The stack of an HTTP run's request threads: they parse a response head
 /// and discard bodies, in buffers on the heap.
 const HTTP_THREAD_STACK: usize = 128 * 1024;
+/// How long a closed loop's request thread waits after a connection that
+/// could not be made: the first pause, doubled while they keep failing, up
+/// to the last.
+const CONNECT_PAUSE_MIN: Duration = Duration::from_millis(10);
+const CONNECT_PAUSE_MAX: Duration = Duration::from_secs(1);
 
 /// The fastest rate a timetable keeps: one request a nanosecond, the
 /// clock's resolution. Faster rates are run at this one.
@@ -875,13 +880,14 @@ impl Run {
         self.record(actor, key, sent, due);
     }
 
-    /// As [`Run::request`], one GET on `conn`, this thread's connection.
+    /// As [`Run::request`], one GET on `conn`, this thread's connection;
+    /// false when no connection could be made.
     fn request_http(
         &self,
         target: &http::HttpTarget,
         conn: &mut Option<http::Connection>,
         due: Option<Instant>,
-    ) {
+    ) -> bool {
         self.in_flight.fetch_add(1, Ordering::AcqRel);
         let actor = self.picker.pick();
         let header = self.grpc_timeout.as_ref().map(|d| d.header.as_str());
@@ -892,7 +898,9 @@ impl Run {
             .unwrap_or_else(|| sent + Duration::from_secs(365 * 24 * 3600));
         let key = http::request(conn, target, actor, header, deadline)
             .unwrap_or_else(|| CLIENT_TIMEOUT.to_string());
+        let connected = !key.starts_with(http::CONNECT_FAILED);
         self.record(actor, key, sent, due);
+        connected
     }
 
     /// Records a request sent at `sent` that just ended with `key`.
@@ -1022,8 +1030,16 @@ fn closed_loop(run: &Arc<Run>, spec: &LoadSpec, done: Sender<()>) {
         Transport::Http(target) => {
             let (task, target) = (Arc::clone(run), target.clone());
             http_threads(spec.concurrency.max(1), &done, move |conn| {
+                // A server that refuses connections refuses at once: without
+                // a pause each thread would spin, a core's worth of refusals.
+                let mut pause = Duration::ZERO;
                 while more() {
-                    task.request_http(&target, conn, None);
+                    if task.request_http(&target, conn, None) {
+                        pause = Duration::ZERO;
+                    } else {
+                        pause = (pause * 2).clamp(CONNECT_PAUSE_MIN, CONNECT_PAUSE_MAX);
+                        std::thread::sleep(pause);
+                    }
                 }
             });
         }
