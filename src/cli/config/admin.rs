@@ -4,7 +4,7 @@
 use std::net::SocketAddr;
 
 use crate::cli::flags::ServeArgs;
-use crate::cli::values::{listen_addr, port, socket_addr, ConfigError};
+use crate::cli::values::{invalid, listen_addr, socket_addr, ConfigError};
 
 /// Where the admin endpoints listen.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -20,7 +20,14 @@ impl Admin {
         let metrics_addr = listen_addr("--metrics-listen-addr", &args.metrics_listen_addr)?;
         let status_addr = match args.status_port {
             p if p <= 0 => None,
-            p => Some(socket_addr("--status-address", &args.status_address, port("--status-port", p)?)?),
+            p => {
+                let port = u16::try_from(p).map_err(|_| {
+                    invalid(format!(
+                        "--status-port must be a port in 1..=65535, or 0 for no status page, got {p}"
+                    ))
+                })?;
+                Some(socket_addr("--status-address", &args.status_address, port)?)
+            }
         };
         Ok(Admin { metrics_addr, status_addr })
     }
@@ -34,5 +41,7 @@ mod tests {
     fn status_port_disable() {
         assert_eq!(parse(&["--status-port", "0"]).unwrap().admin.status_addr, None);
         assert_eq!(parse(&["--status-port", "-1"]).unwrap().admin.status_addr, None);
+        let err = parse(&["--status-port", "70000"]).err().unwrap().to_string();
+        assert!(err.contains("1..=65535, or 0 for no status page, got 70000"), "{err}");
     }
 }
