@@ -198,6 +198,19 @@ idle=$(flag_value --idle-suspend "${sim_flags[@]}")
 worker_ip=$(flag_value --worker-ip "${sim_flags[@]}")
 worker_network=$(flag_value --worker-network "${sim_flags[@]}")
 
+# Counts the demo computes with: numbers (read in base 10: 08 is 8), at least
+# one actor to route to.
+[[ $workers =~ ^[0-9]{1,6}$ ]] || die "SIM_FLAGS give --workers \"$workers\", which is no number of workers; nothing was started"
+workers=$((10#$workers))
+if [[ ! $actors =~ ^[0-9]{1,9}$ ]] || ((10#$actors == 0)); then
+  die "SIM_FLAGS give --actors \"$actors\": the demo needs at least one actor to route to; nothing was started"
+fi
+actors=$((10#$actors))
+if [ -z "$worker_ip" ] && [ -n "$worker_network" ] &&
+  { [[ ! $worker_network =~ ^[0-9]{1,3}\.[0-9]{1,3}\.[0-9]{1,3}\.[0-9]{1,3}/([0-9]{1,2})$ ]] || ((10#${BASH_REMATCH[1]} > 32)); }; then
+  die "SIM_FLAGS give --worker-network \"$worker_network\", which is no IPv4 network (a.b.c.d/bits); nothing was started"
+fi
+
 # The workers' addresses, as the simulator hands them out: every worker on
 # --worker-ip, or worker i on the (i+1)-th host address of --worker-network.
 worker_ips=()
@@ -205,7 +218,8 @@ if [ -n "$worker_ip" ]; then
   worker_ips=("$worker_ip")
 elif [ -n "$worker_network" ]; then
   IFS=./ read -r a b c d bits <<<"$worker_network"
-  base=$(((a << 24 | b << 16 | c << 8 | d) & (0xffffffff << (32 - bits)) & 0xffffffff))
+  base=$(((10#$a << 24 | 10#$b << 16 | 10#$c << 8 | 10#$d) & (0xffffffff << (32 - 10#$bits)) & 0xffffffff))
+  bits=$((10#$bits))
   for ((i = 1; i <= workers && i < (1 << (32 - bits)) - 1; i++)); do
     ip=$((base + i))
     worker_ips+=("$((ip >> 24)).$((ip >> 16 & 255)).$((ip >> 8 & 255)).$((ip & 255))")
@@ -239,34 +253,37 @@ set_by() {
   fi
 }
 
-# fixed_port VALUE WHAT SET_BY: the demo waits on this port and prints it, so
-# it must be a port of its own: not 0 (any free port, which the demo could not
-# name), and a number.
+# fixed_port VARIABLE WHAT SET_BY: the demo waits on the port in VARIABLE and
+# prints it, so it must be a port of its own: a number (read in base 10, and
+# so written back), not 0 (any free port, which the demo could not name).
 fixed_port() {
-  if [[ ! $1 =~ ^[0-9]{1,5}$ ]] || ((10#$1 < 1 || 10#$1 > 65535)); then
-    die "$3 is \"$1\": $2 needs a port of 1 to 65535 (the demo waits on it and prints it); nothing was started"
+  local -n port=$1
+  if [[ ! $port =~ ^[0-9]{1,5}$ ]] || ((10#$port < 1 || 10#$port > 65535)); then
+    die "$3 gives $2 the port \"$port\"; it needs one of 1 to 65535 (the demo waits on it and prints it); nothing was started"
   fi
+  port=$((10#$port))
 }
-fixed_port "${sim_addr##*:}" "ateapi-sim" "$(set_by SIM_PORT --listen SIM_FLAGS)"
+sim_port=${sim_addr##*:}
+fixed_port sim_port "ateapi-sim" "$(set_by SIM_PORT --listen SIM_FLAGS)"
 case $(flag_value --extproc-address "${router_flags[@]}") in
   unix:*) die "--extproc-address in RUN_FLAGS is a Unix socket: the demo's Envoy, make load and its banner reach ext_proc over TCP (EXTPROC_PORT); for a router on a socket beside your own Envoy, see docs/envoy.md (\"The router on a Unix socket\"); nothing was started" ;;
 esac
-fixed_port "$extproc_port" "the router's ext_proc" "$(set_by EXTPROC_PORT --port-extproc RUN_FLAGS)"
-fixed_port "${metrics_addr##*:}" "the router's metrics" "$(set_by METRICS_PORT --metrics-listen-addr RUN_FLAGS)"
-# The status page alone may be off (0).
-if [[ ! $status_port =~ ^[0-9]{1,5}$ ]] || ((10#$status_port > 65535)); then
-  die "$(set_by STATUS_PORT --status-port RUN_FLAGS) is \"$status_port\": the status page needs a port of 1 to 65535, or 0 for none; nothing was started"
+fixed_port extproc_port "the router's ext_proc" "$(set_by EXTPROC_PORT --port-extproc RUN_FLAGS)"
+metrics_port=${metrics_addr##*:}
+fixed_port metrics_port "the router's metrics" "$(set_by METRICS_PORT --metrics-listen-addr RUN_FLAGS)"
+# The status page alone may be off (0 or below, as the router takes it, B42).
+if [[ ! $status_port =~ ^-?[0-9]{1,5}$ ]] || ((10#${status_port#-} > 65535)); then
+  die "$(set_by STATUS_PORT --status-port RUN_FLAGS) gives the status page the port \"$status_port\"; it needs one of 1 to 65535, or 0 for none; nothing was started"
 fi
+[ "${status_port:0:1}" = - ] && status_port=0
+status_port=$((10#$status_port))
 if [ "$mode" = run ]; then
-  fixed_port "$http_port" "Envoy's HTTP listener" "$(set_by HTTP_PORT --port-http RUN_FLAGS)"
-  fixed_port "$health_port" "Envoy's /ready" "$(set_by HEALTH_PORT --port-health RUN_FLAGS)"
-  fixed_port "$stats_port" "Envoy's stats" "$(set_by STATS_PORT --port-stats RUN_FLAGS)"
-  fixed_port "${admin_addr##*:}" "Envoy's admin" "$(set_by ADMIN_PORT --envoy-admin-address RUN_FLAGS)"
-  fixed_port "$worker_port" "the echo worker" "$(set_by WORKER_PORT --worker-port RUN_FLAGS)"
-fi
-[[ $workers =~ ^[0-9]+$ ]] || die "SIM_FLAGS give --workers \"$workers\", which is no number of workers; nothing was started"
-if [[ ! $actors =~ ^[0-9]+$ ]] || ((10#$actors == 0)); then
-  die "SIM_FLAGS give --actors \"$actors\": the demo needs at least one actor to route to; nothing was started"
+  fixed_port http_port "Envoy's HTTP listener" "$(set_by HTTP_PORT --port-http RUN_FLAGS)"
+  fixed_port health_port "Envoy's /ready" "$(set_by HEALTH_PORT --port-health RUN_FLAGS)"
+  fixed_port stats_port "Envoy's stats" "$(set_by STATS_PORT --port-stats RUN_FLAGS)"
+  admin_port=${admin_addr##*:}
+  fixed_port admin_port "Envoy's admin" "$(set_by ADMIN_PORT --envoy-admin-address RUN_FLAGS)"
+  fixed_port worker_port "the echo worker" "$(set_by WORKER_PORT --worker-port RUN_FLAGS)"
 fi
 
 # The demo's listeners, one "ip port what set-by" line each, before anything
@@ -284,10 +301,10 @@ listener() {
   esac
   listeners+=("$ip|$2|$3|$4")
 }
-listener "${sim_addr%:*}" "${sim_addr##*:}" "ateapi-sim" "$(set_by SIM_PORT --listen SIM_FLAGS)"
+listener "${sim_addr%:*}" "$sim_port" "ateapi-sim" "$(set_by SIM_PORT --listen SIM_FLAGS)"
 listener "$(flag_value --extproc-address "${router_flags[@]}")" "$extproc_port" "the router's ext_proc" \
   "$(set_by EXTPROC_PORT --port-extproc RUN_FLAGS)"
-listener "${metrics_addr%:*}" "${metrics_addr##*:}" "the router's metrics" \
+listener "${metrics_addr%:*}" "$metrics_port" "the router's metrics" \
   "$(set_by METRICS_PORT --metrics-listen-addr RUN_FLAGS)"
 if [ "$status_port" -gt 0 ]; then
   status_ip=$(flag_value --status-address "${router_flags[@]}")
@@ -298,7 +315,7 @@ if [ "$mode" = run ]; then
   listener "$envoy_ip" "$http_port" "Envoy's HTTP listener" "$(set_by HTTP_PORT --port-http RUN_FLAGS)"
   listener "$envoy_ip" "$health_port" "Envoy's /ready" "$(set_by HEALTH_PORT --port-health RUN_FLAGS)"
   listener "$envoy_ip" "$stats_port" "Envoy's stats" "$(set_by STATS_PORT --port-stats RUN_FLAGS)"
-  listener "${admin_addr%:*}" "${admin_addr##*:}" "Envoy's admin" "$(set_by ADMIN_PORT --envoy-admin-address RUN_FLAGS)"
+  listener "${admin_addr%:*}" "$admin_port" "Envoy's admin" "$(set_by ADMIN_PORT --envoy-admin-address RUN_FLAGS)"
   for ip in "${worker_ips[@]}"; do
     listener "$ip" "$worker_port" "the echo worker" "$(set_by WORKER_PORT --worker-port RUN_FLAGS)"
   done
@@ -346,9 +363,9 @@ check_port() {
     die "port $port on $ip ($what) is already in use: stop what holds it, or move the demo off it: $(how_to "$mode" "$variable=<another port>")"
   fi
 }
-check_port "${sim_addr##*:}" "ateapi-sim" SIM_PORT
+check_port "$sim_port" "ateapi-sim" SIM_PORT
 check_port "$extproc_port" "the router's ext_proc" EXTPROC_PORT
-check_port "${metrics_addr##*:}" "the router's metrics" METRICS_PORT
+check_port "$metrics_port" "the router's metrics" METRICS_PORT
 if [ "$status_port" -gt 0 ]; then
   check_port "$status_port" "the router's status page" STATUS_PORT
 fi
@@ -356,7 +373,7 @@ if [ "$mode" = run ]; then
   check_port "$http_port" "Envoy's HTTP listener" HTTP_PORT
   check_port "$health_port" "Envoy's /ready" HEALTH_PORT
   check_port "$stats_port" "Envoy's stats" STATS_PORT
-  check_port "${admin_addr##*:}" "Envoy's admin" ADMIN_PORT
+  check_port "$admin_port" "Envoy's admin" ADMIN_PORT
   for ip in "${worker_ips[@]}"; do
     check_port "$worker_port" "the echo worker" WORKER_PORT "$ip"
   done
@@ -431,7 +448,7 @@ follow_handovers() {
 # ports are one process's, so there is at most one.
 router_arguments=
 successor_by_arguments() {
-  local dir pid arguments line
+  local dir pid arguments line group
   successor=
   for dir in /proc/[0-9]*; do
     pid=${dir#/proc/}
@@ -439,7 +456,13 @@ successor_by_arguments() {
     { mapfile -d '' -t arguments <"$dir/cmdline"; } 2>/dev/null || continue
     [ "${#arguments[@]}" -gt 1 ] || continue
     printf -v line '%s\n' "${arguments[@]:1}"
-    if [ "$line" = "$router_arguments" ]; then
+    [ "$line" = "$router_arguments" ] || continue
+    # The router's binary, leading a process group of its own, as a
+    # predecessor starts its successor (B94).
+    [ "$dir/exe" -ef "$router_bin" ] || continue
+    { read -r line <"$dir/stat"; } 2>/dev/null || continue
+    read -r _ _ group _ <<<"${line##*) }"
+    if [ "$group" = "$pid" ]; then
       successor=$pid
       return 0
     fi
@@ -795,18 +818,32 @@ while :; do
     running "$pid" && continue
     # Its hand-over line was written before it exited.
     follow_handovers
-    if [ "$pid" = "${routers[-1]}" ] && successor_by_arguments; then
-      routers+=("$successor")
-      pids+=("$successor")
-      names+=(atenet-router)
-      say "the router handed over to its successor, pid $successor; following it (found by its arguments: its log said nothing)"
-    fi
     if handed_over "$pid"; then
       adopted "$pid" || wait "$pid" 2>/dev/null || true
       unset "pids[$i]" "names[$i]"
       continue
     fi
-    if adopted "$pid"; then
+    status=
+    if [ "$pid" = "${routers[-1]}" ] && successor_by_arguments; then
+      # A hand-over its log did not name (its info lines off), or a router
+      # that failed while its successor started: followed, or stopped with
+      # the rest.
+      if adopted "$pid" || wait "$pid"; then
+        routers+=("$successor")
+        pids+=("$successor")
+        names+=(atenet-router)
+        say "the router handed over to its successor, pid $successor; following it (found by its arguments: its log said nothing)"
+        unset "pids[$i]" "names[$i]"
+        continue
+      else
+        status="status $?"
+        pids+=("$successor")
+        names+=("atenet-router (a successor starting)")
+      fi
+    fi
+    if [ -n "$status" ]; then
+      :
+    elif adopted "$pid"; then
       status="its status unknown: the demo did not start it"
     else
       wait "$pid" && status="status 0" || status="status $?"

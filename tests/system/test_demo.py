@@ -532,17 +532,20 @@ def test_two_listeners_on_one_port_stop_the_demo_before_anything_starts(tmp_path
 @pytest.mark.parametrize("variable, value, said", [
     # Port 0 is any free port: the router took one, and the demo polled
     # 127.0.0.1:0/readyz for 60 s, then blamed the router.
-    ("METRICS_PORT", "0", 'METRICS_PORT is "0": the router\'s metrics needs a port of 1 to 65535'),
-    ("HTTP_PORT", "0", 'HTTP_PORT is "0": Envoy\'s HTTP listener needs a port of 1 to 65535'),
+    ("METRICS_PORT", "0", 'METRICS_PORT gives the router\'s metrics the port "0"; it needs one of 1 to 65535'),
+    ("HTTP_PORT", "0", 'HTTP_PORT gives Envoy\'s HTTP listener the port "0"; it needs one of 1 to 65535'),
     # It blamed an empty RUN_FLAGS; STATUS_PORT=abc also set off a bash error.
-    ("HTTP_PORT", "abc", 'HTTP_PORT is "abc": Envoy\'s HTTP listener needs a port of 1 to 65535'),
-    ("STATUS_PORT", "abc", 'STATUS_PORT is "abc": the status page needs a port of 1 to 65535, or 0 for none'),
+    ("HTTP_PORT", "abc", 'HTTP_PORT gives Envoy\'s HTTP listener the port "abc"; it needs one of 1 to 65535'),
+    ("STATUS_PORT", "abc", 'STATUS_PORT gives the status page the port "abc"; it needs one of 1 to 65535, or 0 for none'),
     ("RUN_FLAGS", "--metrics-listen-addr=127.0.0.1:0",
-     '--metrics-listen-addr in RUN_FLAGS is "0": the router\'s metrics needs a port of 1 to 65535'),
+     '--metrics-listen-addr in RUN_FLAGS gives the router\'s metrics the port "0"; it needs one of 1 to 65535'),
     # The demo's own --port-extproc made the router refuse a socket, and the
     # message blamed RUN_FLAGS without saying why.
     ("RUN_FLAGS", "--extproc-address=unix:/tmp/demo.sock", "--extproc-address in RUN_FLAGS is a Unix socket"),
     ("SIM_FLAGS", "--workers -3", 'SIM_FLAGS give --workers "-3", which is no number of workers'),
+    # bash's own "abc: unbound variable" stopped the script before the check.
+    ("SIM_FLAGS", "--workers abc", 'SIM_FLAGS give --workers "abc", which is no number of workers'),
+    ("SIM_FLAGS", "--worker-network 10.0.0.0/40", 'SIM_FLAGS give --worker-network "10.0.0.0/40", which is no IPv4'),
     # The banner offered demo/actor-0 .. demo/actor--1.
     ("SIM_FLAGS", "--actors 0", 'SIM_FLAGS give --actors "0": the demo needs at least one actor'),
 ])
@@ -554,6 +557,17 @@ def test_a_variable_the_demo_cannot_use_stops_it_before_anything_starts(tmp_path
     output = demo.output()
     assert said in output and "nothing was started" in output, output
     assert "logs in" not in output and "integer expression" not in output, output
+
+
+def test_counts_and_ports_are_read_in_base_10_and_a_negative_status_port_is_none(tmp_path, demos):
+    # bash reads 08 as octal: --workers 08 failed with "value too great for
+    # base", --actors 08 only once everything had started.
+    ports = free_ports()
+    ports["STATUS_PORT"] = "-1"
+    demo = start_script(demos, tmp_path, ports, SIM_FLAGS="--workers 04 --actors 08")
+    output = demo.wait_for(re.escape(BANNER_END), READY_TIMEOUT) and demo.output()
+    assert "demo/actor-0 .. demo/actor-7 share 4 workers" in output, output
+    assert "disabled (--status-port 0)" in output, output
 
 
 def test_a_pool_without_workers_sends_the_demo_to_the_router_alone(tmp_path, demos):
