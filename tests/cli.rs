@@ -382,20 +382,33 @@ fn b131_arguments_are_text_and_addresses_are_host_port() {
         assert!(stderr.contains("is not valid UTF-8") && !stderr.contains("panicked"), "{stderr}");
     }
     for address in ["host:0", "host:99999", "a b:1", ":443", "a\nb:1", "[zz]:1", "h/x:1", "dns:///a b"] {
-        // A scheme with nothing after it (an operator's hostile run: these
-        // started a router whose every request parked out its budget).
-        for address in
-            ["unix:", "unix:///", "unix-abstract:", "dns:", "dns:///", "dns://authority/", "ipv4:", "ipv6:"]
-        {
-            let (code, out, err) = run(&["envoy-config", "--ateapi-address", address]);
-            assert_eq!(code, 2, "{address:?}: {out}");
-            assert!(err.contains("--ateapi-address") && err.contains("names no"), "{address:?}: {err}");
-        }
         for flag in ["--ateapi-address", "--envoy-admin-address"] {
             let (code, out, err) = run(&["envoy-config", flag, address]);
             assert_eq!(code, 2, "{flag} {address:?}: {out}");
             assert!(err.starts_with("invalid router configuration: ") && err.contains(flag), "{err}");
         }
+    }
+    // A scheme with nothing after it (an operator's hostile run: these
+    // started a router whose every request parked out its budget), or with
+    // what gRPC 1.56 refuses for it.
+    for address in [
+        "unix:",
+        "unix:///",
+        "unix-abstract:",
+        "dns:",
+        "dns:///",
+        "dns://authority/",
+        "ipv4:",
+        "ipv6:",
+        "ipv4:,",
+        "ipv4:example.com:443",
+        "ipv6:10.0.0.1:443",
+        "unix://host/run/ateapi.sock",
+        "ipv4://host/10.0.0.1:443",
+    ] {
+        let (code, out, err) = run(&["envoy-config", "--ateapi-address", address]);
+        assert_eq!(code, 2, "{address:?}: {out}");
+        assert!(err.contains("--ateapi-address"), "{address:?}: {err}");
     }
     // Envoy's admin needs a port; ateapi is a gRPC target, which may have
     // none (443) or a scheme.
@@ -415,7 +428,13 @@ fn b131_arguments_are_text_and_addresses_are_host_port() {
         "unix:///run/ateapi.sock",
         "unix-abstract:ateapi",
         "ipv4:10.0.0.1:443,10.0.0.2:443",
+        "ipv4:///10.0.0.1:443",
+        "ipv4:10.0.0.1:443,",
         "ipv6:[::1]:443",
+        "ipv6:[fe80::1%eth0]:443",
+        "dns:/api.ate-system.svc:443",
+        "dns:///api.ate-system.svc:443?x",
+        "unix:relative/ateapi.sock",
     ] {
         let (code, _, err) = run(&["envoy-config", "--ateapi-address", address]);
         assert_eq!(code, 0, "{address}: {err}");

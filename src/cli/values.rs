@@ -170,54 +170,72 @@ pub fn host_port(flag: &str, address: &str) -> Result<u16, ConfigError> {
 
 /// The gRPC target `target`, given as `flag`: `host:port`, a bare host
 /// (gRPC's port 443) or `[ipv6]:port` as [`host_port`] checks them (an
-/// IPv6 zone allowed), or a target with a scheme gRPC resolves: `dns:`
-/// (an optional `//authority/`, then such a host), `unix:` and
-/// `unix-abstract:` (a path or name), `ipv4:` and `ipv6:` (a list of
-/// `address:port`). Spaces and control characters are refused in any form
-/// (B131).
+/// IPv6 zone allowed), or a URI with a scheme gRPC 1.56 resolves,
+/// `scheme:[//authority]path[?query]`: `dns:` (any authority, the DNS
+/// server; a path of such a host), `unix:` and `unix-abstract:` (no
+/// authority; a path or name), `ipv4:` and `ipv6:` (no authority; a list of
+/// `a.b.c.d:port` or `[ipv6]:port`, empty entries skipped as gRPC skips
+/// them). Spaces and control characters are refused in any form (B131).
 pub fn grpc_target(flag: &str, target: &str) -> Result<(), ConfigError> {
     if target.chars().any(|c| c.is_whitespace() || c.is_control()) {
         return Err(invalid(format!("{flag} must not contain spaces or control characters, got {target:?}")));
     }
-    let names_nothing = |what: &str| invalid(format!("{flag} {target:?} names no {what}"));
-    if let Some(rest) = target.strip_prefix("dns:") {
-        // dns:host, dns:///host or dns://authority/host.
-        let host = match rest.strip_prefix("//") {
-            Some(authority_and_host) => authority_and_host.split_once('/').map_or("", |(_, host)| host),
-            None => rest,
-        };
-        if host.is_empty() {
-            return Err(names_nothing("host"));
-        }
-        return grpc_host(flag, host);
+    let refuse = |why: &str| Err(invalid(format!("{flag} {target:?} {why}")));
+    let Some((scheme, rest)) = ["dns", "unix", "unix-abstract", "ipv4", "ipv6"]
+        .iter()
+        .find_map(|scheme| Some((*scheme, target.strip_prefix(scheme)?.strip_prefix(':')?)))
+    else {
+        return grpc_host(flag, target);
+    };
+    // gRPC's URI: the query and fragment play no part in these schemes.
+    let rest = rest.split(['?', '#']).next().unwrap_or_default();
+    let (authority, path) = match rest.strip_prefix("//") {
+        Some(after) => after.split_once('/').map_or((Some(after), ""), |(a, path)| (Some(a), path)),
+        None => (None, rest.strip_prefix('/').unwrap_or(rest)),
+    };
+    if scheme != "dns" && authority.is_some_and(|a| !a.is_empty()) {
+        return refuse(&format!("names an authority, which {scheme}: targets do not take"));
     }
-    for scheme in ["unix:", "unix-abstract:"] {
-        if let Some(path) = target.strip_prefix(scheme) {
-            return match path.trim_start_matches('/') {
-                "" => Err(names_nothing("socket")),
-                _ => Ok(()),
-            };
-        }
-    }
-    for scheme in ["ipv4:", "ipv6:"] {
-        if let Some(addresses) = target.strip_prefix(scheme) {
+    match scheme {
+        "dns" if path.is_empty() => refuse("names no host"),
+        "dns" => grpc_host(flag, path),
+        "unix" | "unix-abstract" if path.trim_start_matches('/').is_empty() => refuse("names no socket"),
+        "unix" | "unix-abstract" => Ok(()),
+        _ => {
+            let addresses: Vec<&str> = path.split(',').filter(|a| !a.is_empty()).collect();
             if addresses.is_empty() {
-                return Err(names_nothing("address"));
+                return refuse("names no address");
             }
-            return addresses.split(',').try_for_each(|address| host_port(flag, address).map(|_| ()));
+            for address in addresses {
+                let unzoned = without_zone(address);
+                host_port(flag, &unzoned)?;
+                let host = unzoned.rsplit_once(':').map_or("", |(host, _)| host);
+                let ip = match host.strip_prefix('[').and_then(|h| h.strip_suffix(']')) {
+                    Some(v6) => scheme == "ipv6" && v6.parse::<std::net::Ipv6Addr>().is_ok(),
+                    None => scheme == "ipv4" && host.parse::<std::net::Ipv4Addr>().is_ok(),
+                };
+                if !ip {
+                    return refuse(&format!("lists {address:?}, which is no {scheme} address:port"));
+                }
+            }
+            Ok(())
         }
     }
-    grpc_host(flag, target)
+}
+
+/// `target` without the `%zone` of a bracketed IPv6 address: a zone names an
+/// interface, not part of the address.
+fn without_zone(target: &str) -> String {
+    match (target.find('%'), target.find(']')) {
+        (Some(zone), Some(end)) if zone < end => format!("{}{}", &target[..zone], &target[end..]),
+        _ => target.to_string(),
+    }
 }
 
 /// A host with an optional port (gRPC's 443 without one), for
 /// [`grpc_target`].
 fn grpc_host(flag: &str, target: &str) -> Result<(), ConfigError> {
-    // A zone names an interface, not part of the address.
-    let unzoned = match (target.find('%'), target.find(']')) {
-        (Some(zone), Some(end)) if zone < end => format!("{}{}", &target[..zone], &target[end..]),
-        _ => target.to_string(),
-    };
+    let unzoned = without_zone(target);
     let bare = !unzoned.contains(':') || (unzoned.starts_with('[') && unzoned.ends_with(']'));
     host_port(flag, &if bare { format!("{unzoned}:443") } else { unzoned }).map(|_| ())
 }
