@@ -51,8 +51,8 @@ struct Round {
     /// beyond its first to be served.
     parked: f64,
     /// The share of the workers taken while flights waited that went to
-    /// first attempts, around the queue.
-    first_attempts_share: f64,
+    /// first attempts, around the queue; none when no flight waited.
+    first_attempts_share: Option<f64>,
 }
 
 impl Round {
@@ -92,9 +92,9 @@ struct Answers {
     calls: u64,
     /// Calls of flights already refused.
     waiting_calls: u64,
-    /// Resumes (a worker taken) while some other flight was waiting: by a
-    /// first attempt, which goes around the queue (B110), and by a flight
-    /// already waiting.
+    /// Resumes (a worker taken) while a flight was waiting: by a flight
+    /// already waiting, and by a first attempt, which goes around the queue
+    /// (B110), while another flight waited.
     resumes_by_first_attempts: u64,
     resumes_by_waiting: u64,
 }
@@ -140,11 +140,10 @@ impl AnswerLog {
                 answers.waiting_calls += 1;
             }
             if code == "OK" && answer["resumed"].as_bool() == Some(true) {
-                // At most 400 actors: a scan per resume is cheap enough.
-                let others_wait = self.latest.keys().any(|other| other != actor && self.waiting(other, time));
-                if others_wait && waiting {
+                if waiting {
                     answers.resumes_by_waiting += 1;
-                } else if others_wait {
+                // At most 400 actors: a scan per resume is cheap enough.
+                } else if self.latest.keys().any(|other| self.waiting(other, time)) {
                     answers.resumes_by_first_attempts += 1;
                 }
             }
@@ -236,8 +235,10 @@ fn measure(report: &mut Report, pool: &Load) {
                 load,
                 calls: answers.calls as f64,
                 waiting_calls: answers.waiting_calls as f64,
-                first_attempts_share: answers.resumes_by_first_attempts as f64
-                    / (answers.resumes_by_first_attempts + answers.resumes_by_waiting).max(1) as f64,
+                first_attempts_share: match answers.resumes_by_first_attempts + answers.resumes_by_waiting {
+                    0 => None,
+                    taken => Some(answers.resumes_by_first_attempts as f64 / taken as f64),
+                },
                 waiting_seconds: waited() - waited_before,
                 parked: parked() - parked_before,
             });
@@ -326,19 +327,21 @@ fn measure(report: &mut Report, pool: &Load) {
     // whoever asks first, a first attempt (never queued, B110) or a waiting
     // flight's call. The fewer calls the waiting flights make, the more of
     // the freed workers go around the queue, and the longer its oldest wait.
-    let around: Vec<f64> = (0..2).map(|i| pick(i, &|r| r.first_attempts_share)).collect();
+    let mut around = Vec::new();
     for (i, mode) in MODES.iter().enumerate() {
-        report.figure(
-            "saturation",
-            &format!("{load}first_attempts_share_{}", mode.replace('-', "_")),
-            around[i],
-        );
+        // Rounds in which no flight waited say nothing of it.
+        let shares: Vec<f64> = rounds[i].iter().filter_map(|r| r.first_attempts_share).collect();
+        if shares.is_empty() {
+            around.push(format!("{mode}: no flight waited"));
+            continue;
+        }
+        let share = median(shares);
+        report.figure("saturation", &format!("{load}first_attempts_share_{}", mode.replace('-', "_")), share);
+        around.push(format!("{mode} {:.0} %", share * 100.0));
     }
     report.line(&format!(
-        "Of the workers taken while other flights waited, first attempts (around the queue) took: \
-         per-flight {:.0} %, the groups {:.0} %.",
-        around[0] * 100.0,
-        around[1] * 100.0
+        "Of the workers taken while flights waited, first attempts (around the queue) took: {}.",
+        around.join(", ")
     ));
     report.line("\n| target | groups / per-flight | bound | |\n|---|---|---|---|");
     for (name, value, bound) in targets {
