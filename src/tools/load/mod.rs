@@ -1029,16 +1029,22 @@ fn closed_loop(run: &Arc<Run>, spec: &LoadSpec, done: Sender<()>) {
         }
         Transport::Http(target) => {
             let (task, target) = (Arc::clone(run), target.clone());
+            let end = match spec.stop {
+                Stop::After(d) => run.begin.checked_add(d),
+                Stop::Count(_) => None,
+            };
             http_threads(spec.concurrency.max(1), &done, move |conn| {
                 // A server that refuses connections refuses at once: without
                 // a pause each thread would spin, a core's worth of refusals.
+                // The pause never runs past the end of the run.
                 let mut pause = Duration::ZERO;
                 while more() {
                     if task.request_http(&target, conn, None) {
                         pause = Duration::ZERO;
                     } else {
                         pause = (pause * 2).clamp(CONNECT_PAUSE_MIN, CONNECT_PAUSE_MAX);
-                        std::thread::sleep(pause);
+                        let left = end.map_or(pause, |end| end.saturating_duration_since(Instant::now()));
+                        std::thread::sleep(pause.min(left));
                     }
                 }
             });
