@@ -105,9 +105,12 @@ fn b133_a_collector_answer_that_breaks_the_unary_protocol_fails_its_export_and_t
             );
             std::thread::sleep(Duration::from_millis(20));
         }
-        // And the router serves on.
+        // And the router serves on; its spans are exported before the next
+        // answer is set, so that each broken answer meets its own export.
         collector.set_default(Answer::Message(Vec::new()));
+        let calls = collector.calls();
         traced_route(&client, &format!("demo/after-{i}"));
+        exported(&mut router, &collector, calls + 1, "a valid answer after it");
     }
     assert_eq!(terminate(&mut router.process.child), 0, "the router drains and exits cleanly");
 }
