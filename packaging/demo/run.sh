@@ -218,8 +218,8 @@ if [ -n "$worker_ip" ]; then
   worker_ips=("$worker_ip")
 elif [ -n "$worker_network" ]; then
   IFS=./ read -r a b c d bits <<<"$worker_network"
-  base=$(((10#$a << 24 | 10#$b << 16 | 10#$c << 8 | 10#$d) & (0xffffffff << (32 - 10#$bits)) & 0xffffffff))
   bits=$((10#$bits))
+  base=$(((10#$a << 24 | 10#$b << 16 | 10#$c << 8 | 10#$d) & (0xffffffff << (32 - bits)) & 0xffffffff))
   for ((i = 1; i <= workers && i < (1 << (32 - bits)) - 1; i++)); do
     ip=$((base + i))
     worker_ips+=("$((ip >> 24)).$((ip >> 16 & 255)).$((ip >> 8 & 255)).$((ip & 255))")
@@ -823,31 +823,25 @@ while :; do
       unset "pids[$i]" "names[$i]"
       continue
     fi
-    status=
+    # Its exit code, known for a process the demo started.
+    code=
+    adopted "$pid" || { wait "$pid" && code=0 || code=$?; }
     if [ "$pid" = "${routers[-1]}" ] && successor_by_arguments; then
-      # A hand-over its log did not name (its info lines off), or a router
-      # that failed while its successor started: followed, or stopped with
-      # the rest.
-      if adopted "$pid" || wait "$pid"; then
+      # A hand-over its log did not name (its info lines off): followed; or
+      # a router that failed while its successor started: stopped with the
+      # rest.
+      pids+=("$successor")
+      if [ "${code:-0}" = 0 ]; then
         routers+=("$successor")
-        pids+=("$successor")
         names+=(atenet-router)
         say "the router handed over to its successor, pid $successor; following it (found by its arguments: its log said nothing)"
         unset "pids[$i]" "names[$i]"
         continue
-      else
-        status="status $?"
-        pids+=("$successor")
-        names+=("atenet-router (a successor starting)")
       fi
+      names+=("atenet-router (a successor starting)")
     fi
-    if [ -n "$status" ]; then
-      :
-    elif adopted "$pid"; then
-      status="its status unknown: the demo did not start it"
-    else
-      wait "$pid" && status="status 0" || status="status $?"
-    fi
+    status="status $code"
+    [ -n "$code" ] || status="its status unknown: the demo did not start it"
     say "${names[$i]} exited ($status); the end of $log_dir/${names[$i]}.log:"
     tail -n 5 "$log_dir/${names[$i]}.log" >&2 || true
     exit 1
